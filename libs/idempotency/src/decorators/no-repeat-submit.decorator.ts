@@ -1,0 +1,50 @@
+import { SetMetadata, UseInterceptors, applyDecorators } from '@nestjs/common';
+import { assertPositive } from '../idempotency.config.js';
+import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
+import type { KeyResolver, NoRepeatSubmitOptions } from '../idempotency.options.js';
+import { IdempotencyInterceptor } from '../interceptors/idempotency.interceptor.js';
+import { parseKeyExpression, type KeyPath } from '../keys/key-expression.js';
+
+/** What `@NoRepeatSubmit()` records on a handler or controller, checked when the class loads. */
+export interface NoRepeatSubmitMetadata {
+  options: NoRepeatSubmitOptions;
+  /** Where the key comes from: a parsed expression, a function, or the Idempotency-Key header. */
+  key: { path: KeyPath } | { resolve: KeyResolver } | { header: true };
+  /** `Controller.method` (or the controller's name on a class), for messages. */
+  where: string;
+}
+
+/**
+ * Guards a controller method (or every method of a controller) against duplicate submits:
+ * the first request runs and its response is saved; duplicates get that response replayed
+ * (`Idempotent-Replayed: true`), 409 while it runs, 422 when the key comes with another payload.
+ *
+ * @example
+ * ```ts
+ * @Post()
+ * @NoRepeatSubmit({ idempotentKey: '#body.orderNo', expireSeconds: 86400 })
+ * create(@Body() dto: CreateOrderDto) { ... }
+ * ```
+ * A bad key expression or option throws an `IdempotencyConfigError` naming the method at start-up.
+ */
+export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecorator & MethodDecorator {
+  return (target: object, propertyKey?: string | symbol, descriptor?: PropertyDescriptor) => {
+    const className = typeof target === 'function' ? target.name : target.constructor.name;
+    const where = propertyKey === undefined ? className : `${className}.${String(propertyKey)}`;
+    assertPositive('expireSeconds', options.expireSeconds, where);
+    assertPositive('leaseSeconds', options.leaseSeconds, where);
+    const { idempotentKey } = options;
+    const key: NoRepeatSubmitMetadata['key'] =
+      typeof idempotentKey === 'function'
+        ? { resolve: idempotentKey }
+        : idempotentKey === undefined
+          ? { header: true }
+          : { path: parseKeyExpression(idempotentKey, where) };
+    const metadata: NoRepeatSubmitMetadata = { options, key, where };
+    const decorate = applyDecorators(
+      SetMetadata(NO_REPEAT_SUBMIT_METADATA, metadata),
+      UseInterceptors(IdempotencyInterceptor),
+    );
+    decorate(target, propertyKey!, descriptor!);
+  };
+}

@@ -1,0 +1,69 @@
+import { HttpException, HttpStatus } from '@nestjs/common';
+
+/** Stable, machine-readable codes of the guard's HTTP answers. */
+export const IdempotencyErrorCode = Object.freeze({
+  KEY_MISSING: 'IDEMPOTENCY_KEY_MISSING',
+  KEY_INVALID: 'IDEMPOTENCY_KEY_INVALID',
+  IN_PROGRESS: 'IDEMPOTENCY_IN_PROGRESS',
+  KEY_REUSED: 'IDEMPOTENCY_KEY_REUSED',
+  STORE_UNAVAILABLE: 'IDEMPOTENCY_STORE_UNAVAILABLE',
+});
+export type IdempotencyErrorCode = (typeof IdempotencyErrorCode)[keyof typeof IdempotencyErrorCode];
+
+/**
+ * An HTTP answer of the guard. The body is Nest's usual JSON shape plus `code`:
+ * `{ statusCode, error, message, code }`. `retryAfterSeconds`, when set, is sent as `Retry-After`.
+ */
+export class IdempotencyHttpException extends HttpException {
+  constructor(
+    readonly code: IdempotencyErrorCode,
+    status: HttpStatus,
+    error: string,
+    message: string,
+    readonly retryAfterSeconds?: number,
+  ) {
+    super({ statusCode: status, error, message, code }, status);
+  }
+}
+
+export const keyMissing = (source: string) =>
+  new IdempotencyHttpException(
+    IdempotencyErrorCode.KEY_MISSING,
+    HttpStatus.BAD_REQUEST,
+    'Bad Request',
+    `This operation needs an idempotency key: send one unique value per operation as ${source} and reuse it on retries.`,
+  );
+
+export const keyInvalid = (reason: string) =>
+  new IdempotencyHttpException(
+    IdempotencyErrorCode.KEY_INVALID,
+    HttpStatus.BAD_REQUEST,
+    'Bad Request',
+    `The idempotency key is invalid (${reason}): use 1 to 255 printable characters.`,
+  );
+
+export const inProgress = (retryAfterSeconds: number) =>
+  new IdempotencyHttpException(
+    IdempotencyErrorCode.IN_PROGRESS,
+    HttpStatus.CONFLICT,
+    'Conflict',
+    `A request with this idempotency key is still being processed: retry after ${retryAfterSeconds} s with the same key to get its result.`,
+    retryAfterSeconds,
+  );
+
+export const keyReused = () =>
+  new IdempotencyHttpException(
+    IdempotencyErrorCode.KEY_REUSED,
+    HttpStatus.UNPROCESSABLE_ENTITY,
+    'Unprocessable Entity',
+    'This idempotency key was already used with a different request payload: send a new key for a new operation.',
+  );
+
+export const storeUnavailable = (retryAfterSeconds: number) =>
+  new IdempotencyHttpException(
+    IdempotencyErrorCode.STORE_UNAVAILABLE,
+    HttpStatus.SERVICE_UNAVAILABLE,
+    'Service Unavailable',
+    `The idempotency store is unavailable, so this operation was not started: retry after ${retryAfterSeconds} s with the same key.`,
+    retryAfterSeconds,
+  );

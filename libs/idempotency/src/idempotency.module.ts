@@ -1,0 +1,30 @@
+import { Module } from '@nestjs/common';
+import { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
+import { IDEMPOTENCY_RESOLVED_OPTIONS, resolveOptions } from './idempotency.config.js';
+import { ConfigurableIdempotencyModule, IDEMPOTENCY_MODULE_OPTIONS } from './idempotency.module-definition.js';
+import type { IdempotencyModuleOptions } from './idempotency.options.js';
+import { createStore } from './stores/create-store.js';
+import { IdempotencyStore } from './stores/idempotency-store.js';
+
+/**
+ * Registers the store and the interceptor behind `@NoRepeatSubmit()`. Global by default
+ * (`isGlobal: false` to scope it). `IdempotencyModule.forRoot({...})` or
+ * `IdempotencyModule.forRootAsync({ imports, inject, useFactory })`.
+ */
+@Module({
+  providers: [
+    {
+      provide: IDEMPOTENCY_RESOLVED_OPTIONS,
+      inject: [IDEMPOTENCY_MODULE_OPTIONS],
+      useFactory: (options: IdempotencyModuleOptions) => resolveOptions(options),
+    },
+    {
+      provide: IdempotencyStore,
+      inject: [IDEMPOTENCY_MODULE_OPTIONS],
+      useFactory: (options: IdempotencyModuleOptions) => createStore(options),
+    },
+    IdempotencyInterceptor,
+  ],
+  exports: [IDEMPOTENCY_RESOLVED_OPTIONS, IdempotencyStore, IdempotencyInterceptor],
+})
+export class IdempotencyModule extends ConfigurableIdempotencyModule {}

@@ -1,0 +1,64 @@
+import type { ExecutionContext } from '@nestjs/common';
+import type { Cluster, Redis, RedisOptions } from 'ioredis';
+import type { IdempotencyStore } from './stores/idempotency-store.js';
+
+/** What to do when the store cannot be reached: run unguarded ('open') or answer 503 ('closed'). */
+export type FailMode = 'open' | 'closed';
+
+/** Reads the key from the request; return undefined when there is none. */
+export type KeyResolver = (ctx: ExecutionContext) => string | undefined;
+
+/** Options of `IdempotencyModule.forRoot()` / `forRootAsync()`. */
+export interface IdempotencyModuleOptions {
+  /**
+   * Where claims and responses live. One of:
+   * - an `IdempotencyStore` instance (memory, Redis, your own);
+   * - `{ redis: client }`: an ioredis `Redis` or `Cluster` you created (you close it);
+   * - `{ redis: url | RedisOptions }`: the module creates and closes the client, with short
+   *   timeouts and no offline queue so an outage never hangs a request.
+   * Default: the memory store (one process only; a warning is logged once).
+   */
+  store?: IdempotencyStore | { redis: Redis | Cluster | string | RedisOptions };
+  /** First segment of every key. Default `no_repeat`. */
+  keyPrefix?: string;
+  /** How long a completed response is replayed, in seconds. Default 3600. */
+  expireSeconds?: number;
+  /** How long a claim holds while the handler runs, in seconds. Default 30. */
+  leaseSeconds?: number;
+  /**
+   * Who the request belongs to (a key segment, so users never share records).
+   * Default: `request.user.id`; without it the client IP is used as `ip:<addr>`.
+   */
+  getUser?: (ctx: ExecutionContext) => string | number | undefined;
+  /** Store outage policy for routes that do not set their own. Default 'open'. */
+  failMode?: FailMode;
+  /**
+   * Response headers saved and replayed (case-insensitive).
+   * Default `content-type`, `location`, `etag`, `content-location`. `set-cookie` is never saved.
+   */
+  replayHeaders?: string[];
+  /** Fields removed at any depth before fingerprinting (e.g. `timestamp`, `nonce`). Default none. */
+  ignoreFields?: string[];
+  /** Maximum entries of the default memory store. Default 100,000. */
+  memoryMaxEntries?: number;
+}
+
+/** Options of `@NoRepeatSubmit()`; each overrides the module's option of the same name. */
+export interface NoRepeatSubmitOptions {
+  /** How long the completed response is replayed, in seconds. */
+  expireSeconds?: number;
+  /**
+   * Where the key comes from: an expression such as `#body.orderNo`, `#headers['x-request-id']`,
+   * `#query.ref`, `#params.id`, `#user.tenantId` (nested paths allowed), or a function.
+   * Default: the `Idempotency-Key` header.
+   */
+  idempotentKey?: string | KeyResolver;
+  /** With no key in the request, use the request fingerprint as the key instead of answering 400. */
+  useRequestFingerprint?: boolean;
+  /** How long the claim holds while the handler runs, in seconds. */
+  leaseSeconds?: number;
+  /** Store outage policy of this route. */
+  failMode?: FailMode;
+  /** Fields removed at any depth before fingerprinting. */
+  ignoreFields?: string[];
+}

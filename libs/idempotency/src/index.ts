@@ -1,0 +1,31 @@
+export { IdempotencyModule } from './idempotency.module.js';
+export type {
+  FailMode,
+  IdempotencyModuleOptions,
+  KeyResolver,
+  NoRepeatSubmitOptions,
+} from './idempotency.options.js';
+export { NoRepeatSubmit } from './decorators/no-repeat-submit.decorator.js';
+export { IdempotencyInterceptor, type IdempotencyCounters } from './interceptors/idempotency.interceptor.js';
+export type { GuardedRoute } from './interceptors/guarded-route.js';
+export {
+  IdempotencyStore,
+  type ClaimInput,
+  type ClaimResult,
+  type SavedResponse,
+  type StoredRecord,
+} from './stores/idempotency-store.js';
+export { MemoryIdempotencyStore, type MemoryIdempotencyStoreOptions } from './stores/memory/memory-idempotency.store.js';
+export { RedisIdempotencyStore, type RedisIdempotencyStoreOptions } from './stores/redis/redis-idempotency.store.js';
+export { REDIS_CLIENT_DEFAULTS } from './stores/create-store.js';
+export { IdempotencyConfigError, IdempotencyError, IdempotencyStoreError } from './errors/idempotency.errors.js';
+export { IdempotencyErrorCode, IdempotencyHttpException } from './errors/idempotency-http.exceptions.js';
+export {
+  DEFAULTS as IDEMPOTENCY_DEFAULTS,
+  IDEMPOTENCY_KEY_HEADER,
+  MAX_KEY_LENGTH,
+  NO_REPEAT_SUBMIT_METADATA,
+  REPLAYED_HEADER,
+} from './idempotency.constants.js';
+export { fingerprintRequest } from './keys/fingerprint.js';
+export { buildStorageKey } from './keys/storage-key.js';

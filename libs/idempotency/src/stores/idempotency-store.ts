@@ -1,0 +1,61 @@
+/** A response saved by the first request and replayed to its duplicates. */
+export interface SavedResponse {
+  /** HTTP status code (or 0 for RPC handlers). */
+  statusCode: number;
+  /** Allowlisted response headers, lower-case names. Never request headers or cookies. */
+  headers: Record<string, string>;
+  /** The handler's return value as JSON text; absent when the handler returned undefined. */
+  body?: string;
+}
+
+/** What a claim found; expected outcomes are values, not exceptions. */
+export type ClaimResult =
+  /** The caller owns the key until `leaseMs` runs out; complete or release with `token`. */
+  | { status: 'acquired'; token: string }
+  /** Another request holds the key; it frees or completes it within `retryAfterMs`. */
+  | { status: 'in_progress'; retryAfterMs: number }
+  /** The first request completed; replay its response. */
+  | { status: 'completed'; response: SavedResponse }
+  /** The key was claimed with another request fingerprint (same key, other payload). */
+  | { status: 'mismatch' };
+
+export interface ClaimInput {
+  key: string;
+  /** Fingerprint of the request payload, compared on duplicates ('' to skip the check). */
+  fingerprint: string;
+  /** Owner token: unique per attempt. */
+  token: string;
+  /** How long the claim holds while the handler runs, in milliseconds. */
+  leaseMs: number;
+}
+
+/** A record as the store holds it, for tooling and tests. */
+export interface StoredRecord {
+  state: 'processing' | 'completed';
+  token: string;
+  fingerprint: string;
+  response?: SavedResponse;
+  /** Milliseconds until the record expires (-1 when it has no expiry). */
+  ttlMs: number;
+}
+
+/**
+ * The seam between the guard and its storage, and its DI token. Every method is atomic and one
+ * round trip; every store passes the shared contract suite (`describeStoreContract`).
+ */
+export abstract class IdempotencyStore {
+  /** Claims `key` if free (or if its lease ran out); otherwise says what holds it. */
+  abstract claim(input: ClaimInput): Promise<ClaimResult>;
+
+  /**
+   * Saves `response` and keeps it `ttlMs`, only while `token` still owns a processing claim.
+   * Returns false when the lease ran out or another claim took the key.
+   */
+  abstract complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean>;
+
+  /** Deletes the claim only while `token` still owns it (compare-and-delete). */
+  abstract release(key: string, token: string): Promise<boolean>;
+
+  /** Reads a record without changing it (tooling, tests). */
+  abstract get(key: string): Promise<StoredRecord | undefined>;
+}

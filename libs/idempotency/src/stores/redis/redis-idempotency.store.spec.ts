@@ -1,0 +1,59 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import { randomUUID } from 'node:crypto';
+import { connectRedis } from '../../../../../test/support/services.js';
+import { describeStoreContract } from '../store-contract.js';
+import { RedisIdempotencyStore } from './redis-idempotency.store.js';
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+describe('RedisIdempotencyStore', () => {
+  let client: Redis;
+  beforeAll(async () => {
+    client = await connectRedis();
+  });
+  afterAll(async () => {
+    await client.quit();
+  });
+
+  // Redis expiry itself is under test here, so these wait real (short) leases out.
+  describeStoreContract('redis', async () => ({ store: new RedisIdempotencyStore(client), elapse: sleep }), 200);
+
+  it('sets the lease and the retention inside the scripts (PTTL), not from the client clock', async () => {
+    const store = new RedisIdempotencyStore(client);
+    const key = `ttl:${randomUUID()}`;
+    await store.claim({ key, token: 't', fingerprint: '', leaseMs: 5_000 });
+    const leasePttl = await client.pttl(key);
+    expect(leasePttl).toBeGreaterThan(4_000);
+    expect(leasePttl).toBeLessThanOrEqual(5_000);
+    await store.complete(key, 't', { statusCode: 200, headers: {} }, 86_400_000);
+    expect(await client.pttl(key)).toBeGreaterThan(86_000_000);
+  });
+
+  it('keeps working after SCRIPT FLUSH (EVALSHA falls back to EVAL)', async () => {
+    const store = new RedisIdempotencyStore(client);
+    await client.script('FLUSH');
+    const key = `flush:${randomUUID()}`;
+    expect((await store.claim({ key, token: 't', fingerprint: '', leaseMs: 1000 })).status).toBe('acquired');
+  });
+
+  it('claims or replays in one command per call', async () => {
+    const store = new RedisIdempotencyStore(client);
+    const key = `count:${randomUUID()}`;
+    const warm = `warm:${randomUUID()}`;
+    await store.claim({ key: warm, token: 't', fingerprint: '', leaseMs: 1000 });
+    await store.complete(warm, 't', { statusCode: 200, headers: {} }, 1000);
+    await store.release(warm, 't');
+    const sent: string[] = [];
+    const monitor = await client.monitor();
+    monitor.on('monitor', (_time: string, args: string[], source: string) => {
+      if (source !== 'lua' && args.includes(key)) sent.push(args[0].toLowerCase());
+    });
+    await store.claim({ key, token: 't', fingerprint: '', leaseMs: 1000 });
+    await store.complete(key, 't', { statusCode: 200, headers: {}, body: '1' }, 1000);
+    await store.claim({ key, token: 'u', fingerprint: '', leaseMs: 1000 });
+    await sleep(50);
+    monitor.disconnect();
+    expect(sent).toEqual(['evalsha', 'evalsha', 'evalsha']);
+  });
+});

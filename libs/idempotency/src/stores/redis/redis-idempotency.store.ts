@@ -1,0 +1,148 @@
+import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
+import type { Cluster, Redis } from 'ioredis';
+import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
+import {
+  IdempotencyStore,
+  type ClaimInput,
+  type ClaimResult,
+  type SavedResponse,
+  type StoredRecord,
+} from '../idempotency-store.js';
+import { CLAIM_LUA } from './claim.lua.js';
+import { COMPLETE_LUA } from './complete.lua.js';
+import { RELEASE_LUA } from './release.lua.js';
+
+type ClaimReply = [1] | [2, number] | [3, string, string, string | null] | [4];
+
+/** The scripts as commands on the client (registered with `defineCommand`, sent as EVALSHA). */
+interface ScriptedClient {
+  idempotencyClaim(key: string, token: string, fingerprint: string, leaseMs: number): Promise<ClaimReply>;
+  idempotencyComplete(
+    key: string,
+    token: string,
+    statusCode: number,
+    headers: string,
+    body: string,
+    hasBody: '0' | '1',
+    ttlMs: number,
+  ): Promise<0 | 1>;
+  idempotencyRelease(key: string, token: string): Promise<0 | 1>;
+}
+
+export interface RedisIdempotencyStoreOptions {
+  /** Quit the client on application shutdown (true when the module created it). Default false. */
+  ownsClient?: boolean;
+  /** How long start-up waits for the first connection, in milliseconds. Default 1000. */
+  readyTimeoutMs?: number;
+}
+
+/**
+ * Redis store: one Lua script per operation, each one round trip, TTLs set inside the scripts.
+ * Works on a single node and on a Cluster (each script touches one key).
+ */
+export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
+  private readonly logger = new Logger(RedisIdempotencyStore.name);
+  private readonly scripts: ScriptedClient;
+
+  constructor(
+    readonly client: Redis | Cluster,
+    private readonly options: RedisIdempotencyStoreOptions = {},
+  ) {
+    super();
+    const commands: Record<string, string> = {
+      idempotencyClaim: CLAIM_LUA,
+      idempotencyComplete: COMPLETE_LUA,
+      idempotencyRelease: RELEASE_LUA,
+    };
+    for (const [name, lua] of Object.entries(commands)) {
+      if (!(name in client)) client.defineCommand(name, { numberOfKeys: 1, lua });
+    }
+    this.scripts = client as unknown as ScriptedClient;
+  }
+
+  async claim({ key, token, fingerprint, leaseMs }: ClaimInput): Promise<ClaimResult> {
+    const reply = await this.run(() => this.scripts.idempotencyClaim(key, token, fingerprint, leaseMs));
+    switch (reply[0]) {
+      case 1:
+        return { status: 'acquired', token };
+      case 2:
+        return { status: 'in_progress', retryAfterMs: Math.max(reply[1], 0) };
+      case 3:
+        return { status: 'completed', response: toSaved(reply[1], reply[2], reply[3]) };
+      case 4:
+        return { status: 'mismatch' };
+    }
+  }
+
+  async complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean> {
+    const hasBody = response.body !== undefined;
+    const reply = await this.run(() =>
+      this.scripts.idempotencyComplete(
+        key,
+        token,
+        response.statusCode,
+        JSON.stringify(response.headers),
+        hasBody ? response.body! : '',
+        hasBody ? '1' : '0',
+        ttlMs,
+      ),
+    );
+    return reply === 1;
+  }
+
+  async release(key: string, token: string): Promise<boolean> {
+    return (await this.run(() => this.scripts.idempotencyRelease(key, token))) === 1;
+  }
+
+  async get(key: string): Promise<StoredRecord | undefined> {
+    const [fields, ttlMs] = await this.run(() =>
+      Promise.all([this.client.hgetall(key), this.client.pttl(key)]),
+    );
+    if (!fields.s) return undefined;
+    return {
+      state: fields.s === 'C' ? 'completed' : 'processing',
+      token: fields.t,
+      fingerprint: fields.f,
+      response: fields.s === 'C' ? toSaved(fields.c, fields.h, fields.b ?? null) : undefined,
+      ttlMs,
+    };
+  }
+
+  /** Waits (bounded) for the first connection so the first requests are guarded; never fails start-up. */
+  async onModuleInit(): Promise<void> {
+    if (this.client.status === 'ready') return;
+    const timeoutMs = this.options.readyTimeoutMs ?? 1000;
+    const ready = new Promise<void>((resolve) => {
+      const timer = setTimeout(done, timeoutMs);
+      this.client.once('ready', done);
+      function done() {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+    await ready;
+    if ((this.client.status as string) !== 'ready') {
+      this.logger.warn(`Redis is not ready after ${timeoutMs} ms; requests follow the outage policy until it is`);
+    }
+  }
+
+  async onApplicationShutdown(): Promise<void> {
+    if (this.options.ownsClient) await this.client.quit().catch(() => this.client.disconnect());
+  }
+
+  private async run<T>(command: () => Promise<T>): Promise<T> {
+    try {
+      return await command();
+    } catch (error) {
+      throw new IdempotencyStoreError(`Redis command failed: ${(error as Error).message}`, { cause: error });
+    }
+  }
+}
+
+function toSaved(statusCode: string | number, headers: string, body: string | null): SavedResponse {
+  return {
+    statusCode: Number(statusCode),
+    headers: JSON.parse(headers) as Record<string, string>,
+    body: body ?? undefined,
+  };
+}

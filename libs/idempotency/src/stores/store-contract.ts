@@ -1,0 +1,130 @@
+import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
+import { randomUUID } from 'node:crypto';
+import type { IdempotencyStore, SavedResponse } from './idempotency-store.js';
+
+/** How a store's test setup provides a fresh store and lets time pass. */
+export interface StoreHarness {
+  store: IdempotencyStore;
+  /** Lets `ms` milliseconds pass for the store (fake timers, or real time for Redis expiry). */
+  elapse(ms: number): Promise<void>;
+  close?(): Promise<void>;
+}
+
+const response: SavedResponse = {
+  statusCode: 201,
+  headers: { location: '/orders/A-1', 'content-type': 'application/json; charset=utf-8' },
+  body: '{"id":"1","orderNo":"A-1","note":"ü \\" :{}"}',
+};
+
+/**
+ * The behaviour every `IdempotencyStore` must show. Leases here are short (`leaseMs`) so that
+ * expiry can be exercised; a store on real time should pass a few hundred milliseconds.
+ */
+export function describeStoreContract(name: string, makeHarness: () => Promise<StoreHarness>, leaseMs = 300): void {
+  describe(`${name}: IdempotencyStore contract`, () => {
+    let h: StoreHarness;
+    let key: string;
+    const claim = (token: string, fingerprint = 'fp-1', lease = leaseMs) =>
+      h.store.claim({ key, token, fingerprint, leaseMs: lease });
+
+    beforeEach(async () => {
+      h = await makeHarness();
+      key = `contract:${randomUUID()}`;
+    });
+    afterEach(async () => h.close?.());
+
+    it('gives a free key to the first claim and reports it in progress to the next', async () => {
+      expect(await claim('t1')).toEqual({ status: 'acquired', token: 't1' });
+      const second = await claim('t2');
+      expect(second.status).toBe('in_progress');
+      if (second.status !== 'in_progress') return;
+      expect(second.retryAfterMs).toBeGreaterThan(0);
+      expect(second.retryAfterMs).toBeLessThanOrEqual(leaseMs);
+    });
+
+    it('replays the saved response after the owner completes', async () => {
+      await claim('t1');
+      expect(await h.store.complete(key, 't1', response, 60_000)).toBe(true);
+      expect(await claim('t2')).toEqual({ status: 'completed', response });
+      const record = await h.store.get(key);
+      expect(record).toMatchObject({ state: 'completed', token: 't1', fingerprint: 'fp-1', response });
+      expect(record!.ttlMs).toBeGreaterThan(leaseMs);
+    });
+
+    it('keeps a response without a body as one without a body', async () => {
+      await claim('t1');
+      const empty: SavedResponse = { statusCode: 204, headers: {} };
+      expect(await h.store.complete(key, 't1', empty, 60_000)).toBe(true);
+      expect(await claim('t2')).toEqual({ status: 'completed', response: empty });
+    });
+
+    it('reports a different fingerprint as a mismatch, while processing and after completion', async () => {
+      await claim('t1', 'fp-1');
+      expect(await claim('t2', 'fp-2')).toEqual({ status: 'mismatch' });
+      await h.store.complete(key, 't1', response, 60_000);
+      expect(await claim('t3', 'fp-2')).toEqual({ status: 'mismatch' });
+      expect(await claim('t4', '')).toEqual({ status: 'completed', response });
+    });
+
+    it('lets only the owner release, and frees the key for the next claim', async () => {
+      await claim('t1');
+      expect(await h.store.release(key, 'other')).toBe(false);
+      expect((await claim('t2')).status).toBe('in_progress');
+      expect(await h.store.release(key, 't1')).toBe(true);
+      expect(await h.store.get(key)).toBeUndefined();
+      expect(await claim('t3')).toEqual({ status: 'acquired', token: 't3' });
+    });
+
+    it('lets only the owner complete', async () => {
+      await claim('t1');
+      expect(await h.store.complete(key, 'other', response, 60_000)).toBe(false);
+      expect(await h.store.get(key)).toMatchObject({ state: 'processing', token: 't1' });
+    });
+
+    it('never releases a completed record', async () => {
+      await claim('t1');
+      await h.store.complete(key, 't1', response, 60_000);
+      expect(await h.store.release(key, 't1')).toBe(false);
+      expect((await h.store.get(key))?.state).toBe('completed');
+    });
+
+    it('frees the key when the lease runs out, and fences the stale owner', async () => {
+      await claim('stale');
+      await h.elapse(leaseMs + 100);
+      expect(await claim('fresh')).toEqual({ status: 'acquired', token: 'fresh' });
+      expect(await h.store.complete(key, 'stale', response, 60_000)).toBe(false);
+      expect(await h.store.release(key, 'stale')).toBe(false);
+      expect(await h.store.get(key)).toMatchObject({ state: 'processing', token: 'fresh' });
+      expect(await h.store.complete(key, 'fresh', response, 60_000)).toBe(true);
+    });
+
+    it('refuses a completion after the lease ran out even when nobody claimed again', async () => {
+      await claim('slow');
+      await h.elapse(leaseMs + 100);
+      expect(await h.store.complete(key, 'slow', response, 60_000)).toBe(false);
+      expect(await h.store.get(key)).toBeUndefined();
+    });
+
+    it('forgets a completed response after its retention', async () => {
+      await claim('t1');
+      await h.store.complete(key, 't1', response, leaseMs);
+      await h.elapse(leaseMs + 100);
+      expect(await claim('t2')).toEqual({ status: 'acquired', token: 't2' });
+    });
+
+    it('gives the key to exactly one of many concurrent claims', async () => {
+      const results = await Promise.all(Array.from({ length: 50 }, (_, i) => claim(`t${i}`, 'fp', 60_000)));
+      expect(results.filter((r) => r.status === 'acquired')).toHaveLength(1);
+      expect(results.filter((r) => r.status === 'in_progress')).toHaveLength(49);
+    });
+
+    it('keeps keys apart', async () => {
+      await claim('t1');
+      const other = `${key}:other`;
+      expect(await h.store.claim({ key: other, token: 't2', fingerprint: 'fp-1', leaseMs })).toEqual({
+        status: 'acquired',
+        token: 't2',
+      });
+    });
+  });
+}

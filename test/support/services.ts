@@ -1,0 +1,46 @@
+import { Redis } from 'ioredis';
+import pg from 'pg';
+
+/** The services the tests use: the local ones unless REDIS_URL / DATABASE_URL say otherwise. */
+export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
+export const DATABASE_URL = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+
+/** A Redis client that fails fast (no retries, short timeouts) with a message naming the URL. */
+export async function connectRedis(url = REDIS_URL): Promise<Redis> {
+  const client = new Redis(url, {
+    lazyConnect: true,
+    maxRetriesPerRequest: 0,
+    connectTimeout: 1000,
+    commandTimeout: 2000,
+    retryStrategy: () => null,
+  });
+  client.on('error', () => undefined);
+  try {
+    await client.connect();
+    await client.ping();
+  } catch (error) {
+    client.disconnect();
+    throw new Error(`Redis is not reachable at ${url} (set REDIS_URL): ${(error as Error).message}`);
+  }
+  return client;
+}
+
+/** Checks PostgreSQL answers, with a message naming the URL. */
+export async function checkPostgres(url = DATABASE_URL): Promise<void> {
+  const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 2000 });
+  try {
+    await client.connect();
+    await client.query('select 1');
+  } catch (error) {
+    throw new Error(`PostgreSQL is not reachable at ${url} (set DATABASE_URL): ${(error as Error).message}`);
+  } finally {
+    await client.end().catch(() => undefined);
+  }
+}
+
+/** Jest global setup: fails the whole run at once, naming the URL, when a service is down. */
+export default async function checkServices(): Promise<void> {
+  const redis = await connectRedis();
+  redis.disconnect();
+  await checkPostgres();
+}
