@@ -1,5 +1,5 @@
 import { Module } from '@nestjs/common';
-import { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
+import { IdempotencyCounters } from './metrics/idempotency-counters.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, resolveOptions } from './idempotency.config.js';
 import { ConfigurableIdempotencyModule, IDEMPOTENCY_MODULE_OPTIONS } from './idempotency.module-definition.js';
 import type { IdempotencyModuleOptions } from './idempotency.options.js';
@@ -23,8 +23,8 @@ import { IdempotencyStore } from './stores/idempotency-store.js';
       inject: [IDEMPOTENCY_MODULE_OPTIONS],
       useFactory: (options: IdempotencyModuleOptions) => createStore(options),
     },
-    IdempotencyInterceptor,
+    IdempotencyCounters,
   ],
-  exports: [IDEMPOTENCY_RESOLVED_OPTIONS, IdempotencyStore, IdempotencyInterceptor],
+  exports: [IDEMPOTENCY_RESOLVED_OPTIONS, IdempotencyStore, IdempotencyCounters],
 })
 export class IdempotencyModule extends ConfigurableIdempotencyModule {}

@@ -6,7 +6,8 @@ export type {
   NoRepeatSubmitOptions,
 } from './idempotency.options.js';
 export { NoRepeatSubmit } from './decorators/no-repeat-submit.decorator.js';
-export { IdempotencyInterceptor, type IdempotencyCounters } from './interceptors/idempotency.interceptor.js';
+export { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
+export { IdempotencyCounters } from './metrics/idempotency-counters.js';
 export type { GuardedRoute } from './interceptors/guarded-route.js';
 export {
   IdempotencyStore,

@@ -23,24 +23,13 @@ import { evaluateKeyPath } from '../keys/key-expression.js';
 import { fingerprintRequest } from '../keys/fingerprint.js';
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
 import { buildStorageKey } from '../keys/storage-key.js';
+import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import { IdempotencyStore, type SavedResponse } from '../stores/idempotency-store.js';
 import { route, type GuardedRoute } from './guarded-route.js';
 import { isReplayable, readHeaders, type HttpRequest, type HttpResponse } from './http-exchange.js';
 
 /** Marks a request the guard already handles (class and method decorators both apply it). */
 const GUARDED = Symbol('idempotency.guarded');
-
-/** Outcome counters, read by tests and metrics. */
-export interface IdempotencyCounters {
-  acquired: number;
-  replayed: number;
-  inProgress: number;
-  mismatched: number;
-  released: number;
-  lateCompletions: number;
-  storeErrors: number;
-  failOpen: number;
-}
 
 /**
  * The guard behind `@NoRepeatSubmit()`: claims the key (one store round trip), runs the handler,
@@ -51,14 +40,12 @@ export interface IdempotencyCounters {
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
   private readonly routes = new WeakMap<object, GuardedRoute | null>();
-  readonly counters: IdempotencyCounters = {
-    acquired: 0, replayed: 0, inProgress: 0, mismatched: 0, released: 0, lateCompletions: 0, storeErrors: 0, failOpen: 0,
-  };
 
   constructor(
     private readonly reflector: Reflector,
     private readonly adapterHost: HttpAdapterHost,
     private readonly store: IdempotencyStore,
+    private readonly counters: IdempotencyCounters,
     @Inject(IDEMPOTENCY_RESOLVED_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
   ) {}
 

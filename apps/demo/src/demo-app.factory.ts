@@ -1,0 +1,52 @@
+import type { INestApplication, LoggerService, LogLevel } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-express';
+import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
+import { AppModule } from './app.module.js';
+
+/** Largest request body accepted, on both adapters: 1 MiB. */
+export const BODY_LIMIT_BYTES = 1024 * 1024;
+
+export type HttpAdapterName = 'express' | 'fastify';
+
+export interface DemoAppOptions {
+  adapter: HttpAdapterName;
+  /** PostgreSQL connection URL. */
+  databaseUrl: string;
+  /** Redis URL of the idempotency store; without it the memory store is used. */
+  redisUrl?: string;
+  /** First segment of every idempotency key (tests isolate themselves with their own). */
+  keyPrefix?: string;
+  /** Nest's logger option (e.g. `['error', 'warn']` in tests). Default: Nest's default logger. */
+  logger?: LoggerService | LogLevel[] | false;
+}
+
+/**
+ * Creates and initialises the demo app (`app.init()` done, Fastify `ready()` too), without
+ * listening: call `app.listen()` or hand `app.getHttpServer()` to supertest.
+ */
+export async function createDemoApp(options: DemoAppOptions): Promise<INestApplication> {
+  const module = AppModule.register(options);
+  const appOptions = {
+    // The idempotency guard fingerprints the raw bytes of non-JSON bodies.
+    rawBody: true,
+    // Throw start-up errors to the caller (Nest's default is process.exit(1)).
+    abortOnError: false,
+    ...(options.logger === undefined ? {} : { logger: options.logger }),
+  };
+
+  if (options.adapter === 'fastify') {
+    const adapter = new FastifyAdapter({ bodyLimit: BODY_LIMIT_BYTES });
+    const app = await NestFactory.create<NestFastifyApplication>(module, adapter, appOptions);
+    await app.init();
+    await app.getHttpAdapter().getInstance().ready();
+    return app;
+  }
+
+  const app = await NestFactory.create<NestExpressApplication>(module, new ExpressAdapter(), appOptions);
+  // Registered before init(), so Nest does not add its default parsers (100 kB limit).
+  app.useBodyParser('json', { limit: BODY_LIMIT_BYTES });
+  app.useBodyParser('urlencoded', { limit: BODY_LIMIT_BYTES, extended: true });
+  await app.init();
+  return app;
+}

@@ -1,0 +1,135 @@
+import { Catch, HttpException, HttpStatus, Logger, type ArgumentsHost, type ExceptionFilter } from '@nestjs/common';
+import { HttpAdapterHost } from '@nestjs/core';
+import { STATUS_CODES } from 'node:http';
+
+/** The JSON every error answer has: Nest's usual shape plus a stable, machine-readable `code`. */
+export interface ErrorBody {
+  statusCode: number;
+  error: string;
+  code: string;
+  message: string | string[];
+  [extra: string]: unknown;
+}
+
+interface BodyError {
+  statusCode: number;
+  code: string;
+  message: string;
+}
+
+const INVALID_JSON: BodyError = {
+  statusCode: 400,
+  code: 'INVALID_JSON',
+  message: 'The request body is not valid JSON.',
+};
+const PAYLOAD_TOO_LARGE: BodyError = {
+  statusCode: 413,
+  code: 'PAYLOAD_TOO_LARGE',
+  message: 'The request body is too large: the limit is 1 MiB.',
+};
+const UNSUPPORTED_MEDIA_TYPE: BodyError = {
+  statusCode: 415,
+  code: 'UNSUPPORTED_MEDIA_TYPE',
+  message: 'Send the request body as JSON with "Content-Type: application/json".',
+};
+
+/**
+ * Errors of the body parsers, by Express body-parser `type` and Fastify error `code`. Both
+ * adapters hand them to the exception layer; they arrive as an HttpException whose `cause` is
+ * the parser's error (or, should an adapter not wrap them, as that error itself).
+ */
+const BODY_ERRORS: Record<string, BodyError> = {
+  'entity.parse.failed': INVALID_JSON,
+  FST_ERR_CTP_INVALID_JSON_BODY: INVALID_JSON,
+  FST_ERR_CTP_EMPTY_JSON_BODY: INVALID_JSON,
+  'entity.too.large': PAYLOAD_TOO_LARGE,
+  FST_ERR_CTP_BODY_TOO_LARGE: PAYLOAD_TOO_LARGE,
+  FST_ERR_CTP_INVALID_MEDIA_TYPE: UNSUPPORTED_MEDIA_TYPE,
+  'charset.unsupported': UNSUPPORTED_MEDIA_TYPE,
+  'encoding.unsupported': UNSUPPORTED_MEDIA_TYPE,
+};
+
+const bodyErrorOf = (exception: unknown): BodyError | undefined => {
+  const candidates = [exception, exception instanceof Error ? exception.cause : undefined];
+  for (const candidate of candidates) {
+    if (typeof candidate !== 'object' || candidate === null) continue;
+    const { type, code } = candidate as { type?: unknown; code?: unknown };
+    const match = BODY_ERRORS[String(type)] ?? BODY_ERRORS[String(code)];
+    if (match) return match;
+  }
+  return undefined;
+};
+
+/** `NOT_FOUND`, `BAD_REQUEST`...: the name of the status in Nest's `HttpStatus`. */
+const codeOfStatus = (status: number): string => HttpStatus[status] ?? `HTTP_${status}`;
+
+const hasCode = (response: unknown): response is ErrorBody =>
+  typeof response === 'object' && response !== null && typeof (response as { code?: unknown }).code === 'string';
+
+/**
+ * Turns every error into a JSON answer with a stable `code`, on Express and Fastify alike:
+ * - body parser errors: 400 `INVALID_JSON`, 413 `PAYLOAD_TOO_LARGE`, 415 `UNSUPPORTED_MEDIA_TYPE`;
+ * - an HttpException whose body has a `code` (the idempotency guard's, the app's own) as is;
+ * - any other HttpException: its body plus a `code` named after its status (`NOT_FOUND`);
+ * - anything else: 500 `INTERNAL_ERROR`, logged, with no detail sent to the client.
+ * Headers already set on the response (`Retry-After` from the idempotency guard) are kept.
+ */
+@Catch()
+export class DemoExceptionFilter implements ExceptionFilter {
+  private readonly logger = new Logger(DemoExceptionFilter.name);
+
+  constructor(private readonly adapterHost: HttpAdapterHost) {}
+
+  catch(exception: unknown, host: ArgumentsHost): void {
+    const { httpAdapter } = this.adapterHost;
+    const response: unknown = host.switchToHttp().getResponse();
+    const body = this.toBody(exception);
+    if (httpAdapter.isHeadersSent(response)) {
+      this.logger.error('Error after the response was sent', exception instanceof Error ? exception.stack : exception);
+      httpAdapter.end(response);
+      return;
+    }
+    const retryAfterSeconds = (exception as { retryAfterSeconds?: unknown } | null)?.retryAfterSeconds;
+    if (typeof retryAfterSeconds === 'number' && !httpAdapter.getHeader(response, 'retry-after')) {
+      httpAdapter.setHeader(response, 'Retry-After', String(retryAfterSeconds));
+    }
+    httpAdapter.reply(response, body, body.statusCode);
+  }
+
+  private toBody(exception: unknown): ErrorBody {
+    if (exception instanceof HttpException && hasCode(exception.getResponse())) {
+      return exception.getResponse() as ErrorBody;
+    }
+
+    const bodyError = bodyErrorOf(exception);
+    if (bodyError) {
+      const { statusCode, code, message } = bodyError;
+      return { statusCode, error: STATUS_CODES[statusCode] ?? 'Error', code, message };
+    }
+
+    if (exception instanceof HttpException) {
+      const statusCode = exception.getStatus();
+      const response = exception.getResponse();
+      if (statusCode >= 500) this.logger.error(exception.message, exception.stack);
+      const fields = typeof response === 'string' ? { message: response } : response;
+      return {
+        statusCode,
+        error: STATUS_CODES[statusCode] ?? 'Error',
+        message: exception.message,
+        ...fields,
+        code: codeOfStatus(statusCode),
+      };
+    }
+
+    this.logger.error(
+      exception instanceof Error ? exception.message : 'Non-error thrown',
+      exception instanceof Error ? exception.stack : String(exception),
+    );
+    return {
+      statusCode: 500,
+      error: 'Internal Server Error',
+      code: 'INTERNAL_ERROR',
+      message: 'Something went wrong on our side: please retry later.',
+    };
+  }
+}

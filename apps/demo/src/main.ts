@@ -1,0 +1,88 @@
+import 'reflect-metadata';
+import { Logger, type INestApplication } from '@nestjs/common';
+import { createDemoApp, type HttpAdapterName } from './demo-app.factory.js';
+import type { EmbeddedDatabase } from './embedded-database.js';
+
+const logger = new Logger('Bootstrap');
+
+/** The URL without its password, for the log. */
+const redact = (url: string): string => {
+  try {
+    const parsed = new URL(url);
+    if (parsed.password) parsed.password = '***';
+    return parsed.toString();
+  } catch {
+    return '(unparsable URL)';
+  }
+};
+
+const adapterFromEnv = (): HttpAdapterName => {
+  const value = (process.env.HTTP_ADAPTER ?? 'express').toLowerCase();
+  if (value !== 'express' && value !== 'fastify') {
+    throw new Error(`HTTP_ADAPTER must be "express" or "fastify", got "${value}"`);
+  }
+  return value;
+};
+
+/**
+ * Starts the demo from the environment: `PORT` (default 3000), `HOST` (default: the adapter's),
+ * `HTTP_ADAPTER` (`express` | `fastify`), `DATABASE_URL` (default: an embedded PostgreSQL in
+ * `.data/pg`), `REDIS_URL` (default: the memory store).
+ */
+async function bootstrap(): Promise<void> {
+  const port = Number(process.env.PORT ?? 3000);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) {
+    throw new Error(`PORT must be a port number, got "${process.env.PORT}"`);
+  }
+  const adapter = adapterFromEnv();
+  const redisUrl = process.env.REDIS_URL || undefined;
+
+  let embedded: EmbeddedDatabase | undefined;
+  let databaseUrl = process.env.DATABASE_URL;
+  if (!databaseUrl) {
+    // Imported only here: the package hooks process signals and exit as soon as it loads.
+    const { startEmbeddedDatabase } = await import('./embedded-database.js');
+    embedded = await startEmbeddedDatabase();
+    databaseUrl = embedded.url;
+  }
+  logger.log(`Database: ${redact(databaseUrl)}${embedded ? ' (embedded)' : ''}`);
+  logger.log(`Idempotency store: ${redisUrl ? `Redis ${redact(redisUrl)}` : 'memory (one process only)'}`);
+
+  let app: INestApplication | undefined;
+  let closing: Promise<void> | undefined;
+  const shutdown = (reason: string) =>
+    (closing ??= (async () => {
+      logger.log(`Shutting down (${reason})`);
+      try {
+        await app?.close();
+      } finally {
+        await embedded?.stop();
+      }
+    })());
+  for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+    process.once(signal, () => {
+      void shutdown(signal).then(
+        () => process.exit(0),
+        (error: unknown) => {
+          logger.error('Shutdown failed', error instanceof Error ? error.stack : String(error));
+          process.exit(1);
+        },
+      );
+    });
+  }
+
+  try {
+    app = await createDemoApp({ adapter, databaseUrl, redisUrl });
+    // HOST: e.g. 0.0.0.0 in a container (Fastify listens on localhost by default).
+    await (process.env.HOST ? app.listen(port, process.env.HOST) : app.listen(port));
+  } catch (error) {
+    await shutdown('startup failed');
+    throw error;
+  }
+  logger.log(`Demo (${adapter}) listening on ${await app.getUrl()}`);
+}
+
+bootstrap().catch((error: unknown) => {
+  logger.error(error instanceof Error ? error.stack ?? error.message : String(error));
+  process.exit(1);
+});

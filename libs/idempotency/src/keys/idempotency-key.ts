@@ -1,0 +1,101 @@
+import { MAX_KEY_LENGTH } from '../idempotency.constants.js';
+
+/**
+ * What a client's `Idempotency-Key` header holds: a usable `key`, or the reason it is `invalid`
+ * (answer 400 with that reason). A missing header is `undefined`, not one of these.
+ */
+export type ParsedKeyHeader = { readonly key: string } | { readonly invalid: string };
+
+const CONTROL = /[\u0000-\u001F\u007F-\u009F]/;
+const NOT_TEXT = /[\p{Cs}\uFFFD]/u;
+
+/**
+ * Reads the `Idempotency-Key` request header.
+ *
+ * Accepts the IETF draft's structured-field string form `"abc"` (quotes stripped, `\"` and `\\`
+ * unescaped) and the bare form `abc`; both mean the key `abc`. Surrounding spaces and tabs are
+ * trimmed (inside quotes they are kept). The key is then checked with {@link validateKey}.
+ *
+ * A repeated header is invalid, never "missing": an array value (as some platforms give) is
+ * refused, and Node's joined form of two quoted values (`"a", "b"`) is a malformed quoted string.
+ * Node joins two bare values into one (`a, b`), which cannot be told apart from a key holding a
+ * comma; check `rawHeaders` if that matters.
+ *
+ * @returns `undefined` when the header is absent; `{ key }` when usable; `{ invalid: reason }`
+ *   otherwise, including an empty header.
+ */
+export function parseKeyHeader(value: string | string[] | undefined): ParsedKeyHeader | undefined {
+  if (value === undefined) return undefined;
+  if (Array.isArray(value)) {
+    if (value.length === 0) return undefined;
+    if (value.length > 1) return { invalid: 'the header was sent more than once' };
+    value = value[0];
+  }
+  const text = trimOws(value);
+  let key = text;
+  if (text.startsWith('"')) {
+    const unquoted = unquote(text);
+    if (unquoted === undefined) {
+      return { invalid: 'it is a malformed quoted string, or the header was sent more than once' };
+    }
+    key = unquoted;
+  }
+  const reason = validateKey(key);
+  return reason === undefined ? { key } : { invalid: reason };
+}
+
+/**
+ * Checks a client key.
+ *
+ * @returns `undefined` when the key is usable; otherwise why not: empty, longer than
+ *   `MAX_KEY_LENGTH` (255) characters counted as Unicode code points, holding a control
+ *   character (C0, DEL or C1), or not valid text (a lone surrogate, or U+FFFD, which is what
+ *   undecodable bytes become).
+ */
+export function validateKey(key: string): string | undefined {
+  if (key.length === 0) return 'it is empty';
+  if (CONTROL.test(key)) return 'it contains a control character';
+  if (NOT_TEXT.test(key)) return 'it is not valid UTF-8 text';
+  // UTF-16 length >= code points, so only long strings need counting.
+  if (key.length > MAX_KEY_LENGTH && codePoints(key) > MAX_KEY_LENGTH) {
+    return `it is longer than ${MAX_KEY_LENGTH} characters`;
+  }
+  return undefined;
+}
+
+function codePoints(s: string): number {
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    // Only called on well-formed text: a high surrogate always starts a pair.
+    if (c < 0xd800 || c > 0xdbff) n++;
+  }
+  return n;
+}
+
+/** Trims HTTP optional whitespace (SP, HTAB) without a backtracking regex. */
+function trimOws(s: string): string {
+  let start = 0;
+  let end = s.length;
+  while (start < end && (s[start] === ' ' || s[start] === '\t')) start++;
+  while (end > start && (s[end - 1] === ' ' || s[end - 1] === '\t')) end--;
+  return s.slice(start, end);
+}
+
+/** RFC 8941 sf-string body: `\"` and `\\` are the only escapes; the closing quote ends the text. */
+function unquote(s: string): string | undefined {
+  let out = '';
+  let i = 1;
+  while (i < s.length) {
+    const c = s[i++];
+    if (c === '"') return i === s.length ? out : undefined;
+    if (c === '\\') {
+      const next = s[i++];
+      if (next !== '"' && next !== '\\') return undefined;
+      out += next;
+    } else {
+      out += c;
+    }
+  }
+  return undefined;
+}

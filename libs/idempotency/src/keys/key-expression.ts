@@ -1,0 +1,167 @@
+import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
+
+/** Where a key expression starts reading. `#req` is accepted as the legacy alias of `#body`. */
+export type KeyRoot = 'body' | 'headers' | 'query' | 'params' | 'user' | 'data';
+
+/**
+ * A parsed key expression: a root and the property names walked from it.
+ * Built once at application start by {@link parseKeyExpression}; evaluated per request.
+ */
+export interface KeyPath {
+  readonly root: KeyRoot;
+  /** Property names in walking order; array indexes are kept as their decimal text. */
+  readonly segments: readonly string[];
+  /** The expression as written, for messages. */
+  readonly expression: string;
+}
+
+/** What a key expression can read from. Absent sources evaluate to `undefined`. */
+export interface KeySources {
+  body?: unknown;
+  /** Request headers with lower-case names, as Node gives them. */
+  headers?: Record<string, string | string[] | undefined>;
+  query?: unknown;
+  params?: unknown;
+  user?: unknown;
+  /** The payload of an RPC message (microservice handlers). */
+  data?: unknown;
+}
+
+const ROOTS: ReadonlyMap<string, KeyRoot> = new Map<string, KeyRoot>([
+  ['body', 'body'],
+  ['req', 'body'],
+  ['headers', 'headers'],
+  ['query', 'query'],
+  ['params', 'params'],
+  ['user', 'user'],
+  ['data', 'data'],
+]);
+const ROOT_LIST = 'body, headers, query, params, user, data (or req, an alias of body)';
+
+/** Names never walked into, whatever object holds them (prototype pollution guard). */
+const FORBIDDEN: ReadonlySet<string> = new Set(['__proto__', 'constructor', 'prototype']);
+
+const IDENT = /[A-Za-z_$][A-Za-z0-9_$]*/y;
+const INDEX = /(?:0|[1-9][0-9]*)(?=\])/y;
+
+/**
+ * Parses a key expression such as `#body.orderNo`, `#headers['x-request-id']`, `#query.ref`,
+ * `#params.id`, `#user.tenant.id`, `#data.items[0].sku` or the legacy `#req.orderNo`.
+ *
+ * Grammar: `#` root, then any number of `.identifier`, `['single quoted']`, `["double quoted"]`
+ * or `[non-negative integer]` segments. Inside quotes only `\\`, `\'` and `\"` are escapes.
+ * Header names are lower-cased (Node lower-cases incoming header names).
+ * Nothing is evaluated as code.
+ *
+ * @param expr the expression from the decorator
+ * @param where the route it belongs to, for the message (e.g. `OrdersController.create`)
+ * @throws IdempotencyConfigError naming `where`, the expression and what is wrong
+ */
+export function parseKeyExpression(expr: string, where: string): KeyPath {
+  const fail = (what: string): never => {
+    throw new IdempotencyConfigError(
+      `${where}: invalid idempotency key expression ${JSON.stringify(expr)}: ${what}`,
+    );
+  };
+  if (typeof expr !== 'string' || expr.length === 0) {
+    return fail(`it is empty; write e.g. "#body.orderNo" with a root among ${ROOT_LIST}`);
+  }
+  if (expr[0] !== '#') return fail(`it must start with "#" followed by one of ${ROOT_LIST}`);
+
+  let pos = 1;
+  const readIdent = (): string | undefined => {
+    IDENT.lastIndex = pos;
+    const m = IDENT.exec(expr);
+    if (m === null) return undefined;
+    pos = IDENT.lastIndex;
+    return m[0];
+  };
+
+  const rootName = readIdent();
+  if (rootName === undefined) return fail(`expected a root after "#": one of ${ROOT_LIST}`);
+  const root = ROOTS.get(rootName) ?? fail(`unknown root "#${rootName}"; use one of ${ROOT_LIST}`);
+
+  const segments: string[] = [];
+  while (pos < expr.length) {
+    const c = expr[pos];
+    if (c === '.') {
+      pos++;
+      const name = readIdent();
+      if (name === undefined) {
+        return fail(`expected a property name at position ${pos}; write ['...'] for names that are not identifiers`);
+      }
+      segments.push(name);
+    } else if (c === '[') {
+      pos++;
+      const quote = expr[pos];
+      if (quote === "'" || quote === '"') {
+        segments.push(readQuoted(quote));
+      } else {
+        INDEX.lastIndex = pos;
+        const m = INDEX.exec(expr);
+        if (m === null) return fail(`expected a quoted name or a non-negative integer after "[" at position ${pos - 1}`);
+        segments.push(m[0]);
+        pos = INDEX.lastIndex;
+      }
+      if (expr[pos] !== ']') return fail(`expected "]" at position ${pos}`);
+      pos++;
+    } else {
+      return fail(`unexpected ${JSON.stringify(c)} at position ${pos}; write ['...'] for names that are not identifiers`);
+    }
+  }
+
+  for (const s of segments) {
+    if (FORBIDDEN.has(s)) return fail(`"${s}" may not be used as a property name`);
+  }
+  if (root === 'headers' && segments.length > 0) segments[0] = segments[0].toLowerCase();
+  return Object.freeze({ root, segments: Object.freeze(segments), expression: expr });
+
+  function readQuoted(quote: string): string {
+    const start = pos;
+    let out = '';
+    pos++;
+    for (;;) {
+      if (pos >= expr.length) return fail(`unterminated string starting at position ${start}`);
+      const ch = expr[pos++];
+      if (ch === quote) return out;
+      if (ch === '\\') {
+        const next = expr[pos++];
+        if (next !== '\\' && next !== "'" && next !== '"') {
+          return fail(`unsupported escape at position ${pos - 2}; only \\\\, \\' and \\" are allowed`);
+        }
+        out += next;
+      } else {
+        out += ch;
+      }
+    }
+  }
+}
+
+/**
+ * Reads the key a parsed expression points at. Walks own properties only and never
+ * `__proto__`, `constructor` or `prototype`.
+ *
+ * @returns a string as is; a finite number, bigint or boolean as `String(value)`; `undefined`
+ *   for anything else (object, array, null, undefined, NaN, Infinity), for a missing property
+ *   and for a repeated header (an array value).
+ */
+export function evaluateKeyPath(path: KeyPath, sources: KeySources): string | undefined {
+  if (!Object.hasOwn(sources, path.root)) return undefined;
+  let current: unknown = (sources as Record<string, unknown>)[path.root];
+  for (const segment of path.segments) {
+    if (current === null || typeof current !== 'object') return undefined;
+    if (FORBIDDEN.has(segment) || !Object.hasOwn(current, segment)) return undefined;
+    current = (current as Record<string, unknown>)[segment];
+  }
+  switch (typeof current) {
+    case 'string':
+      return current;
+    case 'number':
+      return Number.isFinite(current) ? String(current) : undefined;
+    case 'bigint':
+    case 'boolean':
+      return String(current);
+    default:
+      return undefined;
+  }
+}

@@ -1,0 +1,96 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
+import type { INestApplication } from '@nestjs/common';
+import { randomUUID } from 'node:crypto';
+import { createServer, type Server, type Socket } from 'node:net';
+import request from 'supertest';
+import { IdempotencyCounters } from '../libs/idempotency/src/index.js';
+import { createGuardTestApp, Probe, type AdapterName } from './support/guard-test.app.js';
+import { freePort, startRedisServer, type RedisServer } from './support/redis-server.js';
+
+/** The client the module creates bounds every command by 1 s; an answer must come well within this. */
+const BOUND_MS = 3000;
+
+async function timed<T>(work: PromiseLike<T>): Promise<[T, number]> {
+  const started = Date.now();
+  const result = await work;
+  return [result, Date.now() - started];
+}
+
+describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis is unavailable (%s)', (adapter) => {
+  let app: INestApplication | undefined;
+  afterEach(async () => {
+    await app?.close();
+    app = undefined;
+  });
+
+  it('fails open by default and fails closed with 503 + Retry-After where asked, with nothing listening', async () => {
+    const port = await freePort();
+    app = await createGuardTestApp(adapter, { store: { redis: `redis://127.0.0.1:${port}` }, keyPrefix: 'outage' });
+    const probe = app.get(Probe);
+    const key = randomUUID();
+
+    const [open, openMs] = await timed(request(app.getHttpServer()).post('/payments').set('Idempotency-Key', key).send({}));
+    expect(open.status).toBe(201);
+    expect(openMs).toBeLessThan(BOUND_MS);
+    const [again] = await timed(request(app.getHttpServer()).post('/payments').set('Idempotency-Key', key).send({}));
+    expect(again.status).toBe(201);
+    expect(probe.runs).toBe(2); // unguarded while the store is down: the database layer is the backstop
+
+    const [closed, closedMs] = await timed(request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key));
+    expect(closed.status).toBe(503);
+    expect(closed.body).toMatchObject({ statusCode: 503, code: 'IDEMPOTENCY_STORE_UNAVAILABLE' });
+    expect(Number(closed.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+    expect(closedMs).toBeLessThan(BOUND_MS);
+    expect(probe.runs).toBe(2);
+    const counters = app.get(IdempotencyCounters);
+    expect(counters.failOpen).toBeGreaterThanOrEqual(2);
+  });
+
+  describe('with a redis-server that is killed', () => {
+    let server: RedisServer;
+    beforeAll(async () => {
+      server = await startRedisServer();
+    });
+    afterAll(async () => server.kill());
+
+    it('guards while it runs, then answers within the bound once it is killed', async () => {
+      app = await createGuardTestApp(adapter, { store: { redis: server.url }, keyPrefix: 'killed' });
+      const key = randomUUID();
+      await request(app.getHttpServer()).post('/payments').set('Idempotency-Key', key).send({});
+      const replay = await request(app.getHttpServer()).post('/payments').set('Idempotency-Key', key).send({});
+      expect(replay.headers['idempotent-replayed']).toBe('true');
+
+      await server.kill();
+      const [open, openMs] = await timed(request(app.getHttpServer()).post('/payments').set('Idempotency-Key', randomUUID()).send({}));
+      expect(open.status).toBe(201);
+      expect(openMs).toBeLessThan(BOUND_MS);
+      const [closed, closedMs] = await timed(request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key));
+      expect(closed.status).toBe(503);
+      expect(closedMs).toBeLessThan(BOUND_MS);
+    });
+  });
+
+  describe('with a Redis that accepts connections and never answers', () => {
+    let blackHole: Server;
+    const sockets: Socket[] = [];
+    beforeAll(async () => {
+      blackHole = createServer((socket) => sockets.push(socket));
+      await new Promise<void>((resolve) => blackHole.listen(0, '127.0.0.1', resolve));
+    });
+    afterAll(async () => {
+      sockets.forEach((socket) => socket.destroy());
+      await new Promise((resolve) => blackHole.close(resolve));
+    });
+
+    it('does not hang a request', async () => {
+      const { port } = blackHole.address() as { port: number };
+      app = await createGuardTestApp(adapter, { store: { redis: `redis://127.0.0.1:${port}` }, keyPrefix: 'slow' });
+      const [open, openMs] = await timed(request(app.getHttpServer()).post('/payments').set('Idempotency-Key', randomUUID()).send({}));
+      expect(open.status).toBe(201);
+      expect(openMs).toBeLessThan(BOUND_MS);
+      const [closed, closedMs] = await timed(request(app.getHttpServer()).post('/closed').set('Idempotency-Key', randomUUID()));
+      expect(closed.status).toBe(503);
+      expect(closedMs).toBeLessThan(BOUND_MS);
+    });
+  });
+});

@@ -1,0 +1,179 @@
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from '@jest/globals';
+import type { INestApplication } from '@nestjs/common';
+import { randomUUID } from 'node:crypto';
+import request from 'supertest';
+import { createGuardTestApp, Probe, type AdapterName } from './support/guard-test.app.js';
+import { fire, until } from './support/http.js';
+import { REDIS_URL } from './support/services.js';
+
+describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s)', (adapter) => {
+  let app: INestApplication;
+  let probe: Probe;
+  let key: string;
+  const http = () => request(app.getHttpServer());
+
+  beforeAll(async () => {
+    app = await createGuardTestApp(adapter, {
+      store: { redis: REDIS_URL },
+      keyPrefix: `guard-e2e-${randomUUID()}`,
+      getUser: (ctx) => ctx.switchToHttp().getRequest<{ headers: Record<string, string> }>().headers['x-user'],
+    });
+    probe = app.get(Probe);
+  });
+  afterAll(async () => app.close());
+  beforeEach(() => {
+    probe.runs = 0;
+    probe.failuresLeft = 0;
+    probe.release();
+    key = randomUUID();
+  });
+
+  it('replays the first response with Idempotent-Replayed, its allowlisted headers and not its cookies', async () => {
+    const first = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
+    expect(first.status).toBe(201);
+    expect(first.body).toEqual({ paid: { amount: 5 }, run: 1 });
+    expect(first.headers['idempotent-replayed']).toBeUndefined();
+
+    const again = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
+    expect(again.status).toBe(201);
+    expect(again.body).toEqual(first.body);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect(again.headers['location']).toBe('/payments/1');
+    expect(again.headers['content-type']).toMatch(/^application\/json/);
+    expect(probe.runs).toBe(1);
+  });
+
+  it('never replays a cookie set by the first response', async () => {
+    await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
+    // @Header() sets Set-Cookie on every run, so a replay must not carry one the guard saved:
+    // the replayed response has exactly the cookie the route sets itself, not two.
+    const again = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect([again.headers['set-cookie']].flat()).toHaveLength(1);
+  });
+
+  it('takes the structured-field form "key" and the bare form key as the same key', async () => {
+    await http().post('/payments').set('Idempotency-Key', `"${key}"`).send({ amount: 5 });
+    const again = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect(probe.runs).toBe(1);
+  });
+
+  it('answers 409 with Retry-After while the first request is in flight', async () => {
+    probe.hold();
+    const first = fire(http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 }));
+    await until(() => probe.runs === 1);
+    const duplicate = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
+    expect(duplicate.status).toBe(409);
+    expect(duplicate.body).toMatchObject({ statusCode: 409, code: 'IDEMPOTENCY_IN_PROGRESS' });
+    expect(Number(duplicate.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+    probe.release();
+    expect((await first).status).toBe(201);
+    const replay = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(probe.runs).toBe(1);
+  });
+
+  it('answers 422 when the key comes again with another payload', async () => {
+    await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
+    const reused = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 6 });
+    expect(reused.status).toBe(422);
+    expect(reused.body).toMatchObject({ code: 'IDEMPOTENCY_KEY_REUSED' });
+    expect(probe.runs).toBe(1);
+  });
+
+  it('answers 400 IDEMPOTENCY_KEY_MISSING without a key', async () => {
+    const res = await http().post('/payments').send({ amount: 5 });
+    expect(res.status).toBe(400);
+    expect(res.body).toMatchObject({ statusCode: 400, code: 'IDEMPOTENCY_KEY_MISSING' });
+    expect(res.body.message).toMatch(/Idempotency-Key/);
+    expect(probe.runs).toBe(0);
+  });
+
+  it.each([
+    ['too long', 'k'.repeat(256)],
+    ['empty', ''],
+    ['a control character', 'a\tb'],
+    ['an empty structured string', '""'],
+  ])('answers 400 IDEMPOTENCY_KEY_INVALID for a key that is %s', async (_what, bad) => {
+    const res = await http().post('/payments').set('Idempotency-Key', bad).send({ amount: 5 });
+    expect(res.status).toBe(400);
+    expect(res.body).toMatchObject({ code: 'IDEMPOTENCY_KEY_INVALID' });
+    expect(probe.runs).toBe(0);
+  });
+
+  it('accepts a key of exactly 255 characters', async () => {
+    const res = await http().post('/payments').set('Idempotency-Key', 'k'.repeat(254) + key[0]).send({ amount: 5 });
+    expect(res.status).toBe(201);
+  });
+
+  it('releases the key when the handler throws, so a retry runs', async () => {
+    probe.failuresLeft = 1;
+    const failed = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
+    expect(failed.status).toBe(400);
+    expect(failed.body.code).toBe('PLANNED_FAILURE');
+    const retry = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
+    expect(retry.status).toBe(201);
+    expect(retry.headers['idempotent-replayed']).toBeUndefined();
+    expect(probe.runs).toBe(2);
+  });
+
+  it('keeps users apart: the same key from two users runs twice', async () => {
+    const a = await http().post('/payments').set('Idempotency-Key', key).set('x-user', 'alice').send({ amount: 5 });
+    const b = await http().post('/payments').set('Idempotency-Key', key).set('x-user', 'bob').send({ amount: 5 });
+    expect(a.body.run).toBe(1);
+    expect(b.body.run).toBe(2);
+    expect(b.headers['idempotent-replayed']).toBeUndefined();
+  });
+
+  it('uses the fingerprint without a key: key order and ignored fields do not matter, values do', async () => {
+    const tag = randomUUID();
+    const first = await http().post('/fingerprinted').send({ tag, a: { x: 1, y: [1, 2] }, b: 2, timestamp: 1 });
+    const same = await http().post('/fingerprinted').send({ b: 2, timestamp: 99, a: { y: [1, 2], x: 1 }, tag });
+    expect(same.headers['idempotent-replayed']).toBe('true');
+    expect(same.body).toEqual(first.body);
+    const other = await http().post('/fingerprinted').send({ tag, a: { x: 1, y: [2, 1] }, b: 2 });
+    expect(other.headers['idempotent-replayed']).toBeUndefined();
+    expect(probe.runs).toBe(2);
+  });
+
+  it('fingerprints non-JSON bodies by their raw bytes', async () => {
+    const xml = `<receipt><no>${key}</no></receipt>`;
+    const send = (body: string) => http().post('/fingerprinted').set('content-type', 'application/xml').send(body);
+    // The app registers a parser for XML with rawBody on, so the guard sees the raw bytes.
+    const first = await send(xml);
+    expect(first.status).toBe(201);
+    const again = await send(xml);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    const spaced = await send(xml.replace('<no>', '<no> '));
+    expect(spaced.status).toBe(201);
+    expect(spaced.headers['idempotent-replayed']).toBeUndefined();
+    expect(probe.runs).toBe(2);
+  });
+
+  it('does not save a streamed response: the key is released and a retry runs', async () => {
+    const first = await http().post('/stream').set('Idempotency-Key', key);
+    expect(first.status).toBe(201);
+    const second = await http().post('/stream').set('Idempotency-Key', key);
+    expect(second.status).toBe(201);
+    expect(second.headers['idempotent-replayed']).toBeUndefined();
+    expect(probe.runs).toBe(2);
+  });
+
+  it('replays a text answer as the same text, with the key from an expression', async () => {
+    const first = await http().post('/text').set('x-request-id', key);
+    const again = await http().post('/text').set('x-request-id', key);
+    expect(first.status).toBe(200);
+    expect(again.status).toBe(200);
+    expect(again.text).toBe(first.text);
+    expect(again.headers['content-type']).toBe(first.headers['content-type']);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+  });
+
+  it('takes the key from a function', async () => {
+    await http().post(`/tenants/${key}/jobs`);
+    const again = await http().post(`/tenants/${key}/jobs`);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect(probe.runs).toBe(1);
+  });
+});

@@ -1,0 +1,127 @@
+import {
+  BadRequestException,
+  Body,
+  Controller,
+  Header,
+  HttpCode,
+  Injectable,
+  Module,
+  Post,
+  Req,
+  StreamableFile,
+  type DynamicModule,
+  type INestApplication,
+} from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-express';
+import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
+import { Readable } from 'node:stream';
+import { IdempotencyModule, NoRepeatSubmit, type IdempotencyModuleOptions } from '../../libs/idempotency/src/index.js';
+
+/** Counts handler runs and lets a test hold a handler until it opens the gate. */
+@Injectable()
+export class Probe {
+  runs = 0;
+  failuresLeft = 0;
+  private gate: Promise<void> = Promise.resolve();
+  private open = () => {};
+
+  hold(): void {
+    this.gate = new Promise((resolve) => (this.open = resolve));
+  }
+
+  release(): void {
+    this.open();
+  }
+
+  async run<T>(value: T): Promise<T> {
+    this.runs++;
+    await this.gate;
+    if (this.failuresLeft > 0) {
+      this.failuresLeft--;
+      throw new BadRequestException({ statusCode: 400, message: 'planned failure', code: 'PLANNED_FAILURE' });
+    }
+    return value;
+  }
+}
+
+@Controller()
+class GuardTestController {
+  constructor(private readonly probe: Probe) {}
+
+  /** The key is the Idempotency-Key header. */
+  @Post('payments')
+  @Header('Location', '/payments/1')
+  @Header('Set-Cookie', 'session=secret')
+  @NoRepeatSubmit({ expireSeconds: 60 })
+  pay(@Body() body: Record<string, unknown>) {
+    return this.probe.run({ paid: body, run: this.probe.runs + 1 });
+  }
+
+  /** Falls back to the request fingerprint when no key is sent. */
+  @Post('fingerprinted')
+  @NoRepeatSubmit({ useRequestFingerprint: true, ignoreFields: ['timestamp'] })
+  fingerprinted(@Body() body: Record<string, unknown>) {
+    return this.probe.run({ got: body, run: this.probe.runs + 1 });
+  }
+
+  @Post('closed')
+  @NoRepeatSubmit({ failMode: 'closed' })
+  closed() {
+    return this.probe.run({ ok: true });
+  }
+
+  @Post('stream')
+  @NoRepeatSubmit()
+  async stream() {
+    await this.probe.run(null);
+    return new StreamableFile(Readable.from([Buffer.from('chunk')]));
+  }
+
+  @Post('text')
+  @HttpCode(200)
+  @NoRepeatSubmit({ idempotentKey: "#headers['x-request-id']" })
+  text() {
+    return this.probe.run(`plain text ${this.probe.runs + 1}`);
+  }
+
+  @Post('tenants/:tenant/jobs')
+  @NoRepeatSubmit({ idempotentKey: (ctx) => ctx.switchToHttp().getRequest<{ params: { tenant: string } }>().params.tenant })
+  job(@Req() req: { params: { tenant: string } }) {
+    return this.probe.run({ tenant: req.params.tenant });
+  }
+}
+
+@Module({})
+class GuardTestModule {
+  static register(options: IdempotencyModuleOptions): DynamicModule {
+    return {
+      module: GuardTestModule,
+      imports: [IdempotencyModule.forRoot(options)],
+      controllers: [GuardTestController],
+      providers: [Probe],
+    };
+  }
+}
+
+export type AdapterName = 'express' | 'fastify';
+
+/** A small app whose routes exercise each behaviour of the guard, on either adapter. */
+export async function createGuardTestApp(adapter: AdapterName, options: IdempotencyModuleOptions): Promise<INestApplication> {
+  const module = GuardTestModule.register(options);
+  const appOptions = { rawBody: true, logger: ['error' as const] };
+  const xml = ['application/xml', 'text/xml'];
+  let app: INestApplication;
+  if (adapter === 'fastify') {
+    const fastify = await NestFactory.create<NestFastifyApplication>(module, new FastifyAdapter(), appOptions);
+    fastify.useBodyParser(xml);
+    app = fastify;
+  } else {
+    const express = await NestFactory.create<NestExpressApplication>(module, new ExpressAdapter(), appOptions);
+    express.useBodyParser('text', { type: xml });
+    app = express;
+  }
+  await app.init();
+  if (adapter === 'fastify') await (app.getHttpAdapter().getInstance() as { ready(): Promise<void> }).ready();
+  return app;
+}
