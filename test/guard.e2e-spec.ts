@@ -137,6 +137,14 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
     expect(probe.runs).toBe(2);
   });
 
+  it('answers 400 IDEMPOTENCY_PAYLOAD_UNSUPPORTED for a body nested too deep to fingerprint', async () => {
+    const deep = '{"a":'.repeat(5000) + '1' + '}'.repeat(5000);
+    const res = await http().post('/fingerprinted').set('content-type', 'application/json').send(deep);
+    expect(res.status).toBe(400);
+    expect(res.body).toMatchObject({ code: 'IDEMPOTENCY_PAYLOAD_UNSUPPORTED' });
+    expect(probe.runs).toBe(0);
+  });
+
   it('fingerprints non-JSON bodies by their raw bytes', async () => {
     const xml = `<receipt><no>${key}</no></receipt>`;
     const send = (body: string) => http().post('/fingerprinted').set('content-type', 'application/xml').send(body);

@@ -84,6 +84,8 @@ export class DemoExceptionFilter implements ExceptionFilter {
     const { httpAdapter } = this.adapterHost;
     const response: unknown = host.switchToHttp().getResponse();
     const body = this.toBody(exception);
+    // A body with its own `code` is passed through as is: the exception decides the status.
+    const status = exception instanceof HttpException ? exception.getStatus() : body.statusCode;
     if (httpAdapter.isHeadersSent(response)) {
       this.logger.error('Error after the response was sent', exception instanceof Error ? exception.stack : exception);
       httpAdapter.end(response);
@@ -93,7 +95,7 @@ export class DemoExceptionFilter implements ExceptionFilter {
     if (typeof retryAfterSeconds === 'number' && !httpAdapter.getHeader(response, 'retry-after')) {
       httpAdapter.setHeader(response, 'Retry-After', String(retryAfterSeconds));
     }
-    httpAdapter.reply(response, body, body.statusCode);
+    httpAdapter.reply(response, body, status);
   }
 
   private toBody(exception: unknown): ErrorBody {

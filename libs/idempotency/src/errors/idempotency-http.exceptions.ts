@@ -7,6 +7,7 @@ export const IdempotencyErrorCode = Object.freeze({
   IN_PROGRESS: 'IDEMPOTENCY_IN_PROGRESS',
   KEY_REUSED: 'IDEMPOTENCY_KEY_REUSED',
   STORE_UNAVAILABLE: 'IDEMPOTENCY_STORE_UNAVAILABLE',
+  PAYLOAD_UNSUPPORTED: 'IDEMPOTENCY_PAYLOAD_UNSUPPORTED',
 });
 export type IdempotencyErrorCode = (typeof IdempotencyErrorCode)[keyof typeof IdempotencyErrorCode];
 
@@ -66,4 +67,12 @@ export const storeUnavailable = (retryAfterSeconds: number) =>
     'Service Unavailable',
     `The idempotency store is unavailable, so this operation was not started: retry after ${retryAfterSeconds} s with the same key.`,
     retryAfterSeconds,
+  );
+
+export const payloadUnsupported = (reason: string) =>
+  new IdempotencyHttpException(
+    IdempotencyErrorCode.PAYLOAD_UNSUPPORTED,
+    HttpStatus.BAD_REQUEST,
+    'Bad Request',
+    `The request cannot be fingerprinted (${reason}): send a flatter payload.`,
   );

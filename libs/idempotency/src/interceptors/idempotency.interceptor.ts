@@ -15,8 +15,10 @@ import {
   keyInvalid,
   keyMissing,
   keyReused,
+  payloadUnsupported,
   storeUnavailable,
 } from '../errors/idempotency-http.exceptions.js';
+import { IdempotencyError } from '../errors/idempotency.errors.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
 import { IDEMPOTENCY_KEY_HEADER, NO_REPEAT_SUBMIT_METADATA, REPLAYED_HEADER } from '../idempotency.constants.js';
 import { evaluateKeyPath } from '../keys/key-expression.js';
@@ -57,17 +59,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     req[GUARDED] = true;
     const res = ctx.switchToHttp().getResponse<HttpResponse>();
 
-    const fingerprint = fingerprintRequest(
-      {
-        method: req.method,
-        path: (req.originalUrl ?? req.url).split('?', 1)[0],
-        query: req.query,
-        body: req.body,
-        rawBody: req.rawBody,
-        contentType: req.headers['content-type'] as string | undefined,
-      },
-      config.ignoreFields,
-    );
+    const fingerprint = this.fingerprint(req, config);
     let clientKey = this.getKey(ctx, config);
     if (clientKey === undefined) {
       if (!config.useFingerprint) throw keyMissing(config.keySource);
@@ -135,6 +127,25 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const reason = validateKey(key);
     if (reason) throw keyInvalid(reason);
     return key;
+  }
+
+  private fingerprint(req: HttpRequest, config: GuardedRoute): string {
+    try {
+      return fingerprintRequest(
+        {
+          method: req.method,
+          path: (req.originalUrl ?? req.url).split('?', 1)[0],
+          query: req.query,
+          body: req.body,
+          rawBody: req.rawBody,
+          contentType: req.headers['content-type'] as string | undefined,
+        },
+        config.ignoreFields,
+      );
+    } catch (error) {
+      if (error instanceof IdempotencyError) throw payloadUnsupported(error.message);
+      throw error;
+    }
   }
 
   private runOwned(next: CallHandler, key: string, token: string, config: GuardedRoute, res: HttpResponse) {

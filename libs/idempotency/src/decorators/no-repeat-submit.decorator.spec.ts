@@ -1,0 +1,58 @@
+import { describe, expect, it } from '@jest/globals';
+import { Controller, Post } from '@nestjs/common';
+import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
+import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
+import { NoRepeatSubmit, type NoRepeatSubmitMetadata } from './no-repeat-submit.decorator.js';
+
+describe('@NoRepeatSubmit()', () => {
+  it('records the parsed key path on the method', () => {
+    class OrdersController {
+      @NoRepeatSubmit({ idempotentKey: '#body.order.no', expireSeconds: 60 })
+      create() {}
+    }
+    const metadata: NoRepeatSubmitMetadata = Reflect.getMetadata(
+      NO_REPEAT_SUBMIT_METADATA,
+      OrdersController.prototype.create,
+    );
+    expect(metadata.where).toBe('OrdersController.create');
+    expect(metadata.key).toHaveProperty('path');
+    expect(metadata.options.expireSeconds).toBe(60);
+  });
+
+  it('defaults to the Idempotency-Key header, on a class too', () => {
+    @NoRepeatSubmit()
+    class PaymentsController {}
+    const metadata: NoRepeatSubmitMetadata = Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, PaymentsController);
+    expect(metadata.key).toEqual({ header: true });
+    expect(metadata.where).toBe('PaymentsController');
+  });
+
+  it.each([
+    ['an unknown root', '#cookies.session'],
+    ['bad syntax', '#body.[order'],
+    ['no #', 'body.orderNo'],
+  ])('fails when the class loads on %s, naming the method', (_what, expression) => {
+    const define = () => {
+      @Controller('orders')
+      class OrdersController {
+        @Post()
+        @NoRepeatSubmit({ idempotentKey: expression })
+        create() {}
+      }
+      return OrdersController;
+    };
+    expect(define).toThrow(IdempotencyConfigError);
+    expect(define).toThrow(/OrdersController\.create/);
+  });
+
+  it.each([0, -1, Number.NaN])('refuses expireSeconds %p', (expireSeconds) => {
+    const define = () => {
+      class OrdersController {
+        @NoRepeatSubmit({ expireSeconds })
+        create() {}
+      }
+      return OrdersController;
+    };
+    expect(define).toThrow(/OrdersController\.create: expireSeconds/);
+  });
+});

@@ -1,0 +1,100 @@
+import { afterEach, describe, expect, it, jest } from '@jest/globals';
+import { Injectable, Logger, Module } from '@nestjs/common';
+import { Test } from '@nestjs/testing';
+import { Redis } from 'ioredis';
+import { REDIS_URL } from '../../../test/support/services.js';
+import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency.config.js';
+import { IdempotencyModule } from './idempotency.module.js';
+import { IdempotencyStore } from './stores/idempotency-store.js';
+import { MemoryIdempotencyStore } from './stores/memory/memory-idempotency.store.js';
+import { RedisIdempotencyStore } from './stores/redis/redis-idempotency.store.js';
+
+@Injectable()
+class ConfigService {
+  get(name: string) {
+    return { keyPrefix: 'from_config', leaseSeconds: 7 }[name];
+  }
+}
+
+@Module({ providers: [ConfigService], exports: [ConfigService] })
+class ConfigModule {}
+
+describe('IdempotencyModule', () => {
+  afterEach(() => {
+    jest.restoreAllMocks();
+  });
+
+  it('uses the memory store without a store option, and warns once that it is one process only', async () => {
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    const moduleRef = await Test.createTestingModule({ imports: [IdempotencyModule.forRoot({})] }).compile();
+    expect(moduleRef.get(IdempotencyStore)).toBeInstanceOf(MemoryIdempotencyStore);
+    expect(warn).toHaveBeenCalledTimes(1);
+    expect(String(warn.mock.calls[0][0])).toMatch(/one process/);
+    await moduleRef.close();
+  });
+
+  it('merges options over the defaults', async () => {
+    const moduleRef = await Test.createTestingModule({
+      imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore(), expireSeconds: 10 })],
+    }).compile();
+    const options = moduleRef.get<ResolvedIdempotencyOptions>(IDEMPOTENCY_RESOLVED_OPTIONS);
+    expect(options).toMatchObject({ keyPrefix: 'no_repeat', expireSeconds: 10, leaseSeconds: 30, failMode: 'open' });
+    expect(Object.isFrozen(options)).toBe(true);
+    await moduleRef.close();
+  });
+
+  it('configures asynchronously with imports, inject and useFactory', async () => {
+    const moduleRef = await Test.createTestingModule({
+      imports: [
+        IdempotencyModule.forRootAsync({
+          imports: [ConfigModule],
+          inject: [ConfigService],
+          useFactory: (config: ConfigService) => ({
+            store: new MemoryIdempotencyStore(),
+            keyPrefix: config.get('keyPrefix') as string,
+            leaseSeconds: config.get('leaseSeconds') as number,
+          }),
+        }),
+      ],
+    }).compile();
+    expect(moduleRef.get<ResolvedIdempotencyOptions>(IDEMPOTENCY_RESOLVED_OPTIONS)).toMatchObject({
+      keyPrefix: 'from_config',
+      leaseSeconds: 7,
+    });
+    await moduleRef.close();
+  });
+
+  it('uses a Redis client it is given and leaves it open on shutdown', async () => {
+    const client = new Redis(REDIS_URL, { maxRetriesPerRequest: 0 });
+    const moduleRef = await Test.createTestingModule({
+      imports: [IdempotencyModule.forRoot({ store: { redis: client } })],
+    }).compile();
+    await moduleRef.init();
+    expect(moduleRef.get(IdempotencyStore)).toBeInstanceOf(RedisIdempotencyStore);
+    await moduleRef.close();
+    expect(await client.ping()).toBe('PONG');
+    await client.quit();
+  });
+
+  it('closes a Redis client it opened from a URL on shutdown', async () => {
+    const moduleRef = await Test.createTestingModule({
+      imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL } })],
+    }).compile();
+    await moduleRef.init();
+    const store = moduleRef.get(IdempotencyStore) as RedisIdempotencyStore;
+    expect(store.client.status).toBe('ready');
+    const ended = new Promise((resolve) => store.client.once('end', resolve));
+    await moduleRef.close();
+    await ended;
+    expect(store.client.status).toBe('end');
+  });
+
+  it.each([{ keyPrefix: 'a:b' }, { keyPrefix: '' }, { expireSeconds: 0 }, { leaseSeconds: -5 }])(
+    'refuses %p at start-up',
+    async (options) => {
+      await expect(
+        Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore(), ...options })] }).compile(),
+      ).rejects.toThrow(/IdempotencyModule/);
+    },
+  );
+});
