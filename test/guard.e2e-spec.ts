@@ -2,6 +2,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from '@jest/glo
 import type { INestApplication } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
+import { IdempotencyCounters } from '../libs/idempotency/src/index.js';
 import { createGuardTestApp, Probe, type AdapterName } from './support/guard-test.app.js';
 import { fire, until } from './support/http.js';
 import { REDIS_URL } from './support/services.js';
@@ -10,6 +11,7 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
   let app: INestApplication;
   let probe: Probe;
   let key: string;
+  let baseUrl: string;
   const http = () => request(app.getHttpServer());
 
   beforeAll(async () => {
@@ -19,6 +21,8 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
       getUser: (ctx) => ctx.switchToHttp().getRequest<{ headers: Record<string, string> }>().headers['x-user'],
     });
     probe = app.get(Probe);
+    await app.listen(0, '127.0.0.1');
+    baseUrl = (await app.getUrl()).replace('[::1]', '127.0.0.1');
   });
   afterAll(async () => app.close());
   beforeEach(() => {
@@ -72,6 +76,40 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
     const replay = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
     expect(replay.headers['idempotent-replayed']).toBe('true');
     expect(probe.runs).toBe(1);
+  });
+
+  it('lets 100 concurrent duplicates wait for the first result instead of a 409, with one handler run', async () => {
+    probe.hold();
+    const send = () =>
+      fetch(`${baseUrl}/waiting`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'idempotency-key': key },
+        body: '{"amount":5}',
+      }).then(async (res) => ({ status: res.status, replayed: res.headers.get('idempotent-replayed'), body: await res.json() }));
+    const first = send();
+    await until(() => probe.runs === 1);
+    const counters = app.get(IdempotencyCounters);
+    const waitedBefore = counters.waited;
+    const duplicates = Array.from({ length: 100 }, send);
+    await until(() => counters.waited - waitedBefore === 100, 10_000);
+    probe.release();
+    const answers = await Promise.all([first, ...duplicates]);
+    expect(answers.map((a) => a.status)).toEqual(Array(101).fill(201));
+    expect(probe.runs).toBe(1);
+    expect(answers.filter((a) => a.replayed !== 'true')).toEqual([answers[0]]);
+    for (const answer of answers) expect(answer.body).toEqual({ got: { amount: 5 }, run: 1 });
+    expect(probe.runs).toBe(1);
+  });
+
+  it('answers 409 when the first result does not come within waitForResultMs', async () => {
+    probe.hold();
+    const first = fire(http().post('/waiting-briefly').set('Idempotency-Key', key));
+    await until(() => probe.runs === 1);
+    const duplicate = await http().post('/waiting-briefly').set('Idempotency-Key', key);
+    expect(duplicate.status).toBe(409);
+    expect(duplicate.body.code).toBe('IDEMPOTENCY_IN_PROGRESS');
+    probe.release();
+    expect((await first).status).toBe(201);
   });
 
   it('answers 422 when the key comes again with another payload', async () => {

@@ -65,6 +65,19 @@ class GuardTestController {
     return this.probe.run({ got: body, run: this.probe.runs + 1 });
   }
 
+  /** Duplicates wait for the first result instead of a 409. */
+  @Post('waiting')
+  @NoRepeatSubmit({ waitForResultMs: 10_000 })
+  waiting(@Body() body: Record<string, unknown>) {
+    return this.probe.run({ got: body, run: this.probe.runs + 1 });
+  }
+
+  @Post('waiting-briefly')
+  @NoRepeatSubmit({ waitForResultMs: 200 })
+  waitingBriefly() {
+    return this.probe.run({ run: this.probe.runs + 1 });
+  }
+
   @Post('closed')
   @NoRepeatSubmit({ failMode: 'closed' })
   closed() {

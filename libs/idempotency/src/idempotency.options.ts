@@ -61,4 +61,10 @@ export interface NoRepeatSubmitOptions {
   failMode?: FailMode;
   /** Fields removed at any depth before fingerprinting. */
   ignoreFields?: string[];
+  /**
+   * A duplicate that arrives while the first request is processing waits up to this many
+   * milliseconds for its result (pushed by the store, no polling on Redis) and gets the replay
+   * instead of a 409; past the bound it gets the 409. Default 0: answer 409 at once.
+   */
+  waitForResultMs?: number;
 }

@@ -10,6 +10,7 @@ export interface GuardedRoute {
   handler: string;
   expireMs: number;
   leaseMs: number;
+  waitForResultMs: number;
   failMode: FailMode;
   useFingerprint: boolean;
   ignoreFields: ReadonlySet<string>;
@@ -28,6 +29,7 @@ export function route(
     handler: `${ctx.getClass().name}.${ctx.getHandler().name}`,
     expireMs: (options.expireSeconds ?? defaults.expireSeconds) * 1000,
     leaseMs: (options.leaseSeconds ?? defaults.leaseSeconds) * 1000,
+    waitForResultMs: options.waitForResultMs ?? 0,
     failMode: options.failMode ?? defaults.failMode,
     useFingerprint: options.useRequestFingerprint ?? false,
     ignoreFields: new Set([...defaults.ignoreFields, ...(options.ignoreFields ?? [])]),

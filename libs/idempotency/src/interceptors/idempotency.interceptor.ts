@@ -26,7 +26,13 @@ import { fingerprintRequest } from '../keys/fingerprint.js';
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
 import { buildStorageKey } from '../keys/storage-key.js';
 import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
-import { IdempotencyStore, type SavedResponse } from '../stores/idempotency-store.js';
+import {
+  IdempotencyStore,
+  type ClaimInput,
+  type ClaimResult,
+  type SavedResponse,
+  type SettleWatch,
+} from '../stores/idempotency-store.js';
 import { route, type GuardedRoute } from './guarded-route.js';
 import { isReplayable, readHeaders, type HttpRequest, type HttpResponse } from './http-exchange.js';
 
@@ -73,10 +79,14 @@ export class IdempotencyInterceptor implements NestInterceptor {
       key: clientKey,
     });
 
-    const token = randomUUID();
-    let claim;
+    const input: ClaimInput = { key, token: randomUUID(), fingerprint, leaseMs: config.leaseMs };
+    let claim: ClaimResult;
     try {
-      claim = await this.store.claim({ key, token, fingerprint, leaseMs: config.leaseMs });
+      claim = await this.store.claim(input);
+      if (claim.status === 'in_progress' && config.waitForResultMs > 0) {
+        this.counters.waited++;
+        claim = await this.awaitSettled(input, claim, config.waitForResultMs);
+      }
     } catch (error) {
       return this.onStoreOutage(error, config, res, next);
     }
@@ -95,8 +105,40 @@ export class IdempotencyInterceptor implements NestInterceptor {
         return of(this.replay(claim.response, res));
       case 'acquired':
         this.counters.acquired++;
-        return this.runOwned(next, key, token, config, res);
+        return this.runOwned(next, key, input.token, config, res);
     }
+  }
+
+  /**
+   * Waits for a processing key to settle, up to `waitMs`: watch, re-claim (a settlement in
+   * between is not missed), then sleep until the store pushes the settlement or the lease ends.
+   */
+  private async awaitSettled(input: ClaimInput, first: ClaimResult, waitMs: number): Promise<ClaimResult> {
+    const deadline = Date.now() + waitMs;
+    let claim = first;
+    while (claim.status === 'in_progress') {
+      const leftMs = deadline - Date.now();
+      if (leftMs <= 0) break;
+      let watch: SettleWatch;
+      try {
+        watch = await this.store.watch(input.key);
+      } catch (error) {
+        this.counters.storeErrors++;
+        this.logger.warn(`Cannot wait for a result, answering 409: ${(error as Error).message}`);
+        break;
+      }
+      let timer: NodeJS.Timeout | undefined;
+      try {
+        claim = await this.store.claim({ ...input, wait: true });
+        if (claim.status !== 'in_progress') break;
+        const sleepMs = Math.min(leftMs, claim.retryAfterMs + 1);
+        await Promise.race([watch.settled, new Promise((resolve) => (timer = setTimeout(resolve, sleepMs)))]);
+      } finally {
+        clearTimeout(timer);
+        watch.cancel();
+      }
+    }
+    return claim;
   }
 
   /** The user segment of the key. Default: the module's `getUser` (`request.user.id`). */

@@ -9,6 +9,8 @@ export class IdempotencyCounters {
   replayed = 0;
   /** Duplicates answered 409 while the first was processing. */
   inProgress = 0;
+  /** Duplicates that waited for the first result (`waitForResultMs`). */
+  waited = 0;
   /** Keys reused with another payload (422). */
   mismatched = 0;
   /** Claims released after an exception or an unsaveable response. */

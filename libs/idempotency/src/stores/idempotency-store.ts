@@ -27,7 +27,22 @@ export interface ClaimInput {
   token: string;
   /** How long the claim holds while the handler runs, in milliseconds. */
   leaseMs: number;
+  /**
+   * The caller is watching the key (see `watch`) and will wait if it is in progress: the store
+   * then notifies watchers when the holder completes or releases it.
+   */
+  wait?: boolean;
 }
+
+/** A registration for the settlement of one key; `cancel` it when done waiting. */
+export interface SettleWatch {
+  /** Resolves when the key may have settled (completed or released); never rejects. */
+  settled: Promise<void>;
+  cancel(): void;
+}
+
+/** Re-check interval of stores that cannot push settlement (the default `watch`). */
+export const SETTLE_POLL_MS = 100;
 
 /** A record as the store holds it, for tooling and tests. */
 export interface StoredRecord {
@@ -58,4 +73,18 @@ export abstract class IdempotencyStore {
 
   /** Reads a record without changing it (tooling, tests). */
   abstract get(key: string): Promise<StoredRecord | undefined>;
+
+  /**
+   * Watches `key` for its settlement, for duplicates that wait for the first result instead of
+   * a 409. Register the watch first, then claim with `wait: true`, then await `settled`: a
+   * settlement between the claim and the wait is not missed. This default resolves after
+   * `SETTLE_POLL_MS` (bounded re-checks); the memory and Redis stores push instead.
+   */
+  async watch(_key: string): Promise<SettleWatch> {
+    let timer: NodeJS.Timeout | undefined;
+    const settled = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, SETTLE_POLL_MS).unref();
+    });
+    return { settled, cancel: () => clearTimeout(timer) };
+  }
 }

@@ -16,6 +16,11 @@ const response: SavedResponse = {
   body: '{"id":"1","orderNo":"A-1","note":"ü \\" :{}"}',
 };
 
+async function isPending(promise: Promise<unknown>): Promise<boolean> {
+  const pending = Symbol('pending');
+  return (await Promise.race([promise, Promise.resolve(pending)])) === pending;
+}
+
 /**
  * The behaviour every `IdempotencyStore` must show. Leases here are short (`leaseMs`) so that
  * expiry can be exercised; a store on real time should pass a few hundred milliseconds.
@@ -116,6 +121,27 @@ export function describeStoreContract(name: string, makeHarness: () => Promise<S
       const results = await Promise.all(Array.from({ length: 50 }, (_, i) => claim(`t${i}`, 'fp', 60_000)));
       expect(results.filter((r) => r.status === 'acquired')).toHaveLength(1);
       expect(results.filter((r) => r.status === 'in_progress')).toHaveLength(49);
+    });
+
+    it('wakes a watcher of a processing key when its owner completes, and the re-claim replays', async () => {
+      await claim('t1');
+      const watch = await h.store.watch(key);
+      expect((await h.store.claim({ key, token: 't2', fingerprint: 'fp-1', leaseMs, wait: true })).status).toBe('in_progress');
+      expect(await isPending(watch.settled)).toBe(true);
+      await h.store.complete(key, 't1', response, 60_000);
+      await watch.settled;
+      watch.cancel();
+      expect(await claim('t3')).toEqual({ status: 'completed', response });
+    });
+
+    it('wakes a watcher when the owner releases, and the re-claim acquires', async () => {
+      await claim('t1');
+      const watch = await h.store.watch(key);
+      await h.store.claim({ key, token: 't2', fingerprint: 'fp-1', leaseMs, wait: true });
+      await h.store.release(key, 't1');
+      await watch.settled;
+      watch.cancel();
+      expect(await claim('t3')).toEqual({ status: 'acquired', token: 't3' });
     });
 
     it('keeps keys apart', async () => {

@@ -3,8 +3,10 @@ import {
   type ClaimInput,
   type ClaimResult,
   type SavedResponse,
+  type SettleWatch,
   type StoredRecord,
 } from '../idempotency-store.js';
+import { SettleWatchers } from '../settle-watchers.js';
 
 interface Entry {
   state: 'processing' | 'completed';
@@ -27,6 +29,7 @@ export interface MemoryIdempotencyStoreOptions {
  */
 export class MemoryIdempotencyStore extends IdempotencyStore {
   private readonly entries = new Map<string, Entry>();
+  private readonly watchers = new SettleWatchers();
   readonly maxEntries: number;
 
   constructor(options: MemoryIdempotencyStoreOptions = {}) {
@@ -60,6 +63,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     entry.state = 'completed';
     entry.response = response;
     entry.expiresAt = now + ttlMs;
+    this.watchers.notify(key);
     return true;
   }
 
@@ -67,7 +71,12 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     const entry = this.live(key, Date.now());
     if (entry?.state !== 'processing' || entry.token !== token) return false;
     this.entries.delete(key);
+    this.watchers.notify(key);
     return true;
+  }
+
+  override async watch(key: string): Promise<SettleWatch> {
+    return this.watchers.watch(key);
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {

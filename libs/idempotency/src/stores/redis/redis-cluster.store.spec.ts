@@ -21,7 +21,14 @@ describe('RedisIdempotencyStore on a 3-master Redis Cluster', () => {
     await cluster?.stop();
   });
 
-  describeStoreContract('redis cluster', async () => ({ store: new RedisIdempotencyStore(client), elapse: sleep }), 200);
+  describeStoreContract(
+    'redis cluster',
+    async () => {
+      const store = new RedisIdempotencyStore(client);
+      return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
+    },
+    200,
+  );
 
   it('spreads records over the masters, each script touching one key', async () => {
     const store = new RedisIdempotencyStore(client);

@@ -17,7 +17,14 @@ describe('RedisIdempotencyStore', () => {
   });
 
   // Redis expiry itself is under test here, so these wait real (short) leases out.
-  describeStoreContract('redis', async () => ({ store: new RedisIdempotencyStore(client), elapse: sleep }), 200);
+  describeStoreContract(
+    'redis',
+    async () => {
+      const store = new RedisIdempotencyStore(client);
+      return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
+    },
+    200,
+  );
 
   it('sets the lease and the retention inside the scripts (PTTL), not from the client clock', async () => {
     const store = new RedisIdempotencyStore(client);

@@ -1,13 +1,15 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
-import type { Cluster, Redis } from 'ioredis';
+import { Cluster, type Redis } from 'ioredis';
 import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import {
   IdempotencyStore,
   type ClaimInput,
   type ClaimResult,
   type SavedResponse,
+  type SettleWatch,
   type StoredRecord,
 } from '../idempotency-store.js';
+import { SettleWatchers } from '../settle-watchers.js';
 import { CLAIM_LUA } from './claim.lua.js';
 import { COMPLETE_LUA } from './complete.lua.js';
 import { RELEASE_LUA } from './release.lua.js';
@@ -16,7 +18,7 @@ type ClaimReply = [1] | [2, number] | [3, string, string, string | null] | [4];
 
 /** The scripts as commands on the client (registered with `defineCommand`, sent as EVALSHA). */
 interface ScriptedClient {
-  idempotencyClaim(key: string, token: string, fingerprint: string, leaseMs: number): Promise<ClaimReply>;
+  idempotencyClaim(key: string, token: string, fingerprint: string, leaseMs: number, wait: '0' | '1'): Promise<ClaimReply>;
   idempotencyComplete(
     key: string,
     token: string,
@@ -25,8 +27,9 @@ interface ScriptedClient {
     body: string,
     hasBody: '0' | '1',
     ttlMs: number,
+    channel: string,
   ): Promise<0 | 1>;
-  idempotencyRelease(key: string, token: string): Promise<0 | 1>;
+  idempotencyRelease(key: string, token: string, channel: string): Promise<0 | 1>;
 }
 
 export interface RedisIdempotencyStoreOptions {
@@ -34,6 +37,8 @@ export interface RedisIdempotencyStoreOptions {
   ownsClient?: boolean;
   /** How long start-up waits for the first connection, in milliseconds. Default 1000. */
   readyTimeoutMs?: number;
+  /** Pub/sub channel on which settled keys that someone waits for are published. */
+  settleChannel?: string;
 }
 
 /**
@@ -43,6 +48,10 @@ export interface RedisIdempotencyStoreOptions {
 export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(RedisIdempotencyStore.name);
   private readonly scripts: ScriptedClient;
+  private readonly channel: string;
+  private readonly watchers = new SettleWatchers();
+  private subscriber: Redis | Cluster | undefined;
+  private subscribing: Promise<void> | undefined;
 
   constructor(
     readonly client: Redis | Cluster,
@@ -58,10 +67,13 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
       if (!(name in client)) client.defineCommand(name, { numberOfKeys: 1, lua });
     }
     this.scripts = client as unknown as ScriptedClient;
+    this.channel = options.settleChannel ?? 'idempotency:settled';
   }
 
-  async claim({ key, token, fingerprint, leaseMs }: ClaimInput): Promise<ClaimResult> {
-    const reply = await this.run(() => this.scripts.idempotencyClaim(key, token, fingerprint, leaseMs));
+  async claim({ key, token, fingerprint, leaseMs, wait }: ClaimInput): Promise<ClaimResult> {
+    const reply = await this.run(() =>
+      this.scripts.idempotencyClaim(key, token, fingerprint, leaseMs, wait ? '1' : '0'),
+    );
     switch (reply[0]) {
       case 1:
         return { status: 'acquired', token };
@@ -85,13 +97,36 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
         hasBody ? response.body! : '',
         hasBody ? '1' : '0',
         ttlMs,
+        this.channel,
       ),
     );
     return reply === 1;
   }
 
   async release(key: string, token: string): Promise<boolean> {
-    return (await this.run(() => this.scripts.idempotencyRelease(key, token))) === 1;
+    return (await this.run(() => this.scripts.idempotencyRelease(key, token, this.channel))) === 1;
+  }
+
+  /** Pushed: one subscriber connection per store hears the keys the scripts publish. */
+  override async watch(key: string): Promise<SettleWatch> {
+    await (this.subscribing ??= this.subscribe().catch((error: unknown) => {
+      this.subscribing = undefined;
+      throw new IdempotencyStoreError(`Redis subscribe failed: ${(error as Error).message}`, { cause: error });
+    }));
+    return this.watchers.watch(key);
+  }
+
+  private async subscribe(): Promise<void> {
+    // The offline queue lets SUBSCRIBE wait for the new connection (the module's client has none).
+    const subscriber =
+      this.subscriber ??
+      (this.client instanceof Cluster
+        ? this.client.duplicate(undefined, { enableOfflineQueue: true })
+        : this.client.duplicate({ enableOfflineQueue: true }));
+    this.subscriber = subscriber;
+    subscriber.on('error', () => undefined);
+    subscriber.on('message', (_channel: string, key: string) => this.watchers.notify(key));
+    await subscriber.subscribe(this.channel);
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {
@@ -127,7 +162,8 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   }
 
   async onApplicationShutdown(): Promise<void> {
-    if (this.options.ownsClient) await this.client.quit().catch(() => this.client.disconnect());
+    const clients = [this.subscriber, this.options.ownsClient ? this.client : undefined];
+    await Promise.all(clients.map((client) => client?.quit().catch(() => client.disconnect())));
   }
 
   private async run<T>(command: () => Promise<T>): Promise<T> {
