@@ -1,0 +1,125 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { randomUUID } from 'node:crypto';
+import type { Pool } from 'pg';
+import { Column, DataSource, Entity, PrimaryGeneratedColumn, type Repository } from 'typeorm';
+import { DATABASE_URL } from '../../../../test/support/services.js';
+import { transition } from './conditional-transition.js';
+
+@Entity({ name: 'payments' })
+class Payment {
+  @PrimaryGeneratedColumn('uuid')
+  id!: string;
+
+  @Column({ type: 'varchar', length: 16, default: 'PENDING' })
+  status!: string;
+
+  @Column({ name: 'transaction_id', type: 'varchar', length: 64, nullable: true })
+  transactionId!: string | null;
+
+  @Column({ name: 'paid_at', type: 'timestamptz', nullable: true })
+  paidAt!: Date | null;
+
+  @Column({ type: 'integer', default: 1 })
+  version!: number;
+}
+
+describe('transition (PostgreSQL)', () => {
+  const schema = `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  let dataSource: DataSource;
+  let payments: Repository<Payment>;
+  const newPayment = async (status = 'PENDING') => (await payments.save(payments.create({ status }))).id;
+  const pay = (id: string, transactionId: string, paidAt = new Date()) =>
+    transition(payments, { where: { id }, from: ['PENDING'], to: 'PAID', set: { transactionId, paidAt } });
+
+  beforeAll(async () => {
+    dataSource = new DataSource({ type: 'postgres', url: DATABASE_URL, schema, entities: [Payment], extra: { max: 30 } });
+    await dataSource.initialize();
+    await dataSource.query(`CREATE SCHEMA "${schema}"`);
+    await dataSource.synchronize();
+    payments = dataSource.getRepository(Payment);
+  });
+  afterAll(async () => {
+    await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
+    await dataSource.destroy();
+  });
+
+  it('lets exactly one of 20 concurrent PENDING→PAID transitions change the row', async () => {
+    const id = await newPayment();
+    const results = await Promise.all(Array.from({ length: 20 }, (_, i) => pay(id, `tx-${i}`)));
+    expect((dataSource.driver as unknown as { master: Pool }).master.totalCount).toBeGreaterThanOrEqual(10);
+
+    const winners = results.filter((r) => r.changed);
+    expect(winners).toHaveLength(1);
+    expect(results.filter((r) => !r.changed && r.reason === 'already_done')).toHaveLength(19);
+    const winner = winners[0].changed ? winners[0].entity : undefined;
+    // The row as the winning statement left it, straight from RETURNING.
+    expect(winner).toBeInstanceOf(Payment);
+    expect(winner).toMatchObject({ id, status: 'PAID', version: 2 });
+    expect(winner!.paidAt).toBeInstanceOf(Date);
+
+    const row = await payments.findOneByOrFail({ id });
+    expect(row).toMatchObject({ status: 'PAID', transactionId: winner!.transactionId, version: 2 });
+  });
+
+  it('never overwrites what the first transition set: a repeat is already_done', async () => {
+    const id = await newPayment();
+    const firstPaidAt = new Date('2026-01-01T10:00:00.000Z');
+    expect(await pay(id, 'tx-first', firstPaidAt)).toMatchObject({ changed: true });
+    const repeat = await pay(id, 'tx-second', new Date('2026-01-02T10:00:00.000Z'));
+    expect(repeat).toMatchObject({
+      changed: false,
+      reason: 'already_done',
+      entity: { transactionId: 'tx-first', paidAt: firstPaidAt, version: 2 },
+    });
+    expect(await payments.findOneByOrFail({ id })).toMatchObject({
+      status: 'PAID',
+      transactionId: 'tx-first',
+      paidAt: firstPaidAt,
+      version: 2,
+    });
+  });
+
+  it('refuses a state outside `from` as not_allowed, and changes nothing', async () => {
+    const id = await newPayment('CANCELLED');
+    expect(await pay(id, 'tx-late')).toMatchObject({ changed: false, reason: 'not_allowed', entity: { status: 'CANCELLED' } });
+    expect(await payments.findOneByOrFail({ id })).toMatchObject({ status: 'CANCELLED', transactionId: null, version: 1 });
+  });
+
+  it('refuses a stale expectedVersion as version_conflict, and takes the current one', async () => {
+    const id = await newPayment();
+    await payments.update({ id }, { version: 5 });
+    const spec = { where: { id }, from: ['PENDING'], to: 'PAID', set: { transactionId: 'tx-v' } } as const;
+    const stale = await transition(payments, { ...spec, expectedVersion: 4 });
+    expect(stale).toMatchObject({ changed: false, reason: 'version_conflict', entity: { status: 'PENDING', version: 5 } });
+    expect(await transition(payments, { ...spec, expectedVersion: 5 })).toMatchObject({
+      changed: true,
+      entity: { status: 'PAID', transactionId: 'tx-v', version: 6 },
+    });
+  });
+
+  it('reports an unknown row as not_found', async () => {
+    expect(await pay(randomUUID(), 'tx-none')).toEqual({ changed: false, reason: 'not_found' });
+  });
+
+  it('works without a version column, and inside a transaction that rolls back', async () => {
+    const id = await newPayment();
+    await dataSource
+      .transaction(async (manager) => {
+        const inside = await transition(manager.getRepository(Payment), {
+          where: { id },
+          from: ['PENDING'],
+          to: 'CANCELLED',
+          versionProperty: false,
+        });
+        expect(inside).toMatchObject({ changed: true, entity: { status: 'CANCELLED', version: 1 } });
+        throw new Error('roll back');
+      })
+      .catch(() => undefined);
+    expect(await payments.findOneByOrFail({ id })).toMatchObject({ status: 'PENDING', version: 1 });
+  });
+
+  it('refuses a spec whose `from` includes `to` (a repeat would apply again)', async () => {
+    const id = await newPayment();
+    await expect(transition(payments, { where: { id }, from: ['PENDING', 'PAID'], to: 'PAID' })).rejects.toThrow(RangeError);
+  });
+});

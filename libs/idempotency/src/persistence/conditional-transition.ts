@@ -1,0 +1,107 @@
+import type { FindOptionsWhere, ObjectLiteral, QueryDeepPartialEntity, Repository } from 'typeorm';
+import type { ColumnMetadata } from 'typeorm/metadata/ColumnMetadata.js';
+
+/** A state change `transition` applies only from the states it names. */
+export interface TransitionSpec<T> {
+  /** Identifies the row (entity columns only, no relations), e.g. `{ id }`. */
+  where: FindOptionsWhere<T>;
+  /** States the change may start from. Must not include `to` (a repeat would apply again). */
+  from: readonly string[];
+  /** The new state. */
+  to: string;
+  /** Other fields the change sets, e.g. `{ paidAt: () => 'now()', transactionId }`. */
+  set?: QueryDeepPartialEntity<T>;
+  /** The state property. Default `'status'`. */
+  statusProperty?: keyof T & string;
+  /** The counter bumped by every change, or `false` for none. Default `'version'`. */
+  versionProperty?: (keyof T & string) | false;
+  /** Change only if the row still has this version (optimistic locking). */
+  expectedVersion?: number;
+}
+
+/** Why a transition changed nothing. */
+export type TransitionRefusal = 'not_found' | 'already_done' | 'not_allowed' | 'version_conflict';
+
+/** What `transition` did; `entity` is the row as the change left it, or as it was found. */
+export type TransitionResult<T> =
+  | { changed: true; entity: T }
+  | { changed: false; reason: TransitionRefusal; entity?: T };
+
+/**
+ * Moves a row from one of `from` to `to` with ONE conditional statement:
+ * `UPDATE ... SET status = :to, <set>, version = version + 1 WHERE <where> AND status IN (:from)
+ * [AND version = :expectedVersion]`. The database decides between concurrent callers: exactly
+ * one changes the row, and fields the winner set (a payment id, a timestamp) are never
+ * overwritten by a repeat, because the row no longer matches `status IN (:from)`.
+ *
+ * When nothing changed, reads the row once to say why: absent → `not_found`; already in `to` →
+ * `already_done`; in a state outside `from` → `not_allowed`; otherwise `version_conflict`.
+ * On drivers with `UPDATE ... RETURNING` (PostgreSQL, SQLite, MariaDB) the changed row comes
+ * back with the statement; elsewhere it is read after it.
+ */
+export async function transition<T extends ObjectLiteral>(
+  repo: Repository<T>,
+  spec: TransitionSpec<T>,
+): Promise<TransitionResult<T>> {
+  const statusProperty = spec.statusProperty ?? 'status';
+  const versionProperty = spec.versionProperty ?? 'version';
+  if (spec.from.length === 0) throw new RangeError('transition: `from` names no state');
+  if (spec.from.includes(spec.to)) {
+    throw new RangeError(`transition: \`from\` includes \`to\` (${spec.to}); a repeat would apply again`);
+  }
+  if (spec.expectedVersion !== undefined && versionProperty === false) {
+    throw new RangeError('transition: `expectedVersion` needs a `versionProperty`');
+  }
+  const statusColumn = columnOf(repo, statusProperty);
+  const versionColumn = versionProperty === false ? undefined : columnOf(repo, versionProperty);
+  const driver = repo.manager.connection.driver;
+  const quoted = (column: ColumnMetadata) => driver.escape(column.databaseName);
+
+  const patch: Record<string, unknown> = { ...spec.set, [statusProperty]: spec.to };
+  if (versionColumn) patch[versionColumn.propertyPath] = () => `${quoted(versionColumn)} + 1`;
+  const update = repo
+    .createQueryBuilder()
+    .update()
+    .set(patch as QueryDeepPartialEntity<T>)
+    .where(spec.where)
+    .andWhere(`${quoted(statusColumn)} IN (:...transitionFrom)`, { transitionFrom: [...spec.from] });
+  if (versionColumn && spec.expectedVersion !== undefined) {
+    update.andWhere(`${quoted(versionColumn)} = :transitionVersion`, { transitionVersion: spec.expectedVersion });
+  }
+  const returning = driver.isReturningSqlSupported('update');
+  if (returning) update.returning('*');
+  const result = await update.execute();
+
+  if ((result.affected ?? 0) > 0) {
+    const rows = result.raw as ObjectLiteral[];
+    const entity = returning && rows[0] ? hydrate(repo, rows[0]) : await repo.findOne({ where: spec.where });
+    // Only a delete between the UPDATE and the read (no RETURNING) leaves nothing to show.
+    if (entity) return { changed: true, entity };
+  }
+  const current = await repo.findOne({ where: spec.where });
+  if (!current) return { changed: false, reason: 'not_found' };
+  const status = statusColumn.getEntityValue(current) as string;
+  if (status === spec.to) return { changed: false, reason: 'already_done', entity: current };
+  if (!spec.from.includes(status)) return { changed: false, reason: 'not_allowed', entity: current };
+  // The state allows the change, so either the version differed or a concurrent change moved
+  // the row away and back between the UPDATE and this read: in both cases it was not ours.
+  return { changed: false, reason: 'version_conflict', entity: current };
+}
+
+function columnOf<T extends ObjectLiteral>(repo: Repository<T>, property: string): ColumnMetadata {
+  const column = repo.metadata.findColumnWithPropertyPath(property);
+  if (!column) throw new RangeError(`transition: ${repo.metadata.name} has no column "${property}"`);
+  return column;
+}
+
+/** Turns a RETURNING row into an entity the way TypeORM hydrates query results. */
+function hydrate<T extends ObjectLiteral>(repo: Repository<T>, row: ObjectLiteral): T {
+  const entity = repo.metadata.create(repo.manager.queryRunner, { fromDeserializer: true }) as T;
+  const driver = repo.manager.connection.driver;
+  for (const column of repo.metadata.columns) {
+    // Columns a find leaves out (`select: false`, e.g. secrets) stay out here too.
+    if (column.isVirtual || !column.isSelect || !(column.databaseName in row)) continue;
+    column.setEntityValue(entity, driver.prepareHydratedValue(row[column.databaseName], column));
+  }
+  return entity;
+}

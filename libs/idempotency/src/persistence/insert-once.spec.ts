@@ -1,0 +1,108 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { randomUUID } from 'node:crypto';
+import type { Pool } from 'pg';
+import { Column, DataSource, Entity, Index, PrimaryGeneratedColumn, QueryFailedError } from 'typeorm';
+import { DATABASE_URL } from '../../../../test/support/services.js';
+import { insertOnce } from './insert-once.js';
+
+@Entity({ name: 'bookings' })
+@Index('uq_bookings_reference', ['reference'], { unique: true })
+class Booking {
+  @PrimaryGeneratedColumn('uuid')
+  id!: string;
+
+  @Column({ type: 'varchar', length: 64 })
+  reference!: string;
+
+  @Column({ type: 'varchar', length: 64 })
+  guest!: string;
+
+  @Column({ name: 'created_at', type: 'timestamptz', default: () => 'now()' })
+  createdAt!: Date;
+}
+
+describe('insertOnce (PostgreSQL)', () => {
+  const schema = `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  let dataSource: DataSource;
+  const count = async (reference: string) =>
+    dataSource.getRepository(Booking).countBy({ reference });
+  const byReference = (reference: string) => () => ({ reference });
+
+  beforeAll(async () => {
+    dataSource = new DataSource({
+      type: 'postgres',
+      url: DATABASE_URL,
+      schema,
+      entities: [Booking],
+      extra: { max: 30 },
+    });
+    await dataSource.initialize();
+    await dataSource.query(`CREATE SCHEMA "${schema}"`);
+    await dataSource.synchronize();
+  });
+  afterAll(async () => {
+    await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
+    await dataSource.destroy();
+  });
+
+  it('inserts a new row and returns it with the database defaults', async () => {
+    const result = await insertOnce(dataSource.getRepository(Booking), { reference: 'R-new', guest: 'ann' }, byReference('R-new'));
+    expect(result.created).toBe(true);
+    expect(result.entity).toMatchObject({ reference: 'R-new', guest: 'ann' });
+    expect(result.entity.id).toMatch(/^[0-9a-f-]{36}$/);
+    expect(result.entity.createdAt).toBeInstanceOf(Date);
+  });
+
+  it('lets exactly one of 20 concurrent inserts of one key create the row; the rest get that row', async () => {
+    const repo = dataSource.getRepository(Booking);
+    const results = await Promise.all(
+      Array.from({ length: 20 }, (_, i) => insertOnce(repo, { reference: 'R-race', guest: `guest-${i}` }, byReference('R-race'))),
+    );
+    // The 20 really ran side by side, each on its own connection.
+    expect((dataSource.driver as unknown as { master: Pool }).master.totalCount).toBeGreaterThanOrEqual(10);
+    expect(await count('R-race')).toBe(1);
+    const created = results.filter((r) => r.created);
+    const found = results.filter((r) => !r.created);
+    expect(created).toHaveLength(1);
+    expect(found).toHaveLength(19);
+    for (const result of found) {
+      expect(result).toMatchObject({ entity: { id: created[0].entity.id, guest: created[0].entity.guest }, constraint: 'uq_bookings_reference' });
+    }
+  });
+
+  it('keeps a surrounding transaction usable: it carries on and commits its other work', async () => {
+    await insertOnce(dataSource.getRepository(Booking), { reference: 'R-tx', guest: 'first' }, byReference('R-tx'));
+    const outcome = await dataSource.transaction(async (manager) => {
+      const repo = manager.getRepository(Booking);
+      await repo.insert({ reference: 'R-tx-before', guest: 'tx' });
+      const duplicate = await insertOnce(repo, { reference: 'R-tx', guest: 'second' }, byReference('R-tx'));
+      const fresh = await insertOnce(repo, { reference: 'R-tx-fresh', guest: 'tx' }, byReference('R-tx-fresh'));
+      // Without the savepoint PostgreSQL refuses this: "current transaction is aborted".
+      await repo.insert({ reference: 'R-tx-after', guest: 'tx' });
+      return { duplicate, fresh };
+    });
+    expect(outcome.duplicate).toMatchObject({ created: false, entity: { guest: 'first' }, constraint: 'uq_bookings_reference' });
+    expect(outcome.fresh.created).toBe(true);
+    for (const reference of ['R-tx-before', 'R-tx-fresh', 'R-tx-after']) expect(await count(reference)).toBe(1);
+  });
+
+  it('rethrows the unique violation when the existing row cannot be found', async () => {
+    const repo = dataSource.getRepository(Booking);
+    await repo.insert({ reference: 'R-gone', guest: 'first' });
+    const error = await insertOnce(repo, { reference: 'R-gone', guest: 'second' }, byReference('R-elsewhere')).catch(
+      (e: unknown) => e,
+    );
+    expect(error).toBeInstanceOf(QueryFailedError);
+    expect((error as QueryFailedError<Error & { code: string }>).driverError.code).toBe('23505');
+  });
+
+  it('rethrows other errors without looking for an existing row', async () => {
+    let looked = false;
+    const error = await insertOnce(dataSource.getRepository(Booking), { reference: 'R-bad', guest: 'x'.repeat(65) }, () => {
+      looked = true;
+      return { reference: 'R-bad' };
+    }).catch((e: unknown) => e);
+    expect((error as QueryFailedError<Error & { code: string }>).driverError.code).toBe('22001');
+    expect(looked).toBe(false);
+  });
+});

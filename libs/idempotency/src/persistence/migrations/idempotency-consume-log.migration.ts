@@ -1,0 +1,21 @@
+import type { MigrationInterface, QueryRunner } from 'typeorm';
+import { IDEMPOTENCY_CONSUME_LOG_TABLE } from '../consume-log.entity.js';
+import { tableIn } from './migration-table.js';
+
+/** Creates `idempotency_consume_log`, the table of `consumeOnce` (PostgreSQL). */
+export class IdempotencyConsumeLog1764460800001 implements MigrationInterface {
+  readonly name = 'IdempotencyConsumeLog1764460800001';
+
+  async up(queryRunner: QueryRunner): Promise<void> {
+    await queryRunner.query(`CREATE TABLE ${tableIn(queryRunner, IDEMPOTENCY_CONSUME_LOG_TABLE)} (
+      "consumer" character varying(128) NOT NULL,
+      "message_id" character varying(255) NOT NULL,
+      "consumed_at" TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+      CONSTRAINT "pk_idempotency_consume_log" PRIMARY KEY ("consumer", "message_id")
+    )`);
+  }
+
+  async down(queryRunner: QueryRunner): Promise<void> {
+    await queryRunner.query(`DROP TABLE ${tableIn(queryRunner, IDEMPOTENCY_CONSUME_LOG_TABLE)}`);
+  }
+}

@@ -1,0 +1,30 @@
+import type { MigrationInterface, QueryRunner } from 'typeorm';
+import { IDEMPOTENCY_RECORDS_TABLE } from '../../stores/postgres/idempotency-record.entity.js';
+import { tableIn } from './migration-table.js';
+
+/** Creates `idempotency_records`, the table of `PostgresIdempotencyStore` (PostgreSQL). */
+export class IdempotencyRecords1764460800000 implements MigrationInterface {
+  readonly name = 'IdempotencyRecords1764460800000';
+
+  async up(queryRunner: QueryRunner): Promise<void> {
+    const table = tableIn(queryRunner, IDEMPOTENCY_RECORDS_TABLE);
+    await queryRunner.query(`CREATE TABLE ${table} (
+      "key" character varying(1024) NOT NULL,
+      "state" character varying(16) NOT NULL,
+      "token" character varying(64) NOT NULL,
+      "fingerprint" character varying(128) NOT NULL,
+      "status_code" integer,
+      "headers" jsonb,
+      "body" text,
+      "has_body" boolean NOT NULL DEFAULT false,
+      "expires_at" TIMESTAMP WITH TIME ZONE NOT NULL,
+      CONSTRAINT "pk_idempotency_records" PRIMARY KEY ("key")
+    )`);
+    // Purging expired records scans by expiry.
+    await queryRunner.query(`CREATE INDEX "idx_idempotency_records_expires_at" ON ${table} ("expires_at")`);
+  }
+
+  async down(queryRunner: QueryRunner): Promise<void> {
+    await queryRunner.query(`DROP TABLE ${tableIn(queryRunner, IDEMPOTENCY_RECORDS_TABLE)}`);
+  }
+}

@@ -1,0 +1,44 @@
+import { Column, Entity, Index, PrimaryColumn } from 'typeorm';
+
+/** Table of `PostgresIdempotencyStore`, as `IdempotencyRecords1764460800000` creates it. */
+export const IDEMPOTENCY_RECORDS_TABLE = 'idempotency_records';
+
+/**
+ * A row of `idempotency_records`, for tooling and for `synchronize` users; the store itself
+ * speaks SQL. Matches the migration column for column, so `migration:generate` finds nothing.
+ */
+@Entity({ name: IDEMPOTENCY_RECORDS_TABLE })
+@Index('idx_idempotency_records_expires_at', ['expiresAt'])
+export class IdempotencyRecordEntity {
+  @PrimaryColumn({ type: 'varchar', length: 1024, primaryKeyConstraintName: 'pk_idempotency_records' })
+  key!: string;
+
+  @Column({ type: 'varchar', length: 16 })
+  state!: 'processing' | 'completed';
+
+  /** Owner token of the claim that holds (or completed) the key. */
+  @Column({ type: 'varchar', length: 64 })
+  token!: string;
+
+  /** Request fingerprint ('' when not compared). */
+  @Column({ type: 'varchar', length: 128 })
+  fingerprint!: string;
+
+  @Column({ name: 'status_code', type: 'integer', nullable: true })
+  statusCode!: number | null;
+
+  /** Allowlisted response headers. */
+  @Column({ type: 'jsonb', nullable: true })
+  headers!: Record<string, string> | null;
+
+  /** The handler's return value as JSON text. */
+  @Column({ type: 'text', nullable: true })
+  body!: string | null;
+
+  @Column({ name: 'has_body', type: 'boolean', default: false })
+  hasBody!: boolean;
+
+  /** End of the lease (processing) or of the retention (completed), by the database clock. */
+  @Column({ name: 'expires_at', type: 'timestamptz' })
+  expiresAt!: Date;
+}

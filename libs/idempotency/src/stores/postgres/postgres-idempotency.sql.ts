@@ -1,0 +1,84 @@
+/**
+ * The statements of `PostgresIdempotencyStore`, one per operation, each a single round trip.
+ * `table` is the quoted (optionally schema-qualified) table name. Every time is taken from the
+ * database clock (`now()`), never from the client's. Durations are milliseconds.
+ */
+
+const MS = `interval '1 millisecond'`;
+const REMAINING_MS = `ceil(extract(epoch FROM r.expires_at - now()) * 1000)::float8`;
+
+/**
+ * Claim a key, or report what holds it.
+ *
+ * $1 key, $2 owner token, $3 fingerprint, $4 lease (ms)
+ *
+ * Returns one row: `acquired = true` when this call inserted the key or took over an expired
+ * record (processing or completed); otherwise `acquired = false` with the live record's state,
+ * fingerprint, saved response and `remaining_ms`. Returns NO row when the live record that
+ * refused the claim is not in this statement's snapshot: in READ COMMITTED, ON CONFLICT sees
+ * (and waits for) the latest committed row, but the SELECT sees the snapshot taken when the
+ * statement began, so a row inserted or taken over by a concurrent transaction that committed
+ * meanwhile is invisible (or visible only in its old, expired version). The caller runs the
+ * statement again, which takes a fresh snapshot.
+ */
+export const claimSql = (table: string) => `
+WITH claimed AS (
+  INSERT INTO ${table} AS r ("key", "state", "token", "fingerprint", "status_code", "headers", "body", "has_body", "expires_at")
+  VALUES ($1, 'processing', $2, $3, NULL, NULL, NULL, false, now() + $4::float8 * ${MS})
+  ON CONFLICT ("key") DO UPDATE
+    SET "state" = 'processing', "token" = excluded."token", "fingerprint" = excluded."fingerprint",
+        "status_code" = NULL, "headers" = NULL, "body" = NULL, "has_body" = false,
+        "expires_at" = excluded."expires_at"
+    WHERE r."expires_at" <= now()
+  RETURNING true AS acquired
+)
+SELECT acquired, NULL::varchar AS state, NULL::varchar AS fingerprint, NULL::int AS status_code,
+       NULL::jsonb AS headers, NULL::text AS body, NULL::boolean AS has_body, NULL::float8 AS remaining_ms
+  FROM claimed
+UNION ALL
+SELECT false, r."state", r."fingerprint", r."status_code", r."headers", r."body", r."has_body", ${REMAINING_MS}
+  FROM ${table} AS r
+ WHERE r."key" = $1 AND r."expires_at" > now() AND NOT EXISTS (SELECT 1 FROM claimed)`;
+
+/**
+ * Save the response while the token still owns a live processing claim (fencing: a stale owner
+ * whose lease ran out is refused even when nobody claimed the key again).
+ *
+ * $1 key, $2 owner token, $3 status code, $4 headers (JSON), $5 body or NULL, $6 has body,
+ * $7 retention (ms). Affects 1 row when saved, 0 when refused.
+ */
+export const completeSql = (table: string) => `
+UPDATE ${table} AS r
+   SET "state" = 'completed', "status_code" = $3, "headers" = $4::jsonb, "body" = $5, "has_body" = $6,
+       "expires_at" = now() + $7::float8 * ${MS}
+ WHERE r."key" = $1 AND r."token" = $2 AND r."state" = 'processing' AND r."expires_at" > now()`;
+
+/**
+ * Compare-and-delete a live processing claim.
+ *
+ * $1 key, $2 owner token. Affects 1 row when deleted, 0 when refused.
+ */
+export const releaseSql = (table: string) => `
+DELETE FROM ${table} AS r
+ WHERE r."key" = $1 AND r."token" = $2 AND r."state" = 'processing' AND r."expires_at" > now()`;
+
+/** Read a live record. $1 key. Returns its row with `ttl_ms`, or no row. */
+export const getSql = (table: string) => `
+SELECT r."state", r."token", r."fingerprint", r."status_code", r."headers", r."body", r."has_body",
+       ${REMAINING_MS} AS ttl_ms
+  FROM ${table} AS r
+ WHERE r."key" = $1 AND r."expires_at" > now()`;
+
+/**
+ * Delete up to $1 expired records, oldest first. Rows a concurrent claim is taking over are
+ * locked by it and skipped; the outer condition re-checks expiry on the locked row.
+ */
+export const purgeSql = (table: string) => `
+DELETE FROM ${table} AS r
+ WHERE r."key" IN (
+         SELECT e."key" FROM ${table} AS e
+          WHERE e."expires_at" <= now()
+          ORDER BY e."expires_at"
+          LIMIT $1
+            FOR UPDATE SKIP LOCKED)
+   AND r."expires_at" <= now()`;

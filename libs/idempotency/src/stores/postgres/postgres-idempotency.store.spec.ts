@@ -1,0 +1,200 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { randomUUID } from 'node:crypto';
+import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
+import pg, { type Pool } from 'pg';
+import { DataSource, type Logger as TypeOrmLogger } from 'typeorm';
+import { DATABASE_URL } from '../../../../../test/support/services.js';
+import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
+import { IDEMPOTENCY_ENTITIES } from '../../persistence/idempotency.entities.js';
+import { IDEMPOTENCY_MIGRATIONS } from '../../persistence/migrations/idempotency.migrations.js';
+import { describeStoreContract } from '../store-contract.js';
+import { PostgresIdempotencyStore } from './postgres-idempotency.store.js';
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/** Polls `condition` (a state of the database, not a timer) for up to two seconds. */
+async function until(condition: () => Promise<boolean>): Promise<void> {
+  for (let i = 0; i < 200; i++) {
+    if (await condition()) return;
+    await sleep(10);
+  }
+  throw new Error('condition not reached in 2 s');
+}
+
+const WAITING_CLAIMS = `SELECT count(*)::int AS count FROM pg_stat_activity
+  WHERE wait_event_type = 'Lock' AND query LIKE '%WITH claimed AS%' AND query LIKE $1`;
+
+/** Records every statement the DataSource sends, to count round trips. */
+class StatementLog implements TypeOrmLogger {
+  readonly statements: string[] = [];
+  logQuery(query: string) {
+    this.statements.push(query);
+  }
+  logQueryError() {}
+  logQuerySlow() {}
+  logSchemaBuild() {}
+  logMigration() {}
+  log() {}
+}
+
+describe('PostgresIdempotencyStore', () => {
+  const schema = `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  const statements = new StatementLog();
+  let dataSource: DataSource;
+  let store: PostgresIdempotencyStore;
+  const rows = async (sql: string, params: unknown[] = []) => dataSource.query(sql, params);
+
+  beforeAll(async () => {
+    const admin = new pg.Client({ connectionString: DATABASE_URL });
+    await admin.connect();
+    await admin.query(`CREATE SCHEMA "${schema}"`);
+    await admin.end();
+    dataSource = new DataSource({
+      type: 'postgres',
+      url: DATABASE_URL,
+      schema,
+      entities: IDEMPOTENCY_ENTITIES,
+      migrations: IDEMPOTENCY_MIGRATIONS,
+      migrationsRun: true,
+      logger: statements,
+      extra: { max: 50 },
+    });
+    await dataSource.initialize();
+    store = new PostgresIdempotencyStore(dataSource);
+  });
+  afterAll(async () => {
+    await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
+    await dataSource.destroy();
+  });
+
+  // Database expiry itself is under test here, so these wait real (short) leases out.
+  describeStoreContract('postgres', async () => ({ store, elapse: sleep }), 300);
+
+  it('gives one key to exactly one of 50 concurrent claims over a 50-connection pool', async () => {
+    const key = `race:${randomUUID()}`;
+    const results = await Promise.all(
+      Array.from({ length: 50 }, (_, i) => store.claim({ key, token: `t${i}`, fingerprint: 'fp', leaseMs: 60_000 })),
+    );
+    expect((dataSource.driver as unknown as { master: Pool }).master.totalCount).toBeGreaterThanOrEqual(25);
+    const acquired = results.filter((r) => r.status === 'acquired');
+    expect(acquired).toHaveLength(1);
+    expect(results.filter((r) => r.status === 'in_progress')).toHaveLength(49);
+    expect(await store.get(key)).toMatchObject({ state: 'processing', token: acquired[0].status === 'acquired' && acquired[0].token });
+  });
+
+  it('sends one statement per operation', async () => {
+    const key = `trips:${randomUUID()}`;
+    const before = statements.statements.length;
+    await store.claim({ key, token: 't', fingerprint: '', leaseMs: 1000 });
+    await store.complete(key, 't', { statusCode: 200, headers: {}, body: '1' }, 1000);
+    await store.claim({ key, token: 'u', fingerprint: '', leaseMs: 1000 });
+    await store.release(key, 'u');
+    await store.get(key);
+    expect(statements.statements.length - before).toBe(5);
+  });
+
+  it('sets the lease and the retention by the database clock', async () => {
+    const key = `clock:${randomUUID()}`;
+    const expiresInMs = async () =>
+      (await rows(`SELECT extract(epoch FROM expires_at - now()) * 1000 AS ms FROM "${schema}".idempotency_records WHERE key = $1`, [key]))[0].ms;
+    await store.claim({ key, token: 't', fingerprint: '', leaseMs: 5_000 });
+    expect(Number(await expiresInMs())).toBeGreaterThan(4_000);
+    expect(Number(await expiresInMs())).toBeLessThanOrEqual(5_000);
+    await store.complete(key, 't', { statusCode: 200, headers: {} }, 86_400_000);
+    expect(Number(await expiresInMs())).toBeGreaterThan(86_000_000);
+  });
+
+  it('takes over an expired completed record with a new claim and a clean slate', async () => {
+    const key = `takeover:${randomUUID()}`;
+    await store.claim({ key, token: 't1', fingerprint: 'fp-old', leaseMs: 60_000 });
+    await store.complete(key, 't1', { statusCode: 201, headers: { etag: '"1"' }, body: '{}' }, 60_000);
+    await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 second' WHERE key = $1`, [key]);
+    expect(await store.claim({ key, token: 't2', fingerprint: 'fp-new', leaseMs: 60_000 })).toEqual({ status: 'acquired', token: 't2' });
+    const [row] = await rows(`SELECT * FROM "${schema}".idempotency_records WHERE key = $1`, [key]);
+    expect(row).toMatchObject({ state: 'processing', token: 't2', fingerprint: 'fp-new', status_code: null, headers: null, body: null, has_body: false });
+  });
+
+  it('answers from the latest record, not from its snapshot of an expired one (READ COMMITTED)', async () => {
+    const key = `snapshot:${randomUUID()}`;
+    await store.claim({ key, token: 'old', fingerprint: 'fp', leaseMs: 60_000 });
+    await store.complete(key, 'old', { statusCode: 200, headers: {}, body: '"stale"' }, 60_000);
+    await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 second' WHERE key = $1`, [key]);
+    // Another instance takes the expired key over in a transaction that has not committed yet.
+    const other = dataSource.createQueryRunner();
+    await other.startTransaction();
+    await other.query(
+      `UPDATE "${schema}".idempotency_records SET state = 'processing', token = 'new', has_body = false, body = NULL,
+       expires_at = now() + interval '1 minute' WHERE key = $1`,
+      [key],
+    );
+    const claim = store.claim({ key, token: 'late', fingerprint: 'fp', leaseMs: 60_000 });
+    // The claim's statement has taken its snapshot (the expired record) and waits for the row lock.
+    await until(async () => (await rows(WAITING_CLAIMS, [`%"${schema}"%`]))[0].count > 0);
+    await other.commitTransaction();
+    await other.release();
+    expect(await claim).toMatchObject({ status: 'in_progress' });
+  });
+
+  it('purges expired records in batches and keeps live ones', async () => {
+    const batched = new PostgresIdempotencyStore(dataSource, { purgeBatchSize: 2 });
+    await rows(`DELETE FROM "${schema}".idempotency_records`);
+    for (let i = 0; i < 5; i++) await store.claim({ key: `old:${i}`, token: 't', fingerprint: '', leaseMs: 60_000 });
+    await store.claim({ key: 'live', token: 't', fingerprint: '', leaseMs: 60_000 });
+    await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 ms' WHERE key LIKE 'old:%'`);
+    expect(await batched.purgeExpired()).toBe(5);
+    expect((await rows(`SELECT key FROM "${schema}".idempotency_records`)).map((r: { key: string }) => r.key)).toEqual(['live']);
+  });
+
+  it('purges on an unref\'d timer between onModuleInit and onApplicationShutdown', async () => {
+    const timed = new PostgresIdempotencyStore(dataSource, { purgeIntervalMs: 50 });
+    const key = `timer:${randomUUID()}`;
+    await timed.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
+    await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 ms' WHERE key = $1`, [key]);
+    timed.onModuleInit();
+    expect((timed as unknown as { timer: NodeJS.Timeout }).timer.hasRef()).toBe(false);
+    await until(async () => (await rows(`SELECT 1 FROM "${schema}".idempotency_records WHERE key = $1`, [key])).length === 0);
+    await timed.onApplicationShutdown();
+    const after = statements.statements.length;
+    // Nothing to wait for here: three intervals pass and no purge may run.
+    await sleep(150);
+    expect(statements.statements.slice(after).filter((s) => s.includes('DELETE'))).toEqual([]);
+  });
+
+  it('turns database errors into IdempotencyStoreError, keeping the cause', async () => {
+    const elsewhere = new PostgresIdempotencyStore(dataSource, { tableName: 'no_such_table' });
+    const error = await elsewhere.claim({ key: 'k', token: 't', fingerprint: '', leaseMs: 1000 }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(IdempotencyStoreError);
+    expect((error as Error).message).toMatch(/no_such_table/);
+    expect((error as Error).cause).toBeDefined();
+  });
+
+  it('fails with IdempotencyStoreError when PostgreSQL goes away', async () => {
+    // A TCP relay to PostgreSQL that the test can cut, as an outage would.
+    const sockets = new Set<Socket>();
+    const relay = createServer((client) => {
+      const upstream = connect(Number(new URL(DATABASE_URL).port || 5432), new URL(DATABASE_URL).hostname);
+      for (const socket of [client, upstream]) {
+        sockets.add(socket);
+        socket.on('error', () => undefined);
+      }
+      client.pipe(upstream).pipe(client);
+    });
+    await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve));
+    const url = new URL(DATABASE_URL);
+    url.port = String((relay.address() as AddressInfo).port);
+    const viaRelay = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { connectionTimeoutMillis: 500 } });
+    await viaRelay.initialize();
+    const cut = new PostgresIdempotencyStore(viaRelay);
+    try {
+      expect(await cut.get('k')).toBeUndefined();
+      await new Promise<void>((resolve) => {
+        relay.close(() => resolve());
+        for (const socket of sockets) socket.destroy();
+      });
+      const error = await cut.get('k').catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(IdempotencyStoreError);
+    } finally {
+      await viaRelay.destroy().catch(() => undefined);
+    }
+  });
+});

@@ -1,0 +1,175 @@
+import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
+import type { DataSource, QueryResult, QueryRunner } from 'typeorm';
+import { IdempotencyConfigError, IdempotencyStoreError } from '../../errors/idempotency.errors.js';
+import {
+  IdempotencyStore,
+  type ClaimInput,
+  type ClaimResult,
+  type SavedResponse,
+  type StoredRecord,
+} from '../idempotency-store.js';
+import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
+import { claimSql, completeSql, getSql, purgeSql, releaseSql } from './postgres-idempotency.sql.js';
+
+export interface PostgresIdempotencyStoreOptions {
+  /**
+   * Table of the records, `name` or `schema.name`. Default `idempotency_records` in the
+   * DataSource's `schema` (or the search path). Another name needs its own migration.
+   */
+  tableName?: string;
+  /**
+   * Deletes expired records every this many milliseconds, from `onModuleInit` until
+   * `onApplicationShutdown` (the timer does not keep the process alive). Default: never; call
+   * `purgeExpired()` from your own scheduler instead, or run both.
+   */
+  purgeIntervalMs?: number;
+  /** Rows one purge statement deletes at most. Default 1000. */
+  purgeBatchSize?: number;
+}
+
+interface ClaimRow {
+  acquired: boolean;
+  state: string | null;
+  fingerprint: string | null;
+  status_code: number | null;
+  headers: Record<string, string> | null;
+  body: string | null;
+  has_body: boolean | null;
+  remaining_ms: number | null;
+}
+
+interface RecordRow extends Omit<ClaimRow, 'acquired' | 'remaining_ms'> {
+  token: string;
+  ttl_ms: number;
+}
+
+/** How often a claim runs again when its snapshot missed a concurrent commit (see `claimSql`). */
+const CLAIM_ATTEMPTS = 5;
+
+/**
+ * PostgreSQL store on a logged table: survives restarts and needs no Redis. Each operation is one
+ * SQL statement (one round trip) on the DataSource's pool, each time taken from the database
+ * clock, so application servers with skewed clocks agree. Create the table with
+ * `IDEMPOTENCY_MIGRATIONS`.
+ */
+export class PostgresIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
+  private readonly logger = new Logger(PostgresIdempotencyStore.name);
+  private readonly sql: Record<'claim' | 'complete' | 'release' | 'get' | 'purge', string>;
+  private timer?: NodeJS.Timeout;
+  private purging?: Promise<unknown>;
+
+  constructor(
+    readonly dataSource: DataSource,
+    private readonly options: PostgresIdempotencyStoreOptions = {},
+  ) {
+    super();
+    if (dataSource.options.type !== 'postgres') {
+      throw new IdempotencyConfigError(`PostgresIdempotencyStore needs a postgres DataSource, not ${dataSource.options.type}`);
+    }
+    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, dataSource.options.schema);
+    this.sql = {
+      claim: claimSql(table),
+      complete: completeSql(table),
+      release: releaseSql(table),
+      get: getSql(table),
+      purge: purgeSql(table),
+    };
+  }
+
+  async claim({ key, token, fingerprint, leaseMs }: ClaimInput): Promise<ClaimResult> {
+    for (let attempt = 1; attempt <= CLAIM_ATTEMPTS; attempt++) {
+      const [row] = (await this.run(this.sql.claim, [key, token, fingerprint, leaseMs])).records as ClaimRow[];
+      if (!row) continue;
+      if (row.acquired) return { status: 'acquired', token };
+      if (fingerprint !== '' && row.fingerprint !== '' && row.fingerprint !== fingerprint) return { status: 'mismatch' };
+      if (row.state === 'completed') return { status: 'completed', response: toSaved(row) };
+      return { status: 'in_progress', retryAfterMs: Math.max(row.remaining_ms ?? 0, 0) };
+    }
+    throw new IdempotencyStoreError(`PostgreSQL claim of ${JSON.stringify(key)} found no answer in ${CLAIM_ATTEMPTS} attempts`);
+  }
+
+  async complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean> {
+    const hasBody = response.body !== undefined;
+    const params = [key, token, response.statusCode, JSON.stringify(response.headers), hasBody ? response.body : null, hasBody, ttlMs];
+    return (await this.run(this.sql.complete, params)).affected === 1;
+  }
+
+  async release(key: string, token: string): Promise<boolean> {
+    return (await this.run(this.sql.release, [key, token])).affected === 1;
+  }
+
+  async get(key: string): Promise<StoredRecord | undefined> {
+    const [row] = (await this.run(this.sql.get, [key])).records as RecordRow[];
+    if (!row) return undefined;
+    const state = row.state === 'completed' ? 'completed' : 'processing';
+    return {
+      state,
+      token: row.token,
+      fingerprint: row.fingerprint ?? '',
+      response: state === 'completed' ? toSaved(row) : undefined,
+      ttlMs: row.ttl_ms,
+    };
+  }
+
+  /** Deletes expired records, in batches of `purgeBatchSize`; returns how many. */
+  async purgeExpired(): Promise<number> {
+    const batch = this.options.purgeBatchSize ?? 1000;
+    let total = 0;
+    for (;;) {
+      const deleted = (await this.run(this.sql.purge, [batch])).affected ?? 0;
+      total += deleted;
+      if (deleted < batch) return total;
+    }
+  }
+
+  onModuleInit(): void {
+    const intervalMs = this.options.purgeIntervalMs;
+    if (!intervalMs || this.timer) return;
+    this.timer = setInterval(() => this.purgeInBackground(), intervalMs);
+    this.timer.unref();
+  }
+
+  async onApplicationShutdown(): Promise<void> {
+    clearInterval(this.timer);
+    this.timer = undefined;
+    // The DataSource closes after its module shuts down; let a running purge finish first.
+    await this.purging;
+  }
+
+  private purgeInBackground(): void {
+    if (this.purging) return;
+    this.purging = this.purgeExpired()
+      .then((count) => count > 0 && this.logger.debug(`Purged ${count} expired idempotency records`))
+      .catch((error: Error) => this.logger.warn(`Purging expired idempotency records failed: ${error.message}`))
+      .finally(() => (this.purging = undefined));
+  }
+
+  /** Runs one statement on a pooled connection; database errors become `IdempotencyStoreError`. */
+  private async run(sql: string, params: unknown[]): Promise<QueryResult> {
+    let runner: QueryRunner | undefined;
+    try {
+      runner = this.dataSource.createQueryRunner();
+      return await runner.query(sql, params, true);
+    } catch (error) {
+      throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
+    } finally {
+      await runner?.release();
+    }
+  }
+}
+
+function toSaved(row: Pick<ClaimRow, 'status_code' | 'headers' | 'body' | 'has_body'>): SavedResponse {
+  const response: SavedResponse = { statusCode: row.status_code ?? 0, headers: row.headers ?? {} };
+  if (row.has_body) response.body = row.body ?? '';
+  return response;
+}
+
+function qualifiedTable(name: string, schema: string | undefined): string {
+  const dot = name.indexOf('.');
+  const [owner, table] = dot > 0 ? [name.slice(0, dot), name.slice(dot + 1)] : [schema, name];
+  return owner ? `${quoteIdent(owner)}.${quoteIdent(table)}` : quoteIdent(table);
+}
+
+function quoteIdent(identifier: string): string {
+  return `"${identifier.replace(/"/g, '""')}"`;
+}
