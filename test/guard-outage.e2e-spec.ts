@@ -5,7 +5,10 @@ import { createServer, type Server, type Socket } from 'node:net';
 import request from 'supertest';
 import { IdempotencyCounters } from '../libs/idempotency/src/index.js';
 import { createGuardTestApp, Probe, type AdapterName } from './support/guard-test.app.js';
+import { until } from './support/http.js';
 import { freePort, startRedisServer, type RedisServer } from './support/redis-server.js';
+import { REDIS_URL } from './support/services.js';
+import { TcpProxy } from './support/tcp-proxy.js';
 
 /** The client the module creates bounds every command by 1 s; an answer must come well within this. */
 const BOUND_MS = 3000;
@@ -67,6 +70,38 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
       const [closed, closedMs] = await timed(request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key));
       expect(closed.status).toBe(503);
       expect(closedMs).toBeLessThan(BOUND_MS);
+    });
+  });
+
+  describe('with a Redis that turns slow after the app connected (a delaying proxy)', () => {
+    let proxy: TcpProxy;
+    beforeAll(async () => {
+      const [host, port] = REDIS_URL.replace('redis://', '').split(':');
+      proxy = await new TcpProxy({ host, port: Number(port) }).start();
+    });
+    afterAll(async () => proxy.stop());
+
+    it('bounds each request by the command timeout, and guards again once Redis is fast', async () => {
+      proxy.delayMs = 0;
+      app = await createGuardTestApp(adapter, { store: { redis: proxy.url }, keyPrefix: `slow-${randomUUID()}` });
+      const key = randomUUID();
+      const first = await request(app.getHttpServer()).post('/payments').set('Idempotency-Key', key).send({});
+      expect(first.status).toBe(201);
+
+      proxy.delayMs = 5000;
+      const [open, openMs] = await timed(request(app.getHttpServer()).post('/payments').set('Idempotency-Key', randomUUID()).send({}));
+      expect(open.status).toBe(201);
+      expect(openMs).toBeLessThan(BOUND_MS);
+      const [closed, closedMs] = await timed(request(app.getHttpServer()).post('/closed').set('Idempotency-Key', randomUUID()));
+      expect(closed.status).toBe(503);
+      expect(closedMs).toBeLessThan(BOUND_MS);
+
+      proxy.delayMs = 0;
+      proxy.cut(); // drop the connection whose replies are still queued; ioredis reconnects
+      await until(async () => {
+        const res = await request(app!.getHttpServer()).post('/payments').set('Idempotency-Key', key).send({});
+        return res.headers['idempotent-replayed'] === 'true';
+      }, 10_000);
     });
   });
 

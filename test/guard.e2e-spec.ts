@@ -112,6 +112,32 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
     expect((await first).status).toBe(201);
   });
 
+  it('lets a retry take over after the lease of a slow handler, and refuses the late completion', async () => {
+    const counters = app.get(IdempotencyCounters);
+    const lateBefore = counters.lateCompletions;
+    probe.hold();
+    const slow = fire(http().post('/short-lease').set('Idempotency-Key', key));
+    await until(() => probe.runs === 1);
+    probe.letNewRunsThrough();
+    let retry = await http().post('/short-lease').set('Idempotency-Key', key);
+    expect(retry.status).toBe(409);
+    // The 0.3 s lease runs out while the first handler is still held.
+    await until(async () => {
+      retry = await http().post('/short-lease').set('Idempotency-Key', key);
+      return retry.status !== 409;
+    });
+    expect(retry.status).toBe(201);
+    expect(retry.body).toEqual({ run: 2 });
+
+    probe.release();
+    expect((await slow).body).toEqual({ run: 1 }); // its client still gets its answer...
+    expect(counters.lateCompletions).toBe(lateBefore + 1); // ...but it is not saved over the retry's
+    const replay = await http().post('/short-lease').set('Idempotency-Key', key);
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(replay.body).toEqual({ run: 2 });
+    expect(probe.runs).toBe(2);
+  });
+
   it('answers 422 when the key comes again with another payload', async () => {
     await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
     const reused = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 6 });

@@ -18,20 +18,27 @@ import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fa
 import { Readable } from 'node:stream';
 import { IdempotencyModule, NoRepeatSubmit, type IdempotencyModuleOptions } from '../../libs/idempotency/src/index.js';
 
-/** Counts handler runs and lets a test hold a handler until it opens the gate. */
+/** Counts handler runs and lets a test hold runs until it opens the gate. */
 @Injectable()
 export class Probe {
   runs = 0;
   failuresLeft = 0;
   private gate: Promise<void> = Promise.resolve();
-  private open = () => {};
+  private readonly opens: (() => void)[] = [];
 
+  /** Runs that start from now on wait until `release()`. */
   hold(): void {
-    this.gate = new Promise((resolve) => (this.open = resolve));
+    this.gate = new Promise((resolve) => this.opens.push(resolve));
+  }
+
+  /** Runs that start from now on pass; runs already held stay held until `release()`. */
+  letNewRunsThrough(): void {
+    this.gate = Promise.resolve();
   }
 
   release(): void {
-    this.open();
+    this.opens.splice(0).forEach((open) => open());
+    this.gate = Promise.resolve();
   }
 
   async run<T>(value: T): Promise<T> {
@@ -75,6 +82,13 @@ class GuardTestController {
   @Post('waiting-briefly')
   @NoRepeatSubmit({ waitForResultMs: 200 })
   waitingBriefly() {
+    return this.probe.run({ run: this.probe.runs + 1 });
+  }
+
+  /** A lease shorter than the handler can take. */
+  @Post('short-lease')
+  @NoRepeatSubmit({ leaseSeconds: 0.3 })
+  shortLease() {
     return this.probe.run({ run: this.probe.runs + 1 });
   }
 

@@ -27,8 +27,8 @@ export function route(
   return {
     metadata,
     handler: `${ctx.getClass().name}.${ctx.getHandler().name}`,
-    expireMs: (options.expireSeconds ?? defaults.expireSeconds) * 1000,
-    leaseMs: (options.leaseSeconds ?? defaults.leaseSeconds) * 1000,
+    expireMs: Math.ceil((options.expireSeconds ?? defaults.expireSeconds) * 1000),
+    leaseMs: Math.ceil((options.leaseSeconds ?? defaults.leaseSeconds) * 1000),
     waitForResultMs: options.waitForResultMs ?? 0,
     failMode: options.failMode ?? defaults.failMode,
     useFingerprint: options.useRequestFingerprint ?? false,

@@ -37,6 +37,23 @@ describe('RedisIdempotencyStore', () => {
     expect(await client.pttl(key)).toBeGreaterThan(86_000_000);
   });
 
+  it('fences stale owners: over 1,000 trials no late completion or release overwrites the new owner', async () => {
+    const store = new RedisIdempotencyStore(client);
+    const keys = Array.from({ length: 1000 }, () => `fence:${randomUUID()}`);
+    const claimAll = (token: string, leaseMs: number) =>
+      Promise.all(keys.map((key) => store.claim({ key, token, fingerprint: '', leaseMs })));
+    expect((await claimAll('stale', 100)).every((r) => r.status === 'acquired')).toBe(true);
+    await sleep(150); // every stale lease runs out (Redis expiry under test)
+    expect((await claimAll('fresh', 60_000)).every((r) => r.status === 'acquired')).toBe(true);
+    const late = { statusCode: 200, headers: {}, body: '"stale"' };
+    const completed = await Promise.all(keys.map((key) => store.complete(key, 'stale', late, 60_000)));
+    const released = await Promise.all(keys.map((key) => store.release(key, 'stale')));
+    expect(completed.filter(Boolean)).toHaveLength(0);
+    expect(released.filter(Boolean)).toHaveLength(0);
+    const owners = await Promise.all(keys.map((key) => store.get(key)));
+    expect(owners.filter((r) => r?.state === 'processing' && r.token === 'fresh')).toHaveLength(1000);
+  });
+
   it('keeps working after SCRIPT FLUSH (EVALSHA falls back to EVAL)', async () => {
     const store = new RedisIdempotencyStore(client);
     await client.script('FLUSH');
