@@ -16,9 +16,13 @@ export interface IdempotencyModuleOptions {
    * - `{ redis: client }`: an ioredis `Redis` or `Cluster` you created (you close it);
    * - `{ redis: url | RedisOptions }`: the module creates and closes the client, with short
    *   timeouts and no offline queue so an outage never hangs a request.
+   * With `{ redis, waitForReplicas }` every claim and completion waits for that many replicas
+   * (see `RedisIdempotencyStoreOptions.waitForReplicas`).
    * Default: the memory store (one process only; a warning is logged once).
    */
-  store?: IdempotencyStore | { redis: Redis | Cluster | string | RedisOptions };
+  store?:
+    | IdempotencyStore
+    | { redis: Redis | Cluster | string | RedisOptions; waitForReplicas?: { replicas: number; timeoutMs: number } };
   /** First segment of every key. Default `no_repeat`. */
   keyPrefix?: string;
   /** How long a completed response is replayed, in seconds. Default 3600. */

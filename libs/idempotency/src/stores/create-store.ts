@@ -28,12 +28,12 @@ export function createStore(options: IdempotencyModuleOptions): IdempotencyStore
     );
     return new MemoryIdempotencyStore({ maxEntries: options.memoryMaxEntries ?? DEFAULTS.memoryMaxEntries });
   }
-  const { redis } = store;
-  if (redis instanceof Redis || redis instanceof Cluster) return new RedisIdempotencyStore(redis);
+  const { redis, waitForReplicas } = store;
+  if (redis instanceof Redis || redis instanceof Cluster) return new RedisIdempotencyStore(redis, { waitForReplicas });
   const client =
     typeof redis === 'string'
       ? new Redis(redis, REDIS_CLIENT_DEFAULTS)
       : new Redis({ ...REDIS_CLIENT_DEFAULTS, ...redis });
   client.on('error', (error: Error) => new Logger('IdempotencyModule').warn(`Redis: ${error.message}`));
-  return new RedisIdempotencyStore(client, { ownsClient: true });
+  return new RedisIdempotencyStore(client, { ownsClient: true, waitForReplicas });
 }

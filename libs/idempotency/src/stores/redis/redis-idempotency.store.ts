@@ -1,6 +1,6 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { Cluster, type Redis } from 'ioredis';
-import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
+import { IdempotencyConfigError, IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import {
   IdempotencyStore,
   type ClaimInput,
@@ -39,6 +39,13 @@ export interface RedisIdempotencyStoreOptions {
   readyTimeoutMs?: number;
   /** Pub/sub channel on which settled keys that someone waits for are published. */
   settleChannel?: string;
+  /**
+   * Durability across a failover: after a claim and after a completion, `WAIT` until this many
+   * replicas acknowledged the write (one more round trip each). A claim not acknowledged in time
+   * is released and reported as a store error (the outage policy applies); a completion not
+   * acknowledged is logged. Single primary with replicas only: not on a Cluster client.
+   */
+  waitForReplicas?: { replicas: number; timeoutMs: number };
 }
 
 /**
@@ -68,6 +75,9 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     }
     this.scripts = client as unknown as ScriptedClient;
     this.channel = options.settleChannel ?? 'idempotency:settled';
+    if (options.waitForReplicas && client instanceof Cluster) {
+      throw new IdempotencyConfigError('RedisIdempotencyStore: waitForReplicas needs a single-primary client, not a Cluster');
+    }
   }
 
   async claim({ key, token, fingerprint, leaseMs, wait }: ClaimInput): Promise<ClaimResult> {
@@ -76,6 +86,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     );
     switch (reply[0]) {
       case 1:
+        await this.replicate(key, () => this.release(key, token));
         return { status: 'acquired', token };
       case 2:
         return { status: 'in_progress', retryAfterMs: Math.max(reply[1], 0) };
@@ -100,11 +111,24 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
         this.channel,
       ),
     );
+    if (reply === 1) await this.replicate(key).catch((error: Error) => this.logger.warn(error.message));
     return reply === 1;
   }
 
   async release(key: string, token: string): Promise<boolean> {
     return (await this.run(() => this.scripts.idempotencyRelease(key, token, this.channel))) === 1;
+  }
+
+  /** With `waitForReplicas`, waits for the replicas; on a shortfall runs `undo` and throws. */
+  private async replicate(key: string, undo?: () => Promise<unknown>): Promise<void> {
+    const wanted = this.options.waitForReplicas;
+    if (!wanted) return;
+    const acked = await this.run(() => (this.client as Redis).wait(wanted.replicas, wanted.timeoutMs));
+    if (acked >= wanted.replicas) return;
+    await undo?.();
+    throw new IdempotencyStoreError(
+      `Only ${acked} of ${wanted.replicas} replicas acknowledged ${key} within ${wanted.timeoutMs} ms`,
+    );
   }
 
   /** Pushed: one subscriber connection per store hears the keys the scripts publish. */

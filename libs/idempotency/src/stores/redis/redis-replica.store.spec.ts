@@ -1,0 +1,50 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import type { Redis } from 'ioredis';
+import { randomUUID } from 'node:crypto';
+import { startRedisServer, type RedisServer } from '../../../../../test/support/redis-server.js';
+import { connectRedis } from '../../../../../test/support/services.js';
+import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
+import { RedisIdempotencyStore } from './redis-idempotency.store.js';
+
+describe('RedisIdempotencyStore with waitForReplicas (a primary and a replica the test starts)', () => {
+  let primary: RedisServer;
+  let replica: RedisServer;
+  let client: Redis;
+  let replicaClient: Redis;
+
+  beforeAll(async () => {
+    primary = await startRedisServer();
+    replica = await startRedisServer(undefined, ['--replicaof', '127.0.0.1', String(primary.port)]);
+    client = await connectRedis(primary.url);
+    replicaClient = await connectRedis(replica.url);
+    const deadline = Date.now() + 10_000;
+    while (!(await replicaClient.info('replication')).includes('master_link_status:up')) {
+      if (Date.now() > deadline) throw new Error('the replica did not connect to the primary');
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }, 30_000);
+  afterAll(async () => {
+    client?.disconnect();
+    replicaClient?.disconnect();
+    await replica?.kill();
+    await primary?.kill();
+  });
+
+  it('returns a claim only once the replica has it', async () => {
+    const store = new RedisIdempotencyStore(client, { waitForReplicas: { replicas: 1, timeoutMs: 2000 } });
+    const key = `replicated:${randomUUID()}`;
+    expect((await store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 })).status).toBe('acquired');
+    expect(await replicaClient.hget(key, 't')).toBe('t');
+    expect(await store.complete(key, 't', { statusCode: 201, headers: {}, body: '1' }, 60_000)).toBe(true);
+    expect(await replicaClient.hget(key, 's')).toBe('C');
+  });
+
+  it('releases the claim and reports a store error when too few replicas acknowledge it', async () => {
+    const store = new RedisIdempotencyStore(client, { waitForReplicas: { replicas: 2, timeoutMs: 100 } });
+    const key = `unreplicated:${randomUUID()}`;
+    await expect(store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 })).rejects.toThrow(
+      IdempotencyStoreError,
+    );
+    expect(await client.exists(key)).toBe(0);
+  });
+});
