@@ -1,7 +1,9 @@
 /** Who a record belongs to: a user id, or for anonymous clients their address. */
 export type KeyOwner = { id: string } | { ip: string };
 
+/** The parts of a store key. */
 export interface StorageKeyParts {
+  /** The module's `keyPrefix`, used verbatim (it may hold ':' or a Redis `{hash tag}`). */
   prefix: string;
   user: KeyOwner;
   /** `ControllerName.methodName`. */
@@ -10,14 +12,38 @@ export interface StorageKeyParts {
   key: string;
 }
 
+const LONE_SURROGATE = /\p{Cs}/u;
+
 /**
- * The store key `<prefix>:<user>:<handler>:<key>`. Each segment is percent-encoded
- * (`encodeURIComponent`, which escapes `:`, `{`, `}` and `%`), so an encoded segment never holds a
- * ':' and decodes to one value only: the key splits back into exactly one triple. An anonymous
- * client's segment is `ip:<encoded address>`, one ':' more than any user id's, so a user whose id
- * is `ip:1.2.3.4` (encoded `ip%3A1.2.3.4`) never meets the client at 1.2.3.4.
+ * `encodeURIComponent`, which also takes lone surrogates (it throws URIError on them): those
+ * become `%uXXXX`. Its own output never holds `%u` ('%' is always followed by two hex digits),
+ * so the extension stays injective.
+ */
+function encodeSegment(value: string): string {
+  if (!LONE_SURROGATE.test(value)) return encodeURIComponent(value);
+  let out = '';
+  for (const char of value) {
+    const c = char.charCodeAt(0);
+    out += char.length === 1 && c >= 0xd800 && c <= 0xdfff ? `%u${c.toString(16).toUpperCase()}` : encodeURIComponent(char);
+  }
+  return out;
+}
+
+/**
+ * The store key `<prefix>:<user>:<handler>:<key>`, where `<user>` is the encoded user id, or
+ * `ip:<encoded address>` for an anonymous client.
+ *
+ * No two different (user, handler, key) triples give the same string, whatever they hold
+ * (':', '{', '}', '%', unicode, empty strings):
+ * - each segment is percent-encoded (`encodeURIComponent` escapes ':', '{', '}' and '%'), so an
+ *   encoded segment never contains ':' and decodes back to exactly one value;
+ * - after the prefix, the key therefore splits on ':' into 3 parts for a user id and 4 for an
+ *   address (`ip`, then the address, whose IPv6 colons are encoded too). The part count tells
+ *   the two forms apart: user id `ip:1.2.3.4` is `ip%3A1.2.3.4`, never the client at 1.2.3.4.
+ * The guarantee holds for one prefix, as a prefix is one deployment's namespace. Encoding also
+ * keeps callers from injecting a Redis Cluster `{hash tag}` to pick a slot.
  */
 export function buildStorageKey({ prefix, user, handler, key }: StorageKeyParts): string {
-  const owner = 'id' in user ? encodeURIComponent(user.id) : `ip:${encodeURIComponent(user.ip)}`;
-  return `${prefix}:${owner}:${encodeURIComponent(handler)}:${encodeURIComponent(key)}`;
+  const owner = 'id' in user ? encodeSegment(user.id) : `ip:${encodeSegment(user.ip)}`;
+  return `${prefix}:${owner}:${encodeSegment(handler)}:${encodeSegment(key)}`;
 }
