@@ -46,8 +46,12 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('demo basics (%s)', (adap
   it('creates an order (201) and reads it back (200)', async () => {
     const orderNo = newOrderNo();
     const created = await post({ orderNo, amount: 12.5 }, 'alice').expect(201);
-    expect(Object.keys(created.body).sort()).toEqual(['amount', 'createdAt', 'id', 'orderNo', 'status', 'userId']);
-    expect(created.body).toMatchObject({ orderNo, amount: 12.5, status: 'PENDING', userId: 'alice' });
+    expect(Object.keys(created.body).sort()).toEqual([
+      'amount', 'createdAt', 'id', 'orderNo', 'paidAt', 'status', 'transactionId', 'userId',
+    ]);
+    expect(created.body).toMatchObject({
+      orderNo, amount: 12.5, status: 'PENDING', userId: 'alice', transactionId: null, paidAt: null,
+    });
     expect(created.body.id).toMatch(UUID);
     expect(new Date(created.body.createdAt).toISOString()).toBe(created.body.createdAt);
 
@@ -106,6 +110,21 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('demo basics (%s)', (adap
     const res = await post({ orderNo: newOrderNo(), ...patch }, 'alice').expect(400);
     expect(res.body).toMatchObject({ statusCode: 400, error: 'Bad Request', code: 'VALIDATION_FAILED' });
     expect(Array.isArray(res.body.message)).toBe(true);
+  });
+
+  it.each([
+    ['a __proto__ key', '{"orderNo":"P-1","amount":1,"__proto__":{"admin":true}}'],
+    ['a nested constructor.prototype', '{"orderNo":"P-1","amount":1,"x":[{"constructor":{"prototype":{"admin":true}}}]}'],
+  ])('answers 400 INVALID_JSON for a body with %s, and creates nothing', async (_what, body) => {
+    const res = await request(http).post('/orders').set('Content-Type', 'application/json').send(body);
+    expect([res.status, res.body.code]).toEqual([400, 'INVALID_JSON']);
+    const [{ count }] = await app.get(DataSource).query('SELECT count(*)::int AS count FROM orders');
+    expect(count).toBe(0);
+  });
+
+  it('answers 400 VALIDATION_FAILED, not a 5xx, for an array of 480,000 items just under 1 MiB', async () => {
+    const res = await post({ orderNo: newOrderNo(), amount: 1, items: new Array(480_000).fill(0) });
+    expect([res.status, res.body.code]).toEqual([400, 'VALIDATION_FAILED']);
   });
 
   it('answers 400 INVALID_JSON for malformed JSON', async () => {

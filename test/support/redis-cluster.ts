@@ -28,7 +28,6 @@ export async function startRedisCluster(masters = 3): Promise<RedisCluster> {
           '--cluster-enabled', 'yes',
           '--cluster-config-file', join(dir, `nodes-${port}.conf`),
           '--cluster-node-timeout', '2000',
-          '--dir', dir,
         ]),
       );
     }

@@ -1,5 +1,8 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { connectRedis } from './services.js';
 
 /** A free loopback TCP port (bound, then released). */
@@ -22,12 +25,16 @@ export interface RedisServer {
 
 export async function startRedisServer(port?: number, extraArgs: string[] = []): Promise<RedisServer> {
   const chosen = port ?? (await freePort());
+  // Its own folder: a replica writes the RDB of a full sync to disk even with --save ''.
+  const dir = await mkdtemp(join(tmpdir(), 'idempotency-redis-'));
   const child = spawn(
     'redis-server',
-    ['--port', String(chosen), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', ...extraArgs],
+    ['--port', String(chosen), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, ...extraArgs],
     { stdio: 'ignore' },
   );
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  const exited = new Promise<void>((resolve) =>
+    child.once('exit', () => void rm(dir, { recursive: true, force: true }).finally(resolve)),
+  );
   const url = `redis://127.0.0.1:${chosen}`;
   const deadline = Date.now() + 5000;
   for (;;) {

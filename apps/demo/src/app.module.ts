@@ -1,13 +1,18 @@
 import { Module, type DynamicModule } from '@nestjs/common';
 import { APP_FILTER, APP_GUARD, APP_PIPE } from '@nestjs/core';
 import { TypeOrmModule } from '@nestjs/typeorm';
-import { IdempotencyModule } from '../../../libs/idempotency/src/index.js';
+import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS, IdempotencyModule } from '../../../libs/idempotency/src/index.js';
 import type { IdempotencyModuleOptions } from '../../../libs/idempotency/src/idempotency.options.js';
 import { DemoExceptionFilter } from './demo-exception.filter.js';
 import { DemoUserGuard } from './demo-user.guard.js';
 import { DemoValidationPipe } from './demo-validation.pipe.js';
+import { Invoice } from './invoices/invoice.entity.js';
+import { InvoicesModule } from './invoices/invoices.module.js';
+import { DEMO_MIGRATIONS } from './migrations/index.js';
 import { Order } from './orders/order.entity.js';
 import { OrdersModule } from './orders/orders.module.js';
+import { PaymentEventsModule } from './payments/payment-events.module.js';
+import type { PaymentEventsFaults } from './payments/payment-events.options.js';
 
 export interface AppModuleOptions {
   /** PostgreSQL connection URL. */
@@ -16,22 +21,43 @@ export interface AppModuleOptions {
   redisUrl?: string;
   /** First segment of every idempotency key. Default `demo`. */
   keyPrefix?: string;
+  /** AMQP URL of RabbitMQ; without it the `payment.succeeded` consumer is off. */
+  rabbitmqUrl?: string;
+  /** Queue of `payment.succeeded` messages. Default `payment.succeeded`. */
+  paymentQueue?: string;
+  /** FOR TESTS ONLY: faults the payment consumer injects once each (see `PaymentEventsFaults`). */
+  paymentEventsFaults?: PaymentEventsFaults;
 }
+
+/** Every entity of the demo's database: the library's tables and the demo's own. */
+export const DEMO_ENTITIES = [...IDEMPOTENCY_ENTITIES, Order, Invoice];
 
 @Module({})
 export class AppModule {
   static register(options: AppModuleOptions): DynamicModule {
     const idempotency: IdempotencyModuleOptions = { keyPrefix: options.keyPrefix ?? 'demo' };
     if (options.redisUrl) idempotency.store = { redis: options.redisUrl };
+    const paymentEvents = options.rabbitmqUrl
+      ? [
+          PaymentEventsModule.register({
+            url: options.rabbitmqUrl,
+            queue: options.paymentQueue,
+            faults: options.paymentEventsFaults,
+          }),
+        ]
+      : [];
     return {
       module: AppModule,
       imports: [
         TypeOrmModule.forRoot({
           type: 'postgres',
           url: options.databaseUrl,
-          entities: [Order],
-          // Until the migrations issue lands.
-          synchronize: true,
+          entities: DEMO_ENTITIES,
+          // The schema comes from migrations only, run at start-up (each once: TypeORM records
+          // them in its `migrations` table, in one transaction).
+          migrations: [...IDEMPOTENCY_MIGRATIONS, ...DEMO_MIGRATIONS],
+          migrationsRun: true,
+          synchronize: false,
           // gen_random_uuid() is built in since PostgreSQL 13; uuid-ossp may not be installed.
           uuidExtension: 'pgcrypto',
           retryAttempts: 2,
@@ -40,6 +66,8 @@ export class AppModule {
         }),
         IdempotencyModule.forRoot(idempotency),
         OrdersModule,
+        InvoicesModule,
+        ...paymentEvents,
       ],
       providers: [
         { provide: APP_GUARD, useClass: DemoUserGuard },

@@ -2,21 +2,19 @@ import type { INestApplication, LoggerService, LogLevel } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-express';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
-import { AppModule } from './app.module.js';
+import { AppModule, type AppModuleOptions } from './app.module.js';
 
 /** Largest request body accepted, on both adapters: 1 MiB. */
 export const BODY_LIMIT_BYTES = 1024 * 1024;
 
 export type HttpAdapterName = 'express' | 'fastify';
 
-export interface DemoAppOptions {
+/**
+ * The app module's options (database, Redis, key prefix, RabbitMQ and its queue: tests isolate
+ * themselves with their own key prefix and queue) plus how to serve it.
+ */
+export interface DemoAppOptions extends AppModuleOptions {
   adapter: HttpAdapterName;
-  /** PostgreSQL connection URL. */
-  databaseUrl: string;
-  /** Redis URL of the idempotency store; without it the memory store is used. */
-  redisUrl?: string;
-  /** First segment of every idempotency key (tests isolate themselves with their own). */
-  keyPrefix?: string;
   /** Nest's logger option (e.g. `['error', 'warn']` in tests). Default: Nest's default logger. */
   logger?: LoggerService | LogLevel[] | false;
 }
@@ -38,8 +36,10 @@ export async function createDemoApp(options: DemoAppOptions): Promise<INestAppli
   if (options.adapter === 'fastify') {
     const adapter = new FastifyAdapter({ bodyLimit: BODY_LIMIT_BYTES });
     const app = await NestFactory.create<NestFastifyApplication>(module, adapter, appOptions);
-    await app.init();
-    await app.getHttpAdapter().getInstance().ready();
+    await initOrClose(app, async () => {
+      await app.init();
+      await app.getHttpAdapter().getInstance().ready();
+    });
     return app;
   }
 
@@ -47,6 +47,19 @@ export async function createDemoApp(options: DemoAppOptions): Promise<INestAppli
   // Registered before init(), so Nest does not add its default parsers (100 kB limit).
   app.useBodyParser('json', { limit: BODY_LIMIT_BYTES });
   app.useBodyParser('urlencoded', { limit: BODY_LIMIT_BYTES, extended: true });
-  await app.init();
+  await initOrClose(app, () => app.init());
   return app;
+}
+
+/**
+ * Runs `init`; if it fails (e.g. RabbitMQ unreachable), closes what the app already opened (the
+ * database pool, the Redis client) before rethrowing, so a failed start leaves nothing behind.
+ */
+async function initOrClose(app: INestApplication, init: () => Promise<unknown>): Promise<void> {
+  try {
+    await init();
+  } catch (error) {
+    await app.close().catch(() => undefined);
+    throw error;
+  }
 }

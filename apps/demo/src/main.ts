@@ -27,7 +27,8 @@ const adapterFromEnv = (): HttpAdapterName => {
 /**
  * Starts the demo from the environment: `PORT` (default 3000), `HOST` (default: the adapter's),
  * `HTTP_ADAPTER` (`express` | `fastify`), `DATABASE_URL` (default: an embedded PostgreSQL in
- * `.data/pg`), `REDIS_URL` (default: the memory store).
+ * `.data/pg`), `REDIS_URL` (default: the memory store), `RABBITMQ_URL` (default: no
+ * `payment.succeeded` consumer) and `PAYMENT_QUEUE` (default `payment.succeeded`).
  */
 async function bootstrap(): Promise<void> {
   const port = Number(process.env.PORT ?? 3000);
@@ -36,6 +37,8 @@ async function bootstrap(): Promise<void> {
   }
   const adapter = adapterFromEnv();
   const redisUrl = process.env.REDIS_URL || undefined;
+  const rabbitmqUrl = process.env.RABBITMQ_URL || undefined;
+  const paymentQueue = process.env.PAYMENT_QUEUE || undefined;
 
   let embedded: EmbeddedDatabase | undefined;
   let databaseUrl = process.env.DATABASE_URL;
@@ -47,6 +50,7 @@ async function bootstrap(): Promise<void> {
   }
   logger.log(`Database: ${redact(databaseUrl)}${embedded ? ' (embedded)' : ''}`);
   logger.log(`Idempotency store: ${redisUrl ? `Redis ${redact(redisUrl)}` : 'memory (one process only)'}`);
+  logger.log(`Payment events: ${rabbitmqUrl ? `RabbitMQ ${redact(rabbitmqUrl)}` : 'off (no RABBITMQ_URL)'}`);
 
   let app: INestApplication | undefined;
   let closing: Promise<void> | undefined;
@@ -72,7 +76,7 @@ async function bootstrap(): Promise<void> {
   }
 
   try {
-    app = await createDemoApp({ adapter, databaseUrl, redisUrl });
+    app = await createDemoApp({ adapter, databaseUrl, redisUrl, rabbitmqUrl, paymentQueue });
     // HOST: e.g. 0.0.0.0 in a container (Fastify listens on localhost by default).
     await (process.env.HOST ? app.listen(port, process.env.HOST) : app.listen(port));
   } catch (error) {

@@ -8,6 +8,10 @@ export interface OrderView {
   status: OrderStatus;
   userId: string;
   createdAt: Date;
+  /** The first successful payment's transaction id; null until paid. */
+  transactionId: string | null;
+  /** When that payment happened; null until paid. */
+  paidAt: Date | null;
 }
 
 export const toOrderView = (order: Order): OrderView => ({
@@ -17,4 +21,6 @@ export const toOrderView = (order: Order): OrderView => ({
   status: order.status,
   userId: order.userId,
   createdAt: order.createdAt,
+  transactionId: order.transactionId ?? null,
+  paidAt: order.paidAt ?? null,
 });

@@ -10,14 +10,12 @@ function reorder(value: unknown): unknown {
   return Object.fromEntries(Object.keys(value).reverse().map((k) => [k, reorder((value as Record<string, unknown>)[k])]));
 }
 
-/** Adds `field` with `noise` to every object, at any depth. */
+/** Adds `field` with `noise` to every object, at any depth (own properties, `__proto__` too). */
 function addNoise(value: unknown, field: string, noise: unknown): unknown {
   if (Array.isArray(value)) return value.map((v) => addNoise(v, field, noise));
   if (value === null || typeof value !== 'object') return value;
-  const copy: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(value)) copy[k] = addNoise(v, field, noise);
-  copy[field] = noise;
-  return copy;
+  const entries = Object.entries(value).map(([k, v]) => [k, addNoise(v, field, noise)] as const);
+  return Object.fromEntries([...entries, [field, noise]]);
 }
 
 const fp = (body: unknown, ignore?: ReadonlySet<string>) =>
