@@ -9,9 +9,8 @@ import { PaymentEventsConsumer } from '../apps/demo/src/payments/payment-events.
 import type { PaymentEventsFaults } from '../apps/demo/src/payments/payment-events.options.js';
 import { eventually } from './support/eventually.js';
 import { freePort } from './support/redis-server.js';
-import { DATABASE_URL } from './support/services.js';
+import { DATABASE_URL, RABBITMQ_URL } from './support/services.js';
 
-const RABBITMQ_URL = process.env.RABBITMQ_URL ?? 'amqp://guest:guest@127.0.0.1:5672';
 const CONSUMER = 'orders.payment-succeeded';
 
 /**

@@ -4,6 +4,7 @@ import pg from 'pg';
 /** The services the tests use: the local ones unless REDIS_URL / DATABASE_URL say otherwise. */
 export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 export const DATABASE_URL = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+export const RABBITMQ_URL = process.env.RABBITMQ_URL ?? 'amqp://guest:guest@127.0.0.1:5672';
 
 /** A Redis client that fails fast (no retries, short timeouts) with a message naming the URL. */
 export async function connectRedis(url = REDIS_URL): Promise<Redis> {
@@ -38,9 +39,22 @@ export async function checkPostgres(url = DATABASE_URL): Promise<void> {
   }
 }
 
+/** Checks the AMQP broker accepts a connection, with a message naming the URL (password hidden). */
+export async function checkRabbitMq(url = RABBITMQ_URL): Promise<void> {
+  const { connect } = await import('amqplib');
+  try {
+    const connection = await connect(url, { timeout: 2000 });
+    await connection.close();
+  } catch (error) {
+    const shown = url.replace(/\/\/([^:@/]+):[^@/]*@/, '//$1:***@');
+    throw new Error(`RabbitMQ is not reachable at ${shown} (set RABBITMQ_URL): ${(error as Error).message}`);
+  }
+}
+
 /** Jest global setup: fails the whole run at once, naming the URL, when a service is down. */
 export default async function checkServices(): Promise<void> {
   const redis = await connectRedis();
   redis.disconnect();
   await checkPostgres();
+  await checkRabbitMq();
 }
