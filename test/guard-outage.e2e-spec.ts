@@ -56,7 +56,7 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
     });
     afterAll(async () => server.kill());
 
-    it('guards while it runs, then answers within the bound once it is killed', async () => {
+    it('guards while it runs, answers within the bound once it is killed, and guards again once it is back', async () => {
       app = await createGuardTestApp(adapter, { store: { redis: server.url }, keyPrefix: 'killed' });
       const key = randomUUID();
       await request(app.getHttpServer()).post('/payments').set('Idempotency-Key', key).send({});
@@ -70,6 +70,16 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
       const [closed, closedMs] = await timed(request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key));
       expect(closed.status).toBe(503);
       expect(closedMs).toBeLessThan(BOUND_MS);
+
+      // Started again on the same port: the client reconnects and the guard resumes.
+      server = await startRedisServer(server.port);
+      const fresh = randomUUID();
+      await until(async () => {
+        const res = await request(app!.getHttpServer()).post('/closed').set('Idempotency-Key', fresh);
+        return res.status === 201;
+      }, 10_000);
+      const again = await request(app.getHttpServer()).post('/closed').set('Idempotency-Key', fresh);
+      expect(again.headers['idempotent-replayed']).toBe('true');
     });
   });
 

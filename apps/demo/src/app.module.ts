@@ -21,6 +21,8 @@ export interface AppModuleOptions {
   redisUrl?: string;
   /** First segment of every idempotency key. Default `demo`. */
   keyPrefix?: string;
+  /** How long an idempotency claim holds while a handler runs, in seconds. Default: the library's (30). */
+  leaseSeconds?: number;
   /** AMQP URL of RabbitMQ; without it the `payment.succeeded` consumer is off. */
   rabbitmqUrl?: string;
   /** Queue of `payment.succeeded` messages. Default `payment.succeeded`. */
@@ -35,7 +37,10 @@ export const DEMO_ENTITIES = [...IDEMPOTENCY_ENTITIES, Order, Invoice];
 @Module({})
 export class AppModule {
   static register(options: AppModuleOptions): DynamicModule {
-    const idempotency: IdempotencyModuleOptions = { keyPrefix: options.keyPrefix ?? 'demo' };
+    const idempotency: IdempotencyModuleOptions = {
+      keyPrefix: options.keyPrefix ?? 'demo',
+      leaseSeconds: options.leaseSeconds,
+    };
     if (options.redisUrl) idempotency.store = { redis: options.redisUrl };
     const paymentEvents = options.rabbitmqUrl
       ? [

@@ -28,7 +28,8 @@ const adapterFromEnv = (): HttpAdapterName => {
  * Starts the demo from the environment: `PORT` (default 3000), `HOST` (default: the adapter's),
  * `HTTP_ADAPTER` (`express` | `fastify`), `DATABASE_URL` (default: an embedded PostgreSQL in
  * `.data/pg`), `REDIS_URL` (default: the memory store), `RABBITMQ_URL` (default: no
- * `payment.succeeded` consumer) and `PAYMENT_QUEUE` (default `payment.succeeded`).
+ * `payment.succeeded` consumer), `PAYMENT_QUEUE` (default `payment.succeeded`) and
+ * `IDEMPOTENCY_LEASE_SECONDS` (default: the library's).
  */
 async function bootstrap(): Promise<void> {
   const port = Number(process.env.PORT ?? 3000);
@@ -39,6 +40,7 @@ async function bootstrap(): Promise<void> {
   const redisUrl = process.env.REDIS_URL || undefined;
   const rabbitmqUrl = process.env.RABBITMQ_URL || undefined;
   const paymentQueue = process.env.PAYMENT_QUEUE || undefined;
+  const leaseSeconds = process.env.IDEMPOTENCY_LEASE_SECONDS ? Number(process.env.IDEMPOTENCY_LEASE_SECONDS) : undefined;
 
   let embedded: EmbeddedDatabase | undefined;
   let databaseUrl = process.env.DATABASE_URL;
@@ -76,7 +78,7 @@ async function bootstrap(): Promise<void> {
   }
 
   try {
-    app = await createDemoApp({ adapter, databaseUrl, redisUrl, rabbitmqUrl, paymentQueue });
+    app = await createDemoApp({ adapter, databaseUrl, redisUrl, rabbitmqUrl, paymentQueue, leaseSeconds });
     // HOST: e.g. 0.0.0.0 in a container (Fastify listens on localhost by default).
     await (process.env.HOST ? app.listen(port, process.env.HOST) : app.listen(port));
   } catch (error) {
