@@ -1,4 +1,6 @@
 import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { describeStoreContract } from '../store-contract.js';
 import { MemoryIdempotencyStore } from './memory-idempotency.store.js';
 
@@ -36,5 +38,33 @@ describe('MemoryIdempotencyStore', () => {
       await store.claim({ key: `k${i}`, token: 't', fingerprint: '', leaseMs: 60_000 });
     }
     expect(store.size).toBe(1000);
+  });
+});
+
+describe('MemoryIdempotencyStore under a flood of unique keys', () => {
+  const collect = (() => {
+    setFlagsFromString('--expose-gc');
+    return runInNewContext('gc') as () => void;
+  })();
+  const heapAfterGc = () => {
+    collect();
+    collect();
+    return process.memoryUsage().heapUsed;
+  };
+
+  it('stays within its bound: 100,000 keys into a 10,000-entry store, heap measured before and after', async () => {
+    const store = new MemoryIdempotencyStore({ maxEntries: 10_000 });
+    const response = { statusCode: 201, headers: { location: '/orders/x' }, body: JSON.stringify({ id: 'x'.repeat(36), amount: 12.5 }) };
+    const before = heapAfterGc();
+    for (let i = 0; i < 100_000; i++) {
+      const key = `no_repeat:user-${i % 97}:OrdersController.create:ORD-${i}`;
+      await store.claim({ key, token: `t${i}`, fingerprint: 'f'.repeat(64), leaseMs: 30_000 });
+      await store.complete(key, `t${i}`, response, 86_400_000);
+    }
+    const grownBytes = heapAfterGc() - before;
+    console.log(`memory store: ${store.size} entries after 100,000 keys, heap +${(grownBytes / 1e6).toFixed(1)} MB, ~${Math.round(grownBytes / store.size)} B per entry`);
+    expect(store.size).toBe(10_000);
+    // A leak of the 90,000 dropped entries would add well over 2 KB per kept entry.
+    expect(grownBytes / store.size).toBeLessThan(2048);
   });
 });
