@@ -2,7 +2,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from '@jest/glo
 import type { INestApplication } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
-import { IdempotencyCounters } from '../libs/idempotency/src/index.js';
+import { IdempotencyCounters, IdempotencyStore, buildStorageKey } from '../libs/idempotency/src/index.js';
 import { createGuardTestApp, Probe, type AdapterName } from './support/guard-test.app.js';
 import { fire, until } from './support/http.js';
 import { REDIS_URL } from './support/services.js';
@@ -12,12 +12,13 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
   let probe: Probe;
   let key: string;
   let baseUrl: string;
+  const prefix = `guard-e2e-${randomUUID()}`;
   const http = () => request(app.getHttpServer());
 
   beforeAll(async () => {
     app = await createGuardTestApp(adapter, {
       store: { redis: REDIS_URL },
-      keyPrefix: `guard-e2e-${randomUUID()}`,
+      keyPrefix: prefix,
       getUser: (ctx) => ctx.switchToHttp().getRequest<{ headers: Record<string, string> }>().headers['x-user'],
     });
     probe = app.get(Probe);
@@ -54,6 +55,21 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
     const again = await http().post('/payments').set('Idempotency-Key', key).send({ amount: 5 });
     expect(again.headers['idempotent-replayed']).toBe('true');
     expect([again.headers['set-cookie']].flat()).toHaveLength(1);
+  });
+
+  it('saves no request header, cookie or Set-Cookie with the response', async () => {
+    await http()
+      .post('/payments')
+      .set('Idempotency-Key', key)
+      .set('x-user', 'alice')
+      .set('Authorization', 'Bearer top-secret-token')
+      .set('Cookie', 'session=request-cookie')
+      .send({ amount: 5 });
+    const storageKey = buildStorageKey({ prefix, user: { id: 'alice' }, handler: 'GuardTestController.pay', key });
+    const record = await app.get(IdempotencyStore).get(storageKey);
+    expect(record?.state).toBe('completed');
+    expect(Object.keys(record!.response!.headers).sort()).toEqual(['location']);
+    expect(JSON.stringify(record)).not.toMatch(/top-secret-token|request-cookie|session=secret/);
   });
 
   it('takes the structured-field form "key" and the bare form key as the same key', async () => {
