@@ -1,6 +1,22 @@
-import { StreamableFile } from '@nestjs/common';
-import { isObservable } from 'rxjs';
+import { StreamableFile, type ExecutionContext } from '@nestjs/common';
+import type { AbstractHttpAdapter } from '@nestjs/core';
 import { Readable } from 'node:stream';
+import { isObservable, type Observable } from 'rxjs';
+import { IdempotencyError } from '../errors/idempotency.errors.js';
+import {
+  inProgress,
+  keyMissing,
+  keyReused,
+  payloadUnsupported,
+  storeUnavailable,
+  type IdempotencyHttpException,
+} from '../errors/idempotency-http.exceptions.js';
+import { REPLAYED_HEADER } from '../idempotency.constants.js';
+import { fingerprintRequest } from '../keys/fingerprint.js';
+import type { KeyOwner } from '../keys/storage-key.js';
+import type { SavedResponse } from '../stores/idempotency-store.js';
+import { deserialize, serialize, type GuardExchange, type GuardRefusal } from './guard-exchange.js';
+import type { GuardedRoute } from './guarded-route.js';
 
 /** The parts of an Express or Fastify request the guard reads. */
 export interface HttpRequest {
@@ -20,6 +36,94 @@ export interface HttpRequest {
 export interface HttpResponse {
   statusCode: number;
   getHeader(name: string): number | string | string[] | undefined;
+}
+
+/** An HTTP request under the guard (Express or Fastify, through Nest's HTTP adapter). */
+export class HttpExchange implements GuardExchange {
+  readonly fingerprint: string;
+  readonly owner: KeyOwner;
+  private readonly req: HttpRequest;
+  private readonly res: HttpResponse;
+
+  constructor(
+    ctx: ExecutionContext,
+    private readonly route: GuardedRoute,
+    private readonly adapter: AbstractHttpAdapter,
+    private readonly replayHeaders: readonly string[],
+    userId: string | number | undefined,
+    readonly clientKey: string | undefined,
+  ) {
+    this.req = ctx.switchToHttp().getRequest<HttpRequest>();
+    this.res = ctx.switchToHttp().getResponse<HttpResponse>();
+    this.owner = userId === undefined || userId === '' ? { ip: this.req.ip ?? 'unknown' } : { id: String(userId) };
+    this.fingerprint = this.fingerprintOf(this.req);
+  }
+
+  replay(saved: SavedResponse): unknown {
+    for (const [name, value] of Object.entries(saved.headers)) this.adapter.setHeader(this.res, name, value);
+    this.adapter.setHeader(this.res, REPLAYED_HEADER, 'true');
+    const value = deserialize(saved);
+    if (saved.statusCode === this.res.statusCode) return value;
+    // Only a web Response carries its own status past Nest's reply().
+    const isText = typeof value === 'string';
+    const contentType =
+      saved.headers['content-type'] ?? (isText ? 'text/html; charset=utf-8' : 'application/json; charset=utf-8');
+    return new Response(value === undefined ? null : isText ? value : saved.body, {
+      status: saved.statusCode,
+      headers: { 'content-type': contentType },
+    });
+  }
+
+  capture(value: unknown): SavedResponse | null {
+    const { statusCode } = this.res;
+    // Streams, buffers and 5xx answers are not replayed: a retry runs again.
+    const body = statusCode < 500 && isReplayable(value) ? serialize(value) : null;
+    if (body === null) return null;
+    return { statusCode, headers: readHeaders(this.res, this.replayHeaders), body };
+  }
+
+  refuse(refusal: GuardRefusal): Observable<unknown> {
+    throw this.withRetryAfter(toHttpException(refusal, this.route));
+  }
+
+  private withRetryAfter(exception: IdempotencyHttpException): IdempotencyHttpException {
+    if (exception.retryAfterSeconds !== undefined) {
+      this.adapter.setHeader(this.res, 'Retry-After', String(exception.retryAfterSeconds));
+    }
+    return exception;
+  }
+
+  private fingerprintOf(req: HttpRequest): string {
+    try {
+      return fingerprintRequest(
+        {
+          method: req.method,
+          path: (req.originalUrl ?? req.url).split('?', 1)[0],
+          query: req.query,
+          body: req.body,
+          rawBody: req.rawBody,
+          contentType: req.headers['content-type'] as string | undefined,
+        },
+        this.route.ignoreFields,
+      );
+    } catch (error) {
+      if (error instanceof IdempotencyError) throw payloadUnsupported(error.message);
+      throw error;
+    }
+  }
+}
+
+function toHttpException(refusal: GuardRefusal, route: GuardedRoute): IdempotencyHttpException {
+  switch (refusal.reason) {
+    case 'key_missing':
+      return keyMissing(route.keySource);
+    case 'in_progress':
+      return inProgress(Math.max(1, Math.ceil(refusal.retryAfterMs / 1000)));
+    case 'key_reused':
+      return keyReused();
+    case 'store_unavailable':
+      return storeUnavailable(1);
+  }
 }
 
 /** Whether a handler's value can be saved as JSON text and replayed as the same answer. */

@@ -1,0 +1,40 @@
+import type { ClaimInput, ClaimResult, IdempotencyStore, SettleWatch } from '../stores/idempotency-store.js';
+
+/**
+ * Waits for a processing key to settle, up to `waitMs`: watch, re-claim (so a settlement in
+ * between is not missed), then sleep until the store pushes the settlement or the lease ends.
+ * Returns the last claim: completed (replay), acquired (the first one failed: run), or still
+ * in progress at the bound (409). A store that cannot watch ends the wait at once (`onWatchError`).
+ */
+export async function awaitSettled(
+  store: IdempotencyStore,
+  input: ClaimInput,
+  first: ClaimResult,
+  waitMs: number,
+  onWatchError: (error: unknown) => void,
+): Promise<ClaimResult> {
+  const deadline = Date.now() + waitMs;
+  let claim = first;
+  while (claim.status === 'in_progress') {
+    const leftMs = deadline - Date.now();
+    if (leftMs <= 0) break;
+    let watch: SettleWatch;
+    try {
+      watch = await store.watch(input.key);
+    } catch (error) {
+      onWatchError(error);
+      break;
+    }
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      claim = await store.claim({ ...input, wait: true });
+      if (claim.status !== 'in_progress') break;
+      const sleepMs = Math.min(leftMs, claim.retryAfterMs + 1);
+      await Promise.race([watch.settled, new Promise((resolve) => (timer = setTimeout(resolve, sleepMs)))]);
+    } finally {
+      clearTimeout(timer);
+      watch.cancel();
+    }
+  }
+  return claim;
+}
