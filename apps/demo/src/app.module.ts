@@ -10,6 +10,7 @@ import { Invoice } from './invoices/invoice.entity.js';
 import { InvoicesModule } from './invoices/invoices.module.js';
 import { DEMO_MIGRATIONS } from './migrations/index.js';
 import { Order } from './orders/order.entity.js';
+import { OpsModule } from './ops/ops.module.js';
 import { OrdersModule } from './orders/orders.module.js';
 import { PaymentEventsModule } from './payments/payment-events.module.js';
 import type { PaymentEventsFaults } from './payments/payment-events.options.js';
@@ -40,6 +41,7 @@ export class AppModule {
     const idempotency: IdempotencyModuleOptions = {
       keyPrefix: options.keyPrefix ?? 'demo',
       leaseSeconds: options.leaseSeconds,
+      metrics: true,
     };
     if (options.redisUrl) idempotency.store = { redis: options.redisUrl };
     const paymentEvents = options.rabbitmqUrl
@@ -72,6 +74,7 @@ export class AppModule {
         IdempotencyModule.forRoot(idempotency),
         OrdersModule,
         InvoicesModule,
+        OpsModule,
         ...paymentEvents,
       ],
       providers: [

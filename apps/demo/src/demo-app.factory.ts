@@ -2,6 +2,7 @@ import type { INestApplication, LoggerService, LogLevel } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-express';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
+import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
 import { AppModule, type AppModuleOptions } from './app.module.js';
 
 /** Largest request body accepted, on both adapters: 1 MiB. */
@@ -36,6 +37,7 @@ export async function createDemoApp(options: DemoAppOptions): Promise<INestAppli
   if (options.adapter === 'fastify') {
     const adapter = new FastifyAdapter({ bodyLimit: BODY_LIMIT_BYTES });
     const app = await NestFactory.create<NestFastifyApplication>(module, adapter, appOptions);
+    serveApiDocs(app);
     await initOrClose(app, async () => {
       await app.init();
       await app.getHttpAdapter().getInstance().ready();
@@ -47,8 +49,22 @@ export async function createDemoApp(options: DemoAppOptions): Promise<INestAppli
   // Registered before init(), so Nest does not add its default parsers (100 kB limit).
   app.useBodyParser('json', { limit: BODY_LIMIT_BYTES });
   app.useBodyParser('urlencoded', { limit: BODY_LIMIT_BYTES, extended: true });
+  serveApiDocs(app);
   await initOrClose(app, () => app.init());
   return app;
+}
+
+/**
+ * OpenAPI at `/docs` (JSON at `/docs-json`). The idempotency guard documents the key header and
+ * its 400/409/422/503 answers on every `@NoRepeatSubmit()` route by itself.
+ */
+function serveApiDocs(app: INestApplication): void {
+  const config = new DocumentBuilder()
+    .setTitle('Idempotency demo: orders, invoices, payments')
+    .setDescription('An order service guarded by @NoRepeatSubmit(), with the database as the layer behind it.')
+    .setVersion('0.1.0')
+    .build();
+  SwaggerModule.setup('docs', app, () => SwaggerModule.createDocument(app, config));
 }
 
 /**

@@ -1,5 +1,9 @@
 import { Module } from '@nestjs/common';
 import { IdempotencyCounters } from './metrics/idempotency-counters.js';
+import { createPrometheusSink } from './metrics/prometheus-metrics.js';
+import { documentDecoratedRoutes } from './openapi/idempotency-openapi.js';
+
+const IDEMPOTENCY_OPENAPI = Symbol('IDEMPOTENCY_OPENAPI');
 import { IDEMPOTENCY_RESOLVED_OPTIONS, resolveOptions } from './idempotency.config.js';
 import { ConfigurableIdempotencyModule, IDEMPOTENCY_MODULE_OPTIONS } from './idempotency.module-definition.js';
 import type { IdempotencyModuleOptions } from './idempotency.options.js';
@@ -23,7 +27,18 @@ import { IdempotencyStore } from './stores/idempotency-store.js';
       inject: [IDEMPOTENCY_MODULE_OPTIONS],
       useFactory: (options: IdempotencyModuleOptions) => createStore(options),
     },
-    IdempotencyCounters,
+    {
+      provide: IdempotencyCounters,
+      inject: [IDEMPOTENCY_MODULE_OPTIONS],
+      useFactory: async ({ metrics }: IdempotencyModuleOptions) =>
+        new IdempotencyCounters(metrics ? await createPrometheusSink(metrics === true ? {} : metrics) : undefined),
+    },
+    {
+      // Documents decorated routes in OpenAPI when @nestjs/swagger is installed; resolved while
+      // the app is created, so before SwaggerModule.createDocument().
+      provide: IDEMPOTENCY_OPENAPI,
+      useFactory: documentDecoratedRoutes,
+    },
   ],
   exports: [IDEMPOTENCY_RESOLVED_OPTIONS, IdempotencyStore, IdempotencyCounters],
 })

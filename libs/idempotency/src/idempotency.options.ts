@@ -1,5 +1,6 @@
 import type { ExecutionContext } from '@nestjs/common';
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
+import type { PrometheusMetricsOptions } from './metrics/prometheus-metrics.js';
 import type { IdempotencyStore } from './stores/idempotency-store.js';
 
 /** What to do when the store cannot be reached: run unguarded ('open') or answer 503 ('closed'). */
@@ -45,6 +46,11 @@ export interface IdempotencyModuleOptions {
   ignoreFields?: string[];
   /** Maximum entries of the default memory store. Default 100,000. */
   memoryMaxEntries?: number;
+  /**
+   * Prometheus metrics (needs `prom-client`): `true` for the global registry, or
+   * `{ registry, prefix }`. Default off; `IdempotencyCounters` keeps totals either way.
+   */
+  metrics?: boolean | PrometheusMetricsOptions;
 }
 
 /** Options of `@NoRepeatSubmit()`; each overrides the module's option of the same name. */

@@ -7,7 +7,12 @@ export type {
 } from './idempotency.options.js';
 export { NoRepeatSubmit } from './decorators/no-repeat-submit.decorator.js';
 export { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
-export { IdempotencyCounters } from './metrics/idempotency-counters.js';
+export {
+  IdempotencyCounters,
+  type IdempotencyMetricsSink,
+  type IdempotencyOutcome,
+} from './metrics/idempotency-counters.js';
+export type { PrometheusMetricsOptions } from './metrics/prometheus-metrics.js';
 export type { GuardedRoute } from './interceptors/guarded-route.js';
 export {
   IdempotencyStore,

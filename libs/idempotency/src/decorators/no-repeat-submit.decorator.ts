@@ -4,6 +4,7 @@ import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
 import type { KeyResolver, NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { IdempotencyInterceptor } from '../interceptors/idempotency.interceptor.js';
 import { parseKeyExpression, type KeyPath } from '../keys/key-expression.js';
+import { rememberDecoratedPlace } from '../openapi/idempotency-openapi.js';
 
 /** What `@NoRepeatSubmit()` records on a handler or controller, checked when the class loads. */
 export interface NoRepeatSubmitMetadata {
@@ -46,5 +47,6 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
       UseInterceptors(IdempotencyInterceptor),
     );
     decorate(target, propertyKey!, descriptor!);
+    rememberDecoratedPlace({ target, propertyKey, descriptor, metadata });
   };
 }

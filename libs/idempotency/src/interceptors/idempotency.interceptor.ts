@@ -58,37 +58,37 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
     let claim: ClaimResult;
     try {
-      claim = await this.store.claim(input);
+      claim = await this.timed('claim', () => this.store.claim(input));
       if (claim.status === 'in_progress' && config.waitForResultMs > 0) {
-        this.counters.waited++;
+        this.counters.count('waited', config.handler);
         claim = await awaitSettled(this.store, input, claim, config.waitForResultMs, (error) => {
-          this.counters.storeErrors++;
+          this.counters.count('storeErrors', config.handler);
           this.logger.warn(`${config.handler}: cannot wait for the first result: ${(error as Error).message}`);
         });
       }
     } catch (error) {
-      this.counters.storeErrors++;
+      this.counters.count('storeErrors', config.handler);
       const message = `${config.handler}: idempotency store unavailable, ${(error as Error).message}`;
       if (config.failMode === 'closed') {
         this.logger.warn(`${message}; refusing`);
         return exchange.refuse({ reason: 'store_unavailable' });
       }
-      this.counters.failOpen++;
+      this.counters.count('failOpen', config.handler);
       this.logger.warn(`${message}; running unguarded`);
       return next.handle();
     }
     switch (claim.status) {
       case 'in_progress':
-        this.counters.inProgress++;
+        this.counters.count('inProgress', config.handler);
         return exchange.refuse({ reason: 'in_progress', retryAfterMs: claim.retryAfterMs });
       case 'mismatch':
-        this.counters.mismatched++;
+        this.counters.count('mismatched', config.handler);
         return exchange.refuse({ reason: 'key_reused' });
       case 'completed':
-        this.counters.replayed++;
+        this.counters.count('replayed', config.handler);
         return of(exchange.replay(claim.response));
       case 'acquired':
-        this.counters.acquired++;
+        this.counters.count('acquired', config.handler);
         return this.runOwned(next, input, config, exchange);
     }
   }
@@ -152,38 +152,50 @@ export class IdempotencyInterceptor implements NestInterceptor {
         return value;
       }),
       catchError(async (error: unknown) => {
-        if (settle()) await this.release(key, token);
+        if (settle()) await this.release(key, token, config.handler);
         throw error;
       }),
       // Completed without a value, or the client went away: free the key for a retry.
       finalize(() => {
-        if (settle()) void this.release(key, token);
+        if (settle()) void this.release(key, token, config.handler);
       }),
     );
   }
 
   private async save(value: unknown, key: string, token: string, config: GuardedRoute, exchange: GuardExchange) {
     const response = exchange.capture(value);
-    if (!response) return this.release(key, token);
+    if (!response) return this.release(key, token, config.handler);
     try {
-      const saved = await this.store.complete(key, token, response, config.expireMs);
+      const saved = await this.timed('complete', () => this.store.complete(key, token, response, config.expireMs));
       if (!saved) {
-        this.counters.lateCompletions++;
+        this.counters.count('lateCompletions', config.handler);
         this.logger.warn(`${config.handler}: the lease ran out before the handler finished; its response was not saved`);
       }
     } catch (error) {
       // The business effect happened: answer it. The claim expires with its lease.
-      this.counters.storeErrors++;
+      this.counters.count('storeErrors', config.handler);
       this.logger.error(`${config.handler}: could not save the response: ${(error as Error).message}`);
     }
   }
 
-  private async release(key: string, token: string): Promise<void> {
+  private async release(key: string, token: string, handler: string): Promise<void> {
     try {
-      if (await this.store.release(key, token)) this.counters.released++;
+      if (await this.timed('release', () => this.store.release(key, token))) this.counters.count('released', handler);
     } catch (error) {
-      this.counters.storeErrors++;
+      this.counters.count('storeErrors', handler);
       this.logger.error(`Could not release an idempotency key (it frees when its lease ends): ${(error as Error).message}`);
+    }
+  }
+
+  /** Runs a store call, timing it when a metrics sink is configured. */
+  private async timed<T>(operation: 'claim' | 'complete' | 'release', call: () => Promise<T>): Promise<T> {
+    const { sink } = this.counters;
+    if (!sink) return call();
+    const started = performance.now();
+    try {
+      return await call();
+    } finally {
+      sink.observeStore(operation, (performance.now() - started) / 1000);
     }
   }
 

@@ -1,8 +1,30 @@
 import { Injectable } from '@nestjs/common';
 
-/** What the guard decided, counted since start; one instance per application (module provider). */
+/** What the guard decided for one call. */
+export type IdempotencyOutcome =
+  | 'acquired'
+  | 'replayed'
+  | 'inProgress'
+  | 'waited'
+  | 'mismatched'
+  | 'released'
+  | 'lateCompletions'
+  | 'storeErrors'
+  | 'failOpen';
+
+/** Where outcomes go besides the totals (Prometheus, when `metrics` is on). */
+export interface IdempotencyMetricsSink {
+  count(outcome: IdempotencyOutcome, handler: string): void;
+  /** Duration of one store call, in seconds. */
+  observeStore(operation: 'claim' | 'complete' | 'release', seconds: number): void;
+}
+
+/**
+ * What the guard decided, counted since start: totals here, and per handler in the metrics sink
+ * when one is configured. One instance per application (a module provider).
+ */
 @Injectable()
-export class IdempotencyCounters {
+export class IdempotencyCounters implements Record<IdempotencyOutcome, number> {
   /** Claims won: the handler ran. */
   acquired = 0;
   /** Duplicates answered with the saved response. */
@@ -15,10 +37,17 @@ export class IdempotencyCounters {
   mismatched = 0;
   /** Claims released after an exception or an unsaveable response. */
   released = 0;
-  /** Completions refused because the lease had run out (another request may have run). */
+  /** Completions refused because the lease had run out: another request took the key over. */
   lateCompletions = 0;
   /** Store calls that failed. */
   storeErrors = 0;
   /** Requests run unguarded because the store was down (fail-open). */
   failOpen = 0;
+
+  constructor(readonly sink?: IdempotencyMetricsSink) {}
+
+  count(outcome: IdempotencyOutcome, handler: string): void {
+    this[outcome]++;
+    this.sink?.count(outcome, handler);
+  }
 }

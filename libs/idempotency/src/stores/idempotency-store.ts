@@ -74,6 +74,11 @@ export abstract class IdempotencyStore {
   /** Reads a record without changing it (tooling, tests). */
   abstract get(key: string): Promise<StoredRecord | undefined>;
 
+  /** Checks the store answers (health checks); throws when it does not. Default: one read. */
+  async ping(): Promise<void> {
+    await this.get('health:ping');
+  }
+
   /**
    * Watches `key` for its settlement, for duplicates that wait for the first result instead of
    * a 409. Register the watch first, then claim with `wait: true`, then await `settled`: a

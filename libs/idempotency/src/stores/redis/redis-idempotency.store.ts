@@ -131,6 +131,10 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     );
   }
 
+  override async ping(): Promise<void> {
+    await this.run(() => this.client.ping());
+  }
+
   /** Pushed: one subscriber connection per store hears the keys the scripts publish. */
   override async watch(key: string): Promise<SettleWatch> {
     await (this.subscribing ??= this.subscribe().catch((error: unknown) => {

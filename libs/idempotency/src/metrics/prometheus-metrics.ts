@@ -1,0 +1,54 @@
+import type { Registry } from 'prom-client';
+import type { IdempotencyMetricsSink, IdempotencyOutcome } from './idempotency-counters.js';
+
+/** Prometheus metrics of the guard (`metrics` option; `prom-client` is an optional peer). */
+export interface PrometheusMetricsOptions {
+  /** Registry to register on. Default: prom-client's global registry. */
+  registry?: Registry;
+  /** Metric name prefix. Default `idempotency_`. */
+  prefix?: string;
+}
+
+const OUTCOME_LABELS: Record<IdempotencyOutcome, string> = {
+  acquired: 'acquired',
+  replayed: 'replayed',
+  inProgress: 'in_progress',
+  waited: 'waited',
+  mismatched: 'key_reused',
+  released: 'released',
+  lateCompletions: 'lease_takeover',
+  storeErrors: 'store_error',
+  failOpen: 'fail_open',
+};
+
+/**
+ * `<prefix>requests_total{handler, outcome}` (handler = `Controller.method`, so label values are
+ * bounded by the routes) and `<prefix>store_duration_seconds{operation}`.
+ */
+export async function createPrometheusSink(options: PrometheusMetricsOptions = {}): Promise<IdempotencyMetricsSink> {
+  const prom = await import('prom-client');
+  const registry = options.registry ?? prom.register;
+  const prefix = options.prefix ?? 'idempotency_';
+  // Reused when already registered: an app created twice in one process shares its metrics.
+  const requests =
+    (registry.getSingleMetric(`${prefix}requests_total`) as InstanceType<typeof prom.Counter<'handler' | 'outcome'>>) ??
+    new prom.Counter({
+      name: `${prefix}requests_total`,
+      help: 'Calls through the idempotency guard, by handler and outcome',
+      labelNames: ['handler', 'outcome'] as const,
+      registers: [registry],
+    });
+  const store =
+    (registry.getSingleMetric(`${prefix}store_duration_seconds`) as InstanceType<typeof prom.Histogram<'operation'>>) ??
+    new prom.Histogram({
+      name: `${prefix}store_duration_seconds`,
+      help: 'Duration of idempotency store calls',
+      labelNames: ['operation'] as const,
+      buckets: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1],
+      registers: [registry],
+    });
+  return {
+    count: (outcome, handler) => requests.inc({ handler, outcome: OUTCOME_LABELS[outcome] }),
+    observeStore: (operation, seconds) => store.observe({ operation }, seconds),
+  };
+}
