@@ -15,8 +15,10 @@ import { DATABASE_URL } from './support/services.js';
 const MIGRATIONS = [
   'IdempotencyRecords1764460800000',
   'IdempotencyConsumeLog1764460800001',
+  'IdempotencyOutcomes1764547200000',
   'DemoOrders1795996800000',
   'DemoInvoices1795996800001',
+  'DemoXmlUploads1796083200000',
 ];
 
 async function admin<T>(work: (client: pg.Client) => Promise<T>, url = DATABASE_URL): Promise<T> {

@@ -2,6 +2,7 @@ import { Module, type DynamicModule } from '@nestjs/common';
 import { APP_FILTER, APP_GUARD, APP_PIPE } from '@nestjs/core';
 import { TypeOrmModule } from '@nestjs/typeorm';
 import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS, IdempotencyModule } from '../../../libs/idempotency/src/index.js';
+import { IDEMPOTENCY_OUTCOME_ENTITIES, IDEMPOTENCY_OUTCOME_MIGRATIONS } from '../../../libs/idempotency/src/outcomes/index.js';
 import type { IdempotencyModuleOptions } from '../../../libs/idempotency/src/idempotency.options.js';
 import { DemoExceptionFilter } from './demo-exception.filter.js';
 import { DemoUserGuard } from './demo-user.guard.js';
@@ -14,6 +15,9 @@ import { OpsModule } from './ops/ops.module.js';
 import { OrdersModule } from './orders/orders.module.js';
 import { PaymentEventsModule } from './payments/payment-events.module.js';
 import type { PaymentEventsFaults } from './payments/payment-events.options.js';
+import { UploadsModule } from './uploads/uploads.module.js';
+import type { UploadsOptions } from './uploads/uploads.options.js';
+import { XmlUpload } from './uploads/xml-upload.entity.js';
 
 export interface AppModuleOptions {
   /** PostgreSQL connection URL. */
@@ -30,10 +34,12 @@ export interface AppModuleOptions {
   paymentQueue?: string;
   /** FOR TESTS ONLY: faults the payment consumer injects once each (see `PaymentEventsFaults`). */
   paymentEventsFaults?: PaymentEventsFaults;
+  /** XML uploads: body limit, lease, retention, purge interval (see `UploadsOptions`). */
+  uploads?: UploadsOptions;
 }
 
 /** Every entity of the demo's database: the library's tables and the demo's own. */
-export const DEMO_ENTITIES = [...IDEMPOTENCY_ENTITIES, Order, Invoice];
+export const DEMO_ENTITIES = [...IDEMPOTENCY_ENTITIES, ...IDEMPOTENCY_OUTCOME_ENTITIES, Order, Invoice, XmlUpload];
 
 @Module({})
 export class AppModule {
@@ -62,7 +68,7 @@ export class AppModule {
           entities: DEMO_ENTITIES,
           // The schema comes from migrations only, run at start-up (each once: TypeORM records
           // them in its `migrations` table, in one transaction).
-          migrations: [...IDEMPOTENCY_MIGRATIONS, ...DEMO_MIGRATIONS],
+          migrations: [...IDEMPOTENCY_MIGRATIONS, ...IDEMPOTENCY_OUTCOME_MIGRATIONS, ...DEMO_MIGRATIONS],
           migrationsRun: true,
           synchronize: false,
           // gen_random_uuid() is built in since PostgreSQL 13; uuid-ossp may not be installed.
@@ -74,6 +80,7 @@ export class AppModule {
         IdempotencyModule.forRoot(idempotency),
         OrdersModule,
         InvoicesModule,
+        UploadsModule.register(options.uploads),
         OpsModule,
         ...paymentEvents,
       ],

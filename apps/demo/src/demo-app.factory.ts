@@ -4,6 +4,7 @@ import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-ex
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
 import { AppModule, type AppModuleOptions } from './app.module.js';
+import { XML_MEDIA_TYPES } from './uploads/xml-body.guard.js';
 
 /** Largest request body accepted, on both adapters: 1 MiB. */
 export const BODY_LIMIT_BYTES = 1024 * 1024;
@@ -26,6 +27,8 @@ export interface DemoAppOptions extends AppModuleOptions {
  */
 export async function createDemoApp(options: DemoAppOptions): Promise<INestApplication> {
   const module = AppModule.register(options);
+  // XML uploads keep their raw bytes (`request.rawBody`), the contract of their content hash.
+  const xmlBodyLimit = options.uploads?.bodyLimitBytes ?? BODY_LIMIT_BYTES;
   const appOptions = {
     // The idempotency guard fingerprints the raw bytes of non-JSON bodies.
     rawBody: true,
@@ -37,6 +40,7 @@ export async function createDemoApp(options: DemoAppOptions): Promise<INestAppli
   if (options.adapter === 'fastify') {
     const adapter = new FastifyAdapter({ bodyLimit: BODY_LIMIT_BYTES });
     const app = await NestFactory.create<NestFastifyApplication>(module, adapter, appOptions);
+    app.useBodyParser(XML_MEDIA_TYPES, { bodyLimit: xmlBodyLimit });
     serveApiDocs(app);
     await initOrClose(app, async () => {
       await app.init();
@@ -49,6 +53,7 @@ export async function createDemoApp(options: DemoAppOptions): Promise<INestAppli
   // Registered before init(), so Nest does not add its default parsers (100 kB limit).
   app.useBodyParser('json', { limit: BODY_LIMIT_BYTES });
   app.useBodyParser('urlencoded', { limit: BODY_LIMIT_BYTES, extended: true });
+  app.useBodyParser('raw', { type: XML_MEDIA_TYPES, limit: xmlBodyLimit });
   serveApiDocs(app);
   await initOrClose(app, () => app.init());
   return app;

@@ -54,3 +54,22 @@ export {
   type PostgresIdempotencyStoreOptions,
 } from './stores/postgres/postgres-idempotency.store.js';
 export { IdempotencyRecordEntity, IDEMPOTENCY_RECORDS_TABLE } from './stores/postgres/idempotency-record.entity.js';
+export { ContentDigest, ContentHash } from './content-hash/content-digest.decorator.js';
+export {
+  CONTENT_DIGEST_METADATA,
+  ContentDigestGuard,
+  type ContentDigestOptions,
+  type ContentHashedRequest,
+} from './content-hash/content-digest.guard.js';
+export {
+  CONTENT_HASH_HEADER,
+  parseContentHashHeader,
+  parseIfMatchDigest,
+  readClientDigests,
+  sha256Hex,
+  type ClientDigest,
+  type ClientDigests,
+  type DigestSource,
+} from './content-hash/content-digest.js';
+export { ContentHashErrorCode, ContentHashHttpException } from './content-hash/content-hash.exceptions.js';
+export { readRequestId, REQUEST_ID_HEADERS, type RequestIdHeader } from './outcomes/request-id.js';

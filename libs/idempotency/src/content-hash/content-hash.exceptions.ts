@@ -1,0 +1,59 @@
+import { HttpException, HttpStatus } from '@nestjs/common';
+
+/** Stable, machine-readable codes of `@ContentDigest()`'s HTTP answers. */
+export const ContentHashErrorCode = Object.freeze({
+  /** 400: the client's digest differs from the SHA-256 of the bytes that arrived. */
+  MISMATCH: 'CONTENT_HASH_MISMATCH',
+  /** 400: `X-Content-Hash` or `If-Match` is not a usable SHA-256 digest. */
+  INVALID: 'CONTENT_HASH_INVALID',
+  /** 400: the route requires a digest (`required: true`) and the request has none. */
+  MISSING: 'CONTENT_HASH_MISSING',
+  /** 415: the body's raw bytes are not available for this content type. */
+  UNAVAILABLE: 'CONTENT_HASH_UNAVAILABLE',
+});
+export type ContentHashErrorCode = (typeof ContentHashErrorCode)[keyof typeof ContentHashErrorCode];
+
+/**
+ * An HTTP answer of `@ContentDigest()`: Nest's usual JSON shape plus `code`
+ * (`{ statusCode, error, message, code }`), and for a mismatch the `contentHash` the server
+ * computed and the `bytes` it hashed, so a client can see what arrived.
+ */
+export class ContentHashHttpException extends HttpException {
+  constructor(
+    readonly code: ContentHashErrorCode,
+    status: HttpStatus,
+    error: string,
+    message: string,
+    extra: Record<string, unknown> = {},
+  ) {
+    super({ statusCode: status, error, message, code, ...extra }, status);
+  }
+}
+
+export const contentHashMismatch = (source: string, contentHash: string, bytes: number) =>
+  new ContentHashHttpException(
+    ContentHashErrorCode.MISMATCH,
+    HttpStatus.BAD_REQUEST,
+    'Bad Request',
+    `The ${source} digest does not match the SHA-256 of the ${bytes} bytes received: send the exact bytes you hashed (no re-encoding, no line-ending changes), or no digest.`,
+    { contentHash, bytes },
+  );
+
+export const contentHashInvalid = (reason: string) =>
+  new ContentHashHttpException(ContentHashErrorCode.INVALID, HttpStatus.BAD_REQUEST, 'Bad Request', `${reason}.`);
+
+export const contentHashMissing = () =>
+  new ContentHashHttpException(
+    ContentHashErrorCode.MISSING,
+    HttpStatus.BAD_REQUEST,
+    'Bad Request',
+    'Send the SHA-256 of the body as X-Content-Hash: <hex> or If-Match: "sha256:<hex>".',
+  );
+
+export const contentHashUnavailable = (contentType: string) =>
+  new ContentHashHttpException(
+    ContentHashErrorCode.UNAVAILABLE,
+    HttpStatus.UNSUPPORTED_MEDIA_TYPE,
+    'Unsupported Media Type',
+    `This endpoint cannot read a ${contentType || 'body without Content-Type'} body as bytes: send one of the media types it accepts.`,
+  );

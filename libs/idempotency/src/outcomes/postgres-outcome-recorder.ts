@@ -1,0 +1,248 @@
+import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
+import { randomUUID } from 'node:crypto';
+import type { DataSource, EntityManager, QueryResult, QueryRunner } from 'typeorm';
+import { IdempotencyConfigError, IdempotencyStoreError } from '../errors/idempotency.errors.js';
+import { uniqueViolationOf } from '../persistence/unique-violation.js';
+import {
+  answerFromFound,
+  IDEMPOTENCY_OUTCOMES_TABLE,
+  outcomeOf,
+  type FoundRecord,
+  type HeldOutcome,
+  type OutcomeClaim,
+  type OutcomeClaimInput,
+  type OutcomeState,
+  type RecordedOutcome,
+} from './outcome-claim.js';
+import { claimSql, finishSql, getSql, lockSql, purgeSql } from './postgres-outcome-recorder.sql.js';
+
+export interface PostgresOutcomeRecorderOptions {
+  /** Table, `name` or `schema.name`. Default `idempotency_outcomes` in the DataSource's `schema`. */
+  tableName?: string;
+  /** Lease of a claim, milliseconds, unless the claim sets its own. Default 30,000. */
+  leaseMs?: number;
+  /** How long SUCCESS and FAILED records are kept (and repeats recognised), milliseconds. Default 7 days. */
+  retentionMs?: number;
+  /**
+   * Deletes expired records every this many milliseconds, from `onModuleInit` until
+   * `onApplicationShutdown` (an unref'd timer). Default: never; call `purgeExpired()` yourself.
+   */
+  purgeIntervalMs?: number;
+  /** Rows one purge statement deletes at most. Default 1000. */
+  purgeBatchSize?: number;
+}
+
+/** A live record, as `get` reads it. */
+export interface OutcomeRecordView {
+  recordId: string;
+  requestId: string | null;
+  contentHash: string;
+  state: OutcomeState;
+  attempt: number;
+  outcome?: RecordedOutcome;
+  /** Milliseconds until the lease (PROCESSING) or the retention (SUCCESS, FAILED) ends. */
+  ttlMs: number;
+}
+
+type ClaimRow = FoundRecord & { kind: 'acquired' | 'found'; attempt: number | null; previous_state: OutcomeState | null };
+
+const DEFAULT_LEASE_MS = 30_000;
+const DEFAULT_RETENTION_MS = 7 * 24 * 60 * 60 * 1000;
+/** How often a claim runs again when its snapshot missed a concurrent commit (see `claimSql`). */
+const CLAIM_ATTEMPTS = 5;
+/** PostgreSQL `deadlock_detected`: two claims took the same rows' locks in another order. */
+const DEADLOCK = '40P01';
+
+/**
+ * Durable outcomes of operations known by a request id AND by a content hash (two layers: the
+ * request id first, then the content), on PostgreSQL. A record is PROCESSING (with a lease),
+ * SUCCESS (its answer is replayed) or FAILED (the operation may run again), until its retention
+ * ends. Each operation is one statement, timed by the database clock; every write is fenced by
+ * the claim's owner token, so a late owner whose record was taken over writes nothing.
+ * Create the table with `IDEMPOTENCY_OUTCOME_MIGRATIONS`.
+ */
+export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutdown {
+  private readonly logger = new Logger(PostgresOutcomeRecorder.name);
+  private readonly sql: Record<'claim' | 'finish' | 'lock' | 'get' | 'purge', string>;
+  private readonly leaseMs: number;
+  private readonly retentionMs: number;
+  private timer?: NodeJS.Timeout;
+  private purging?: Promise<unknown>;
+
+  constructor(
+    readonly dataSource: DataSource,
+    private readonly options: PostgresOutcomeRecorderOptions = {},
+  ) {
+    if (dataSource.options.type !== 'postgres') {
+      throw new IdempotencyConfigError(`PostgresOutcomeRecorder needs a postgres DataSource, not ${dataSource.options.type}`);
+    }
+    this.leaseMs = positive('leaseMs', options.leaseMs ?? DEFAULT_LEASE_MS);
+    this.retentionMs = positive('retentionMs', options.retentionMs ?? DEFAULT_RETENTION_MS);
+    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_OUTCOMES_TABLE, dataSource.options.schema);
+    this.sql = { claim: claimSql(table), finish: finishSql(table), lock: lockSql(table), get: getSql(table), purge: purgeSql(table) };
+  }
+
+  /**
+   * Claims an operation: a new record, or the take-over of a FAILED or expired one (`acquired`);
+   * otherwise what holds it (`success` with the recorded answer, `processing`, `mismatch`).
+   * One statement; it runs again in the rare case its snapshot missed a concurrent claim.
+   */
+  async claim(input: OutcomeClaimInput): Promise<OutcomeClaim> {
+    const token = randomUUID();
+    const leaseMs = positive('leaseMs', input.leaseMs ?? this.leaseMs);
+    const params = [input.scope, input.requestId ?? null, input.contentHash, token, leaseMs];
+    for (let attempt = 1; attempt <= CLAIM_ATTEMPTS; attempt++) {
+      let rows: ClaimRow[];
+      try {
+        rows = (await this.run(this.sql.claim, params)).records as ClaimRow[];
+      } catch (error) {
+        // A key taken by a concurrent claim after this statement's snapshot, or a lock-order
+        // deadlock between two claims: both resolve on a fresh statement.
+        const cause = (error as Error).cause;
+        if (uniqueViolationOf(cause) || sqlStateOf(cause) === DEADLOCK) continue;
+        throw error;
+      }
+      const acquired = rows.find((row) => row.kind === 'acquired');
+      if (acquired) {
+        const held = { recordId: String(acquired.id), token, attempt: acquired.attempt ?? 1 };
+        return acquired.previous_state ? { status: 'acquired', held, previousState: acquired.previous_state } : { status: 'acquired', held };
+      }
+      const answer = answerFromFound(rows.map(normalized), input);
+      if (answer) return answer;
+    }
+    throw new IdempotencyStoreError(`PostgreSQL outcome claim in ${JSON.stringify(input.scope)} found no answer in ${CLAIM_ATTEMPTS} attempts`);
+  }
+
+  /** Records SUCCESS and its answer if `held` still holds the record; false when refused. */
+  succeed(held: HeldOutcome, outcome: RecordedOutcome): Promise<boolean> {
+    return this.finish(held, 'SUCCESS', outcome);
+  }
+
+  /**
+   * Records FAILED (the operation may run again: the next claim takes the record over) with the
+   * answer given this time, if `held` still holds the record; false when refused.
+   */
+  fail(held: HeldOutcome, outcome: RecordedOutcome): Promise<boolean> {
+    return this.finish(held, 'FAILED', outcome);
+  }
+
+  /**
+   * Runs `work` and records SUCCESS with the answer it returns, in ONE transaction that first
+   * locks the record, and only if `held` still holds it. So the work's writes (through the
+   * `EntityManager` given to it) and the record commit together; a late owner whose record was
+   * taken over runs nothing and gets `{ recorded: false }`. If `work` throws, everything rolls
+   * back and the error is rethrown (the record stays PROCESSING: `fail` it).
+   * Keep `work` short: claims of the same record wait for the transaction.
+   */
+  async succeedWith(
+    held: HeldOutcome,
+    work: (manager: EntityManager) => Promise<RecordedOutcome>,
+  ): Promise<{ recorded: true; outcome: RecordedOutcome } | { recorded: false }> {
+    return this.dataSource.transaction(async (manager) => {
+      const runner = manager.queryRunner!;
+      const locked = await this.run(this.sql.lock, [held.recordId, held.token], runner);
+      if (locked.records.length === 0) return { recorded: false };
+      const outcome = await work(manager);
+      const finished = await this.run(this.sql.finish, this.finishParams(held, 'SUCCESS', outcome), runner);
+      if (finished.affected !== 1) throw new IdempotencyStoreError(`Outcome record ${held.recordId} changed while locked`);
+      return { recorded: true, outcome };
+    });
+  }
+
+  /** The live record of a request id, or else of a content hash, in `scope`. */
+  async get(scope: string, key: { requestId: string } | { contentHash: string }): Promise<OutcomeRecordView | undefined> {
+    const params = 'requestId' in key ? [scope, key.requestId, null] : [scope, null, key.contentHash];
+    const [row] = (await this.run(this.sql.get, params)).records as (FoundRecord & { attempt: number; ttl_ms: number })[];
+    if (!row) return undefined;
+    const view: OutcomeRecordView = {
+      recordId: String(row.id),
+      requestId: row.request_id,
+      contentHash: row.content_hash,
+      state: row.state,
+      attempt: row.attempt,
+      ttlMs: row.ttl_ms,
+    };
+    if (row.state !== 'PROCESSING') view.outcome = outcomeOf(row);
+    return view;
+  }
+
+  /** Deletes expired records (retention over, or an abandoned lease) in batches; returns how many. */
+  async purgeExpired(): Promise<number> {
+    const batch = this.options.purgeBatchSize ?? 1000;
+    let total = 0;
+    for (;;) {
+      const deleted = (await this.run(this.sql.purge, [batch])).affected ?? 0;
+      total += deleted;
+      if (deleted < batch) return total;
+    }
+  }
+
+  onModuleInit(): void {
+    const intervalMs = this.options.purgeIntervalMs;
+    if (!intervalMs || this.timer) return;
+    this.timer = setInterval(() => this.purgeInBackground(), intervalMs);
+    this.timer.unref();
+  }
+
+  async onApplicationShutdown(): Promise<void> {
+    clearInterval(this.timer);
+    this.timer = undefined;
+    await this.purging;
+  }
+
+  private async finish(held: HeldOutcome, state: 'SUCCESS' | 'FAILED', outcome: RecordedOutcome): Promise<boolean> {
+    return (await this.run(this.sql.finish, this.finishParams(held, state, outcome))).affected === 1;
+  }
+
+  private finishParams(held: HeldOutcome, state: 'SUCCESS' | 'FAILED', outcome: RecordedOutcome): unknown[] {
+    const body = outcome.body === undefined ? null : JSON.stringify(outcome.body);
+    return [held.recordId, held.token, state, outcome.statusCode, body ?? null, this.retentionMs];
+  }
+
+  private purgeInBackground(): void {
+    if (this.purging) return;
+    this.purging = this.purgeExpired()
+      .then((count) => count > 0 && this.logger.debug(`Purged ${count} expired outcome records`))
+      .catch((error: Error) => this.logger.warn(`Purging expired outcome records failed: ${error.message}`))
+      .finally(() => (this.purging = undefined));
+  }
+
+  /**
+   * Runs one statement on `runner` (a transaction's) or a pooled connection; database errors
+   * become `IdempotencyStoreError` with the driver's error as `cause`.
+   */
+  private async run(sql: string, params: unknown[], runner?: QueryRunner): Promise<QueryResult> {
+    const own = runner ? undefined : this.dataSource.createQueryRunner();
+    try {
+      return await (runner ?? own!).query(sql, params, true);
+    } catch (error) {
+      throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
+    } finally {
+      await own?.release();
+    }
+  }
+}
+
+function sqlStateOf(error: unknown): unknown {
+  const shape = error as { code?: unknown; driverError?: { code?: unknown } } | undefined;
+  return shape?.driverError?.code ?? shape?.code;
+}
+
+/** pg returns bigint ids as text; keep them so, and the lease as a number. */
+function normalized(row: ClaimRow): FoundRecord {
+  return { ...row, id: String(row.id), remaining_ms: Number(row.remaining_ms ?? 0) };
+}
+
+function positive(name: string, value: number): number {
+  if (!Number.isFinite(value) || value <= 0) {
+    throw new IdempotencyConfigError(`PostgresOutcomeRecorder: ${name} must be a positive number of milliseconds, got ${value}`);
+  }
+  return value;
+}
+
+function qualifiedTable(name: string, schema: string | undefined): string {
+  const dot = name.indexOf('.');
+  const [owner, table] = dot > 0 ? [name.slice(0, dot), name.slice(dot + 1)] : [schema, name];
+  const quote = (identifier: string) => `"${identifier.replace(/"/g, '""')}"`;
+  return owner ? `${quote(owner)}.${quote(table)}` : quote(table);
+}
