@@ -1,12 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { createHash, randomUUID } from 'node:crypto';
-import pg from 'pg';
 import { DataSource } from 'typeorm';
-import { DATABASE_URL } from '../../../../test/support/services.js';
 import { IDEMPOTENCY_OUTCOME_MIGRATIONS } from './idempotency-outcomes.migration.js';
 import { IDEMPOTENCY_OUTCOME_ENTITIES } from './outcome-record.entity.js';
 import type { HeldOutcome, OutcomeClaim } from './outcome-claim.js';
 import { PostgresOutcomeRecorder } from './postgres-outcome-recorder.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../test/support/test-schema.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 const hash = (text: string) => createHash('sha256').update(text).digest('hex');
@@ -26,7 +25,7 @@ const held = (claim: OutcomeClaim): HeldOutcome => {
 };
 
 describe('PostgresOutcomeRecorder', () => {
-  const schema = `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  const schema = testSchemaName();
   let dataSource: DataSource;
   let recorder: PostgresOutcomeRecorder;
   const rows = async (sql: string, params: unknown[] = []) => dataSource.query(sql, params);
@@ -36,26 +35,17 @@ describe('PostgresOutcomeRecorder', () => {
   const newScope = () => `test:${randomUUID()}`;
 
   beforeAll(async () => {
-    const admin = new pg.Client({ connectionString: DATABASE_URL });
-    await admin.connect();
-    await admin.query(`CREATE SCHEMA "${schema}"`);
-    await admin.end();
-    dataSource = new DataSource({
-      type: 'postgres',
-      url: DATABASE_URL,
-      schema,
+    dataSource = await openSchemaDataSource(schema, {
       entities: IDEMPOTENCY_OUTCOME_ENTITIES,
       migrations: IDEMPOTENCY_OUTCOME_MIGRATIONS,
       migrationsRun: true,
       extra: { max: 40 },
     });
-    await dataSource.initialize();
     await dataSource.query(`CREATE TABLE "${schema}".effects (record_id bigint NOT NULL, note text NOT NULL)`);
     recorder = new PostgresOutcomeRecorder(dataSource);
   });
   afterAll(async () => {
-    await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
-    await dataSource.destroy();
+    await dropSchemaDataSource(dataSource);
   });
 
   describe('migration', () => {

@@ -2,8 +2,8 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
 import { Column, DataSource, Entity, PrimaryGeneratedColumn, type Repository } from 'typeorm';
-import { DATABASE_URL } from '../../../../test/support/services.js';
 import { transition } from './conditional-transition.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../test/support/test-schema.js';
 
 @Entity({ name: 'payments' })
 class Payment {
@@ -24,7 +24,7 @@ class Payment {
 }
 
 describe('transition (PostgreSQL)', () => {
-  const schema = `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  const schema = testSchemaName();
   let dataSource: DataSource;
   let payments: Repository<Payment>;
   const newPayment = async (status = 'PENDING') => (await payments.save(payments.create({ status }))).id;
@@ -32,15 +32,15 @@ describe('transition (PostgreSQL)', () => {
     transition(payments, { where: { id }, from: ['PENDING'], to: 'PAID', set: { transactionId, paidAt } });
 
   beforeAll(async () => {
-    dataSource = new DataSource({ type: 'postgres', url: DATABASE_URL, schema, entities: [Payment], extra: { max: 30 } });
-    await dataSource.initialize();
-    await dataSource.query(`CREATE SCHEMA "${schema}"`);
-    await dataSource.synchronize();
+    dataSource = await openSchemaDataSource(schema, {
+      entities: [Payment],
+      extra: { max: 30 },
+      synchronize: true,
+    });
     payments = dataSource.getRepository(Payment);
   });
   afterAll(async () => {
-    await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
-    await dataSource.destroy();
+    await dropSchemaDataSource(dataSource);
   });
 
   it('lets exactly one of 20 concurrent PENDING→PAID transitions change the row', async () => {

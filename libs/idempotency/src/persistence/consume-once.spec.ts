@@ -1,10 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
 import { Column, DataSource, Entity, PrimaryGeneratedColumn, type EntityManager } from 'typeorm';
-import { DATABASE_URL } from '../../../../test/support/services.js';
 import { ConsumeLogEntry } from './consume-log.entity.js';
 import { consumeOnce } from './consume-once.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../test/support/test-schema.js';
 
 /** The consumer's business effect; deliberately without a unique key, so every run shows. */
 @Entity({ name: 'ledger_lines' })
@@ -20,7 +19,7 @@ class LedgerLine {
 }
 
 describe('consumeOnce (PostgreSQL)', () => {
-  const schema = `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  const schema = testSchemaName();
   let dataSource: DataSource;
   const lines = (messageId: string) => dataSource.getRepository(LedgerLine).countBy({ messageId });
   const logged = (messageId: string) => dataSource.getRepository(ConsumeLogEntry).countBy({ messageId });
@@ -28,20 +27,15 @@ describe('consumeOnce (PostgreSQL)', () => {
     (await manager.insert(LedgerLine, { consumer, messageId })).identifiers[0].id as number;
 
   beforeAll(async () => {
-    dataSource = new DataSource({
-      type: 'postgres',
-      url: DATABASE_URL,
-      schema,
-      entities: [ConsumeLogEntry, LedgerLine],
+    dataSource = await openSchemaDataSource(schema, {
+      entities: [ConsumeLogEntry,
+      LedgerLine],
       extra: { max: 30 },
+      synchronize: true,
     });
-    await dataSource.initialize();
-    await dataSource.query(`CREATE SCHEMA "${schema}"`);
-    await dataSource.synchronize();
   });
   afterAll(async () => {
-    await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
-    await dataSource.destroy();
+    await dropSchemaDataSource(dataSource);
   });
 
   it('processes a message once and reports the redelivery as a duplicate without running the work', async () => {

@@ -1,9 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
 import { Column, DataSource, Entity, Index, PrimaryGeneratedColumn, QueryFailedError } from 'typeorm';
-import { DATABASE_URL } from '../../../../test/support/services.js';
 import { insertOnce } from './insert-once.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../test/support/test-schema.js';
 
 @Entity({ name: 'bookings' })
 @Index('uq_bookings_reference', ['reference'], { unique: true })
@@ -22,27 +21,21 @@ class Booking {
 }
 
 describe('insertOnce (PostgreSQL)', () => {
-  const schema = `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  const schema = testSchemaName();
   let dataSource: DataSource;
   const count = async (reference: string) =>
     dataSource.getRepository(Booking).countBy({ reference });
   const byReference = (reference: string) => () => ({ reference });
 
   beforeAll(async () => {
-    dataSource = new DataSource({
-      type: 'postgres',
-      url: DATABASE_URL,
-      schema,
+    dataSource = await openSchemaDataSource(schema, {
       entities: [Booking],
       extra: { max: 30 },
+      synchronize: true,
     });
-    await dataSource.initialize();
-    await dataSource.query(`CREATE SCHEMA "${schema}"`);
-    await dataSource.synchronize();
   });
   afterAll(async () => {
-    await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
-    await dataSource.destroy();
+    await dropSchemaDataSource(dataSource);
   });
 
   it('inserts a new row and returns it with the database defaults', async () => {

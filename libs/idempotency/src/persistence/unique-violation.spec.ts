@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { Column, DataSource, Entity, Index, PrimaryGeneratedColumn, QueryFailedError } from 'typeorm';
 import { DATABASE_URL } from '../../../../test/support/services.js';
 import { uniqueViolationOf } from './unique-violation.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../test/support/test-schema.js';
 
 @Entity({ name: 'gadgets' })
 @Index('uq_gadgets_serial', ['serial'], { unique: true })
@@ -19,19 +19,15 @@ class Gadget {
 }
 
 describe('uniqueViolationOf on PostgreSQL (real)', () => {
-  const schema = `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  const schema = testSchemaName();
   let dataSource: DataSource;
 
   beforeAll(async () => {
-    dataSource = new DataSource({ type: 'postgres', url: DATABASE_URL, schema, entities: [Gadget] });
-    await dataSource.initialize();
-    await dataSource.query(`CREATE SCHEMA "${schema}"`);
-    await dataSource.synchronize();
+    dataSource = await openSchemaDataSource(schema, { entities: [Gadget], synchronize: true });
     await dataSource.getRepository(Gadget).insert({ serial: 'S-1', name: 'first' });
   });
   afterAll(async () => {
-    await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
-    await dataSource.destroy();
+    await dropSchemaDataSource(dataSource);
   });
 
   it('names the constraint of a QueryFailedError from a duplicate insert', async () => {

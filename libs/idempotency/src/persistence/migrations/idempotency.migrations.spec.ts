@@ -1,13 +1,11 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { randomUUID } from 'node:crypto';
-import pg from 'pg';
 import { DataSource } from 'typeorm';
-import { DATABASE_URL } from '../../../../../test/support/services.js';
 import { IDEMPOTENCY_ENTITIES } from '../idempotency.entities.js';
 import { IDEMPOTENCY_MIGRATIONS } from './idempotency.migrations.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
 describe('IDEMPOTENCY_MIGRATIONS (PostgreSQL, custom schema)', () => {
-  const schema = `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  const schema = testSchemaName();
   let dataSource: DataSource;
   const tablesInSchema = async () =>
     (
@@ -18,23 +16,14 @@ describe('IDEMPOTENCY_MIGRATIONS (PostgreSQL, custom schema)', () => {
     ).map((row: { table_name: string }) => row.table_name);
 
   beforeAll(async () => {
-    const admin = new pg.Client({ connectionString: DATABASE_URL });
-    await admin.connect();
-    await admin.query(`CREATE SCHEMA "${schema}"`);
-    await admin.end();
-    dataSource = new DataSource({
-      type: 'postgres',
-      url: DATABASE_URL,
-      schema,
+    dataSource = await openSchemaDataSource(schema, {
       entities: IDEMPOTENCY_ENTITIES,
       migrations: IDEMPOTENCY_MIGRATIONS,
       migrationsRun: true,
     });
-    await dataSource.initialize();
   });
   afterAll(async () => {
-    await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
-    await dataSource.destroy();
+    await dropSchemaDataSource(dataSource);
   });
 
   it('creates both tables in the DataSource schema at start-up, and records the migrations there', async () => {

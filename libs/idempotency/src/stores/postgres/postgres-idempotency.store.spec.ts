@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
 import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
-import pg, { type Pool } from 'pg';
+import type { Pool } from 'pg';
 import { DataSource, type Logger as TypeOrmLogger } from 'typeorm';
 import { DATABASE_URL } from '../../../../../test/support/services.js';
 import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
@@ -9,6 +9,7 @@ import { IDEMPOTENCY_ENTITIES } from '../../persistence/idempotency.entities.js'
 import { IDEMPOTENCY_MIGRATIONS } from '../../persistence/migrations/idempotency.migrations.js';
 import { describeStoreContract } from '../store-contract.js';
 import { PostgresIdempotencyStore } from './postgres-idempotency.store.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
@@ -38,33 +39,24 @@ class StatementLog implements TypeOrmLogger {
 }
 
 describe('PostgresIdempotencyStore', () => {
-  const schema = `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+  const schema = testSchemaName();
   const statements = new StatementLog();
   let dataSource: DataSource;
   let store: PostgresIdempotencyStore;
   const rows = async (sql: string, params: unknown[] = []) => dataSource.query(sql, params);
 
   beforeAll(async () => {
-    const admin = new pg.Client({ connectionString: DATABASE_URL });
-    await admin.connect();
-    await admin.query(`CREATE SCHEMA "${schema}"`);
-    await admin.end();
-    dataSource = new DataSource({
-      type: 'postgres',
-      url: DATABASE_URL,
-      schema,
+    dataSource = await openSchemaDataSource(schema, {
       entities: IDEMPOTENCY_ENTITIES,
       migrations: IDEMPOTENCY_MIGRATIONS,
       migrationsRun: true,
       logger: statements,
       extra: { max: 50 },
     });
-    await dataSource.initialize();
     store = new PostgresIdempotencyStore(dataSource);
   });
   afterAll(async () => {
-    await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
-    await dataSource.destroy();
+    await dropSchemaDataSource(dataSource);
   });
 
   // Database expiry itself is under test here, so these wait real (short) leases out.

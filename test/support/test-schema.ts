@@ -1,0 +1,36 @@
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import { DataSource } from 'typeorm';
+import type { PostgresDataSourceOptions } from 'typeorm/driver/postgres/PostgresDataSourceOptions.js';
+import { DATABASE_URL } from './services.js';
+
+/** A fresh schema name, so that each spec has its tables to itself in the shared database. */
+export const testSchemaName = (): string => `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
+
+/**
+ * Creates `schema` and opens a DataSource on it (`synchronize` or `migrationsRun` as the options
+ * say): the schema exists before TypeORM builds anything in it.
+ */
+export async function openSchemaDataSource(
+  schema: string,
+  options: Omit<PostgresDataSourceOptions, 'type' | 'url' | 'schema'>,
+): Promise<DataSource> {
+  const admin = new pg.Client({ connectionString: DATABASE_URL });
+  await admin.connect();
+  try {
+    await admin.query(`CREATE SCHEMA "${schema}"`);
+  } finally {
+    await admin.end();
+  }
+  const dataSource = new DataSource({ type: 'postgres', url: DATABASE_URL, schema, ...options });
+  await dataSource.initialize();
+  return dataSource;
+}
+
+/** Drops the DataSource's schema with everything in it, and closes the DataSource. */
+export async function dropSchemaDataSource(dataSource: DataSource | undefined): Promise<void> {
+  if (!dataSource) return;
+  const { schema } = dataSource.options as PostgresDataSourceOptions;
+  await dataSource.query(`DROP SCHEMA "${schema}" CASCADE`);
+  await dataSource.destroy();
+}
