@@ -1,4 +1,4 @@
-import { describe, expect, it } from '@jest/globals';
+import { describe, it } from '@jest/globals';
 import fc from 'fast-check';
 import { fingerprintRequest } from './fingerprint.js';
 import { buildStorageKey, type StorageKeyParts } from './storage-key.js';
