@@ -2,13 +2,16 @@ import { createConnection, createServer, type Server, type Socket } from 'node:n
 
 /**
  * A loopback TCP proxy in front of a server, for fault tests: it can delay every chunk in both
- * directions, or cut every connection.
+ * directions, cut every connection, or cut one connection as its answer comes back.
  */
 export class TcpProxy {
   private server!: Server;
   private readonly sockets = new Set<Socket>();
+  private dropArmed = false;
   delayMs = 0;
   port = 0;
+  /** Answers dropped by `dropNextResponse()` so far. */
+  droppedResponses = 0;
 
   constructor(private readonly target: { host: string; port: number }) {}
 
@@ -20,8 +23,8 @@ export class TcpProxy {
         socket.on('close', () => this.sockets.delete(socket));
         socket.on('error', () => socket.destroy());
       }
-      this.pipe(client, upstream);
-      this.pipe(upstream, client);
+      this.pipe(client, upstream, false);
+      this.pipe(upstream, client, true);
     });
     await new Promise<void>((resolve) => this.server.listen(0, '127.0.0.1', resolve));
     this.port = (this.server.address() as { port: number }).port;
@@ -30,6 +33,14 @@ export class TcpProxy {
 
   get url(): string {
     return `redis://127.0.0.1:${this.port}`;
+  }
+
+  /**
+   * The next bytes the server sends are dropped and their connection cut on both sides: the
+   * request reached the server, its answer never reaches the client (a network error there).
+   */
+  dropNextResponse(): void {
+    this.dropArmed = true;
   }
 
   /** Destroys every open connection (new ones are still accepted). */
@@ -42,8 +53,15 @@ export class TcpProxy {
     await new Promise((resolve) => this.server.close(resolve));
   }
 
-  private pipe(from: Socket, to: Socket): void {
+  private pipe(from: Socket, to: Socket, fromServer: boolean): void {
     from.on('data', (chunk) => {
+      if (fromServer && this.dropArmed) {
+        this.dropArmed = false;
+        this.droppedResponses++;
+        from.destroy();
+        to.destroy();
+        return;
+      }
       const send = () => !to.destroyed && to.write(chunk);
       if (this.delayMs > 0) setTimeout(send, this.delayMs).unref();
       else send();

@@ -1,7 +1,8 @@
 import { Module, type DynamicModule } from '@nestjs/common';
 import { APP_FILTER, APP_GUARD, APP_PIPE } from '@nestjs/core';
 import { TypeOrmModule } from '@nestjs/typeorm';
-import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS, IdempotencyModule } from '../../../libs/idempotency/src/index.js';
+import { IdempotencyModule } from '../../../libs/idempotency/src/index.js';
+import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS } from '../../../libs/idempotency/src/typeorm.js';
 import { IDEMPOTENCY_OUTCOME_ENTITIES, IDEMPOTENCY_OUTCOME_MIGRATIONS } from '../../../libs/idempotency/src/outcomes/index.js';
 import type { IdempotencyModuleOptions } from '../../../libs/idempotency/src/idempotency.options.js';
 import { DemoExceptionFilter } from './demo-exception.filter.js';

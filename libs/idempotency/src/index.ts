@@ -35,25 +35,6 @@ export {
 } from './idempotency.constants.js';
 export { fingerprintRequest } from './keys/fingerprint.js';
 export { buildStorageKey } from './keys/storage-key.js';
-export { uniqueViolationOf, type UniqueViolation } from './persistence/unique-violation.js';
-export { insertOnce, type InsertOnceResult } from './persistence/insert-once.js';
-export {
-  transition,
-  type TransitionRefusal,
-  type TransitionResult,
-  type TransitionSpec,
-} from './persistence/conditional-transition.js';
-export { consumeOnce, type ConsumedMessage, type ConsumeOnceResult } from './persistence/consume-once.js';
-export { ConsumeLogEntry, IDEMPOTENCY_CONSUME_LOG_TABLE } from './persistence/consume-log.entity.js';
-export { IDEMPOTENCY_ENTITIES } from './persistence/idempotency.entities.js';
-export { IDEMPOTENCY_MIGRATIONS } from './persistence/migrations/idempotency.migrations.js';
-export { IdempotencyRecords1764460800000 } from './persistence/migrations/idempotency-records.migration.js';
-export { IdempotencyConsumeLog1764460800001 } from './persistence/migrations/idempotency-consume-log.migration.js';
-export {
-  PostgresIdempotencyStore,
-  type PostgresIdempotencyStoreOptions,
-} from './stores/postgres/postgres-idempotency.store.js';
-export { IdempotencyRecordEntity, IDEMPOTENCY_RECORDS_TABLE } from './stores/postgres/idempotency-record.entity.js';
 export { ContentDigest, ContentHash } from './content-hash/content-digest.decorator.js';
 export {
   CONTENT_DIGEST_METADATA,

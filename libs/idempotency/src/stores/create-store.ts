@@ -1,5 +1,6 @@
 import { Logger } from '@nestjs/common';
-import { Cluster, Redis, type RedisOptions } from 'ioredis';
+import type { Cluster, Redis, RedisOptions } from 'ioredis';
+import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { DEFAULTS } from '../idempotency.constants.js';
 import type { IdempotencyModuleOptions } from '../idempotency.options.js';
 import { IdempotencyStore } from './idempotency-store.js';
@@ -18,8 +19,11 @@ export const REDIS_CLIENT_DEFAULTS: RedisOptions = Object.freeze({
   maxRetriesPerRequest: 0,
 });
 
-/** Builds the store the module options describe. */
-export function createStore(options: IdempotencyModuleOptions): IdempotencyStore {
+/**
+ * Builds the store the module options describe. ioredis (an optional peer) is loaded only here,
+ * when the module opens the Redis client itself, so an app on another store never needs it.
+ */
+export async function createStore(options: IdempotencyModuleOptions): Promise<IdempotencyStore> {
   const { store } = options;
   if (store instanceof IdempotencyStore) return store;
   if (!store) {
@@ -29,11 +33,30 @@ export function createStore(options: IdempotencyModuleOptions): IdempotencyStore
     return new MemoryIdempotencyStore({ maxEntries: options.memoryMaxEntries ?? DEFAULTS.memoryMaxEntries });
   }
   const { redis, waitForReplicas } = store;
-  if (redis instanceof Redis || redis instanceof Cluster) return new RedisIdempotencyStore(redis, { waitForReplicas });
+  if (isRedisClient(redis)) return new RedisIdempotencyStore(redis, { waitForReplicas });
+  const RedisClient = await loadRedisClass();
   const client =
     typeof redis === 'string'
-      ? new Redis(redis, REDIS_CLIENT_DEFAULTS)
-      : new Redis({ ...REDIS_CLIENT_DEFAULTS, ...redis });
+      ? new RedisClient(redis, REDIS_CLIENT_DEFAULTS)
+      : new RedisClient({ ...REDIS_CLIENT_DEFAULTS, ...redis });
   client.on('error', (error: Error) => new Logger('IdempotencyModule').warn(`Redis: ${error.message}`));
   return new RedisIdempotencyStore(client, { ownsClient: true, waitForReplicas });
+}
+
+/** An ioredis `Redis` or `Cluster`, told from `RedisOptions` without loading ioredis (both have `isCluster`). */
+function isRedisClient(value: unknown): value is Redis | Cluster {
+  return (
+    typeof value === 'object' &&
+    value !== null &&
+    typeof (value as { isCluster?: unknown }).isCluster === 'boolean' &&
+    typeof (value as { defineCommand?: unknown }).defineCommand === 'function'
+  );
+}
+
+async function loadRedisClass(): Promise<typeof Redis> {
+  try {
+    return (await import('ioredis')).Redis;
+  } catch (error) {
+    throw new IdempotencyConfigError('store: { redis } needs the ioredis package: npm install ioredis', { cause: error });
+  }
 }

@@ -1,5 +1,5 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
-import { Cluster, type Redis } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 import { IdempotencyConfigError, IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import {
   IdempotencyStore,
@@ -75,7 +75,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     }
     this.scripts = client as unknown as ScriptedClient;
     this.channel = options.settleChannel ?? 'idempotency:settled';
-    if (options.waitForReplicas && client instanceof Cluster) {
+    if (options.waitForReplicas && isCluster(client)) {
       throw new IdempotencyConfigError('RedisIdempotencyStore: waitForReplicas needs a single-primary client, not a Cluster');
     }
   }
@@ -148,7 +148,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     // The offline queue lets SUBSCRIBE wait for the new connection (the module's client has none).
     const subscriber =
       this.subscriber ??
-      (this.client instanceof Cluster
+      (isCluster(this.client)
         ? this.client.duplicate(undefined, { enableOfflineQueue: true })
         : this.client.duplicate({ enableOfflineQueue: true }));
     this.subscriber = subscriber;
@@ -209,4 +209,9 @@ function toSaved(statusCode: string | number, headers: string, body: string | nu
     headers: JSON.parse(headers) as Record<string, string>,
     body: body ?? undefined,
   };
+}
+
+/** `instanceof Cluster` without loading ioredis (a type-only import keeps it an optional peer). */
+function isCluster(client: Redis | Cluster): client is Cluster {
+  return client.isCluster;
 }

@@ -1,0 +1,159 @@
+import { describe, expect, it } from '@jest/globals';
+import { createIdempotentClient, type IdempotentClientOptions } from './idempotent-client.js';
+import { IdempotentRequestError } from './idempotent-request.error.js';
+
+type Step = Response | Error | 'hang';
+interface Call {
+  url: string;
+  method: string;
+  headers: Headers;
+  body: unknown;
+}
+
+/** A fetch that plays `steps` in order (the last one again when they run out) and records each call. */
+function scripted(...steps: Step[]): { fetch: typeof fetch; calls: Call[] } {
+  const calls: Call[] = [];
+  const fake = async (input: string | URL | Request, init: RequestInit = {}): Promise<Response> => {
+    calls.push({ url: String(input), method: init.method ?? 'GET', headers: new Headers(init.headers), body: init.body });
+    const step = steps[Math.min(calls.length - 1, steps.length - 1)];
+    if (step === 'hang') {
+      return new Promise((_resolve, reject) => init.signal?.addEventListener('abort', () => reject(init.signal!.reason)));
+    }
+    if (step instanceof Error) throw step;
+    return step.clone();
+  };
+  return { fetch: fake as typeof fetch, calls };
+}
+
+const json = (status: number, body: unknown, headers: Record<string, string> = {}) =>
+  new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json', ...headers } });
+const networkError = () => new TypeError('fetch failed', { cause: new Error('other side closed') });
+
+const fast: Partial<IdempotentClientOptions> = { backoff: { baseMs: 1, maxMs: 5, jitter: 0 } };
+const client = (fetch: typeof globalThis.fetch, options: Partial<IdempotentClientOptions> = {}) =>
+  createIdempotentClient({ baseUrl: 'http://api.test/v1/', fetch, ...fast, ...options });
+
+describe('createIdempotentClient', () => {
+  it('sends one generated key on every attempt and reports the replay', async () => {
+    const { fetch, calls } = scripted(networkError(), json(503, {}), json(201, { id: 1 }, { 'idempotent-replayed': 'true' }));
+    const res = await client(fetch).post('/orders', { amount: 5 });
+    expect(res).toMatchObject({ status: 201, ok: true, body: { id: 1 }, replayed: true, attempts: 3 });
+    expect(res.key).toMatch(/^[0-9a-f-]{36}$/);
+    expect(calls.map((call) => call.headers.get('idempotency-key'))).toEqual([res.key, res.key, res.key]);
+    expect(calls.map((call) => call.url)).toEqual(Array(3).fill('http://api.test/v1/orders'));
+    expect(calls.map((call) => call.body)).toEqual(Array(3).fill('{"amount":5}'));
+    expect(calls[0].headers.get('content-type')).toBe('application/json');
+  });
+
+  it('uses the given key, a custom header, the generator, and merges headers', async () => {
+    const { fetch, calls } = scripted(json(201, {}));
+    await client(fetch, { keyHeader: 'X-Request-Id', headers: { 'x-user-id': 'alice', 'x-a': '1' } }).post('/p', 'raw', {
+      key: 'op-1',
+      headers: { 'x-a': '2' },
+    });
+    expect(Object.fromEntries(calls[0].headers)).toEqual({ 'x-request-id': 'op-1', 'x-user-id': 'alice', 'x-a': '2' });
+    expect(calls[0].body).toBe('raw');
+    const generated = await client(fetch, { generateKey: () => 'gen-1' }).post('/p', {});
+    expect(generated.key).toBe('gen-1');
+  });
+
+  it('sends no key header with keyHeader: false (the key is in the body)', async () => {
+    const { fetch, calls } = scripted(networkError(), json(201, { orderNo: 'A' }));
+    const res = await client(fetch, { keyHeader: false }).post('/orders', { orderNo: 'A' });
+    expect(res).toMatchObject({ status: 201, attempts: 2, key: undefined, replayed: false });
+    expect(calls.every((call) => !call.headers.has('idempotency-key'))).toBe(true);
+  });
+
+  it.each([
+    [400, { code: 'IDEMPOTENCY_KEY_MISSING' }, {}],
+    [422, { code: 'IDEMPOTENCY_KEY_REUSED' }, {}],
+    [409, { code: 'ORDER_EXISTS' }, {}],
+    [429, {}, { 'retry-after': '1' }],
+    [404, {}, {}],
+  ])('returns a %i at once, without a retry', async (status, body, headers) => {
+    const { fetch, calls } = scripted(json(status, body, headers), json(201, {}));
+    const res = await client(fetch).post('/p', {});
+    expect(res).toMatchObject({ status, ok: false, body, attempts: 1 });
+    expect(calls).toHaveLength(1);
+  });
+
+  it('waits the Retry-After of a 409 in progress, then gets the replay', async () => {
+    const inProgress = json(409, { code: 'IDEMPOTENCY_IN_PROGRESS' }, { 'retry-after': '1' });
+    const { fetch } = scripted(inProgress, json(201, { id: 1 }, { 'idempotent-replayed': 'true' }));
+    const started = Date.now();
+    const res = await client(fetch).post('/p', {});
+    expect(Date.now() - started).toBeGreaterThanOrEqual(990);
+    expect(res).toMatchObject({ status: 201, replayed: true, attempts: 2 });
+  });
+
+  it('returns the 409 at once when its Retry-After reaches past the time bound', async () => {
+    const { fetch, calls } = scripted(json(409, { code: 'IDEMPOTENCY_IN_PROGRESS' }, { 'retry-after': '30' }));
+    const started = Date.now();
+    const res = await client(fetch, { timeoutMs: 5000 }).post('/p', {});
+    expect(Date.now() - started).toBeLessThan(1000);
+    expect(res).toMatchObject({ status: 409, attempts: 1 });
+    expect(calls).toHaveLength(1);
+  });
+
+  it('returns the last 5xx once the retries are spent', async () => {
+    const { fetch, calls } = scripted(json(502, { n: 1 }), json(500, { n: 2 }), json(503, { n: 3 }));
+    const res = await client(fetch, { retries: 2 }).post('/p', {});
+    expect(res).toMatchObject({ status: 503, body: { n: 3 }, attempts: 3 });
+    expect(calls).toHaveLength(3);
+  });
+
+  it('throws IdempotentRequestError with the key, the attempts and the last cause when no attempt got an answer', async () => {
+    const { fetch } = scripted(networkError());
+    const error = await client(fetch, { retries: 2 }).post('/p', {}, { key: 'k-1' }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(IdempotentRequestError);
+    expect(error).toMatchObject({ name: 'IdempotentRequestError', key: 'k-1', attempts: 3 });
+    expect((error as Error).cause).toBeInstanceOf(TypeError);
+  });
+
+  it('bounds every attempt and the whole operation', async () => {
+    const { fetch, calls } = scripted('hang');
+    const started = Date.now();
+    const error = await client(fetch, { retries: 100, attemptTimeoutMs: 50, timeoutMs: 300 }).post('/p', {}).catch((e: unknown) => e);
+    const elapsed = Date.now() - started;
+    expect(error).toBeInstanceOf(IdempotentRequestError);
+    expect((error as Error).message).toMatch(/300 ms bound/);
+    expect(((error as Error).cause as Error).name).toBe('TimeoutError');
+    expect(calls.length).toBeGreaterThanOrEqual(3);
+    expect(elapsed).toBeGreaterThanOrEqual(250);
+    expect(elapsed).toBeLessThan(3000);
+  });
+
+  it('stops at once when the caller aborts, during an attempt or a wait', async () => {
+    const inFlight = new AbortController();
+    const hanging = client(scripted('hang').fetch).post('/p', {}, { signal: inFlight.signal });
+    inFlight.abort(new Error('user left'));
+    await expect(hanging).rejects.toThrow('user left');
+
+    const waiting = new AbortController();
+    const { fetch, calls } = scripted(json(503, {}, { 'retry-after': '10' }));
+    const started = Date.now();
+    const pending = client(fetch).post('/p', {}, { signal: waiting.signal });
+    setTimeout(() => waiting.abort(), 50);
+    await expect(pending).rejects.toMatchObject({ name: 'AbortError' });
+    expect(Date.now() - started).toBeLessThan(1000);
+    expect(calls).toHaveLength(1);
+
+    const before = new AbortController();
+    before.abort();
+    await expect(client(fetch).post('/p', {}, { signal: before.signal })).rejects.toMatchObject({ name: 'AbortError' });
+  });
+
+  it('reads text and empty bodies, and refuses a stream body (it cannot be sent twice)', async () => {
+    const { fetch } = scripted(new Response('plain', { status: 200, headers: { 'content-type': 'text/plain' } }));
+    expect((await client(fetch).post('/p')).body).toBe('plain');
+    const empty = scripted(new Response(null, { status: 204 }));
+    expect((await client(empty.fetch).post('/p')).body).toBeUndefined();
+    await expect(client(fetch).post('/p', new ReadableStream())).rejects.toThrow(/stream/);
+  });
+
+  it('checks its options', () => {
+    expect(() => createIdempotentClient({ baseUrl: 'http://x', retries: -1 })).toThrow(/retries/);
+    expect(() => createIdempotentClient({ baseUrl: 'http://x', backoff: { baseMs: Number.NaN } })).toThrow(/baseMs/);
+    expect(() => createIdempotentClient({ baseUrl: 'http://x', backoff: { baseMs: undefined } })).not.toThrow();
+  });
+});

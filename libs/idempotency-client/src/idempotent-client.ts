@@ -1,0 +1,203 @@
+import { IdempotentRequestError } from './idempotent-request.error.js';
+import {
+  BACKOFF_DEFAULTS,
+  backoffDelayMs,
+  isRetryableAnswer,
+  parseRetryAfterMs,
+  type BackoffOptions,
+} from './retry-policy.js';
+
+/** The request header of the IETF Idempotency-Key draft (what the guard reads by default). */
+export const IDEMPOTENCY_KEY_HEADER = 'Idempotency-Key';
+
+/** The response header the guard sets on a replayed answer (`Idempotent-Replayed: true`). */
+export const REPLAYED_HEADER = 'Idempotent-Replayed';
+
+/** What `new Headers()` takes: a plain object, an array of pairs or a `Headers`. */
+export type HeadersLike = ConstructorParameters<typeof Headers>[0];
+
+type FetchBody = NonNullable<RequestInit['body']>;
+
+/** Options of `createIdempotentClient()`. */
+export interface IdempotentClientOptions {
+  /** Prefix of every path, e.g. `https://api.example.com/v1`. */
+  baseUrl: string | URL;
+  /** The fetch to use (a mock, undici with an agent, ...). Default: the global `fetch`. */
+  fetch?: typeof fetch;
+  /** Retries after the first attempt. Default 3. */
+  retries?: number;
+  /** Delays between attempts (a `Retry-After` on the answer replaces it). */
+  backoff?: BackoffOptions;
+  /**
+   * Bound on one operation, all attempts and waits included, in milliseconds. When the next wait
+   * would cross it, the client stops and returns the last answer (or throws when it has none).
+   * Default 30,000.
+   */
+  timeoutMs?: number;
+  /** Bound on one attempt (until its body is read), in milliseconds; then it counts as a network error. Default 10,000. */
+  attemptTimeoutMs?: number;
+  /**
+   * The header that carries the key. Default `Idempotency-Key`. `false` when the server reads the
+   * key from the body (e.g. the demo's `orderNo`): no header is sent and no key generated, and the
+   * unchanged body is what makes the retries one operation.
+   */
+  keyHeader?: string | false;
+  /** Makes the key of a new operation. Default `crypto.randomUUID()`. */
+  generateKey?: () => string;
+  /** Headers sent with every request (authentication, tenant, ...). */
+  headers?: HeadersLike;
+}
+
+/** Per-operation options. */
+export interface IdempotentRequestOptions {
+  /**
+   * The operation's key. Default: a new one from `generateKey`. Pass your own to resume an
+   * operation whose outcome you did not learn (e.g. after a crash), within the server's retention.
+   */
+  key?: string;
+  /** Headers of this operation, over the client's. */
+  headers?: HeadersLike;
+  /** Aborts the operation: the attempt in flight and any wait. The promise rejects with the signal's reason. */
+  signal?: AbortSignal;
+}
+
+/** The final answer of an operation. */
+export interface IdempotentResponse<T = unknown> {
+  status: number;
+  /** `status` is 2xx. */
+  ok: boolean;
+  headers: Headers;
+  /** Parsed JSON when the answer says JSON, else the text; undefined when empty. */
+  body: T;
+  /** The server answered from its record of an earlier attempt (`Idempotent-Replayed: true`). */
+  replayed: boolean;
+  /** How many requests were sent, this one included. */
+  attempts: number;
+  /** The key every attempt carried (undefined with `keyHeader: false` and no `key` given). */
+  key: string | undefined;
+}
+
+export interface IdempotentClient {
+  /** One operation: one key, reused on every retry. */
+  request<T = unknown>(method: string, path: string, body?: unknown, options?: IdempotentRequestOptions): Promise<IdempotentResponse<T>>;
+  post<T = unknown>(path: string, body?: unknown, options?: IdempotentRequestOptions): Promise<IdempotentResponse<T>>;
+  patch<T = unknown>(path: string, body?: unknown, options?: IdempotentRequestOptions): Promise<IdempotentResponse<T>>;
+}
+
+/**
+ * A fetch-based client for APIs behind an idempotency guard. Each call is one operation with one
+ * key, sent on every attempt; it retries network errors, attempt timeouts, 5xx and the guard's
+ * 409 "in progress" (waiting `Retry-After`), with exponential backoff and jitter, within
+ * `timeoutMs`. Other answers (2xx, 400, 422, other 4xx) are returned at once.
+ */
+export function createIdempotentClient(options: IdempotentClientOptions): IdempotentClient {
+  const fetchImpl = options.fetch ?? globalThis.fetch;
+  const retries = options.retries ?? 3;
+  const timeoutMs = options.timeoutMs ?? 30_000;
+  const attemptTimeoutMs = options.attemptTimeoutMs ?? 10_000;
+  const keyHeader = options.keyHeader ?? IDEMPOTENCY_KEY_HEADER;
+  const generateKey = options.generateKey ?? (() => globalThis.crypto.randomUUID());
+  const backoff = {
+    ...BACKOFF_DEFAULTS,
+    ...Object.fromEntries(Object.entries(options.backoff ?? {}).filter(([, value]) => value !== undefined)),
+  } as Required<BackoffOptions>;
+  const base = String(options.baseUrl).replace(/\/+$/, '');
+  if (!Number.isInteger(retries) || retries < 0) throw new TypeError(`retries must be a whole number >= 0, got ${retries}`);
+  for (const [name, value] of Object.entries({ timeoutMs, attemptTimeoutMs, ...backoff })) {
+    if (!Number.isFinite(value) || value < 0) throw new TypeError(`${name} must be a number >= 0, got ${value}`);
+  }
+
+  async function request<T>(method: string, path: string, body?: unknown, opts: IdempotentRequestOptions = {}): Promise<IdempotentResponse<T>> {
+    const deadline = Date.now() + timeoutMs;
+    const key = keyHeader === false ? opts.key : (opts.key ?? generateKey());
+    const headers = new Headers(options.headers);
+    new Headers(opts.headers).forEach((value, name) => headers.set(name, value));
+    if (keyHeader !== false && key !== undefined) headers.set(keyHeader, key);
+    const payload = encodeBody(body, headers);
+    const url = `${base}/${path.replace(/^\/+/, '')}`;
+
+    for (let attempts = 1; ; attempts++) {
+      opts.signal?.throwIfAborted();
+      const attemptSignal = AbortSignal.timeout(Math.max(1, Math.min(attemptTimeoutMs, deadline - Date.now())));
+      let answer: IdempotentResponse<T> | undefined;
+      let failure: unknown;
+      try {
+        const res = await fetchImpl(url, {
+          method,
+          headers,
+          body: payload,
+          signal: opts.signal ? AbortSignal.any([opts.signal, attemptSignal]) : attemptSignal,
+        });
+        // Read inside the attempt: a connection cut mid-body is a network error too.
+        const text = await res.text();
+        answer = {
+          status: res.status,
+          ok: res.ok,
+          headers: res.headers,
+          body: decodeBody(text, res.headers.get('content-type')) as T,
+          replayed: res.headers.get(REPLAYED_HEADER)?.toLowerCase() === 'true',
+          attempts,
+          key,
+        };
+        if (!isRetryableAnswer(answer.status, res.headers.get('retry-after'), answer.body)) return answer;
+      } catch (error) {
+        if (opts.signal?.aborted) throw opts.signal.reason;
+        failure = error;
+      }
+
+      const waitMs = (answer && parseRetryAfterMs(answer.headers.get('retry-after'))) ?? backoffDelayMs(attempts, backoff);
+      const outOfTime = Date.now() + waitMs >= deadline;
+      if (attempts > retries || outOfTime) {
+        if (answer) return answer;
+        const why = outOfTime ? `the ${timeoutMs} ms bound ran out` : `${retries} retries were spent`;
+        throw new IdempotentRequestError(`${method} ${url} failed: ${why} after ${attempts} attempt(s) without an answer`, key, attempts, {
+          cause: failure,
+        });
+      }
+      await sleep(waitMs, opts.signal);
+    }
+  }
+
+  return {
+    request,
+    post: (path, body, opts) => request('POST', path, body, opts),
+    patch: (path, body, opts) => request('PATCH', path, body, opts),
+  };
+}
+
+/** The body, encoded once so that every attempt sends the same bytes; plain values become JSON. */
+function encodeBody(body: unknown, headers: Headers): FetchBody | undefined {
+  if (body === undefined) return undefined;
+  if (typeof body === 'string' || body instanceof Uint8Array || body instanceof ArrayBuffer || body instanceof Blob || body instanceof URLSearchParams) {
+    return body as FetchBody;
+  }
+  if (body instanceof ReadableStream) throw new TypeError('a stream body cannot be sent again on a retry: pass a string, bytes or a value');
+  if (!headers.has('content-type')) headers.set('content-type', 'application/json');
+  return JSON.stringify(body);
+}
+
+function decodeBody(text: string, contentType: string | null): unknown {
+  if (text === '') return undefined;
+  if (!contentType || !/[/+]json\b/i.test(contentType)) return text;
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    return text;
+  }
+}
+
+/** Waits `ms`, or rejects with the signal's reason as soon as it aborts. */
+function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
