@@ -1,0 +1,36 @@
+/** Every arm the bench can run; `BENCH_ARMS` picks a subset (bare always runs: it is the baseline). */
+export const ARM_NAMES = [
+  'bare',
+  'guard-redis',
+  'guard-memory',
+  'guard-postgres',
+  'peer-redis',
+  'handwritten',
+  'guard-redis-autopipe',
+  'guard-redis-cork',
+] as const;
+export type ArmName = (typeof ARM_NAMES)[number];
+
+/** Run unless `BENCH_ARMS` says otherwise; the lever arms (`guard-redis-cork`, `guard-redis-autopipe`) run when named. */
+export const DEFAULT_ARMS: readonly ArmName[] = ['bare', 'guard-redis', 'guard-memory', 'guard-postgres', 'peer-redis', 'handwritten'];
+
+export const ARM_LABELS: Record<ArmName, string> = {
+  bare: 'bare Nest endpoint',
+  'guard-redis': 'this guard, Redis',
+  'guard-memory': 'this guard, memory',
+  'guard-postgres': 'this guard, PostgreSQL',
+  'peer-redis': '@node-idempotency/nestjs 1.0.4, Redis',
+  handwritten: 'hand-written SET NX + SET',
+  'guard-redis-autopipe': 'this guard, Redis, ioredis auto-pipelining',
+  'guard-redis-cork': 'this guard, Redis, writes coalesced per loop turn',
+};
+
+/** Arms whose store is Redis (commands per request are counted for them). */
+export const REDIS_ARMS: ReadonlySet<ArmName> = new Set(['guard-redis', 'guard-redis-autopipe', 'guard-redis-cork', 'peer-redis', 'handwritten']);
+
+export type AdapterName = 'express' | 'fastify';
+export const ADAPTERS: readonly AdapterName[] = ['express', 'fastify'];
+
+export function isArmName(value: string): value is ArmName {
+  return (ARM_NAMES as readonly string[]).includes(value);
+}

@@ -1,0 +1,85 @@
+import { Module, type DynamicModule, type Provider } from '@nestjs/common';
+import { Redis } from 'ioredis';
+import { IdempotencyModule, NoRepeatSubmit, type IdempotencyModuleOptions } from '../../../libs/idempotency/src/index.js';
+import type { ArmName } from '../arm-names.js';
+import { corkedRedis } from './corked-redis.js';
+import { HANDWRITTEN_REDIS, Handwritten, HandwrittenInterceptor } from './handwritten.interceptor.js';
+import { HandlerRuns, ordersController, unguarded } from './orders.controller.js';
+import { loadPeer } from './peer.js';
+import { createPostgresStore } from './postgres-arm.js';
+
+export interface ArmSettings {
+  redisUrl: string;
+  databaseUrl: string;
+  /** Schema of the PostgreSQL arm's tables (the driver creates it). */
+  postgresSchema?: string;
+  /** The crash route's lease (guard, hand-written), seconds; the default 30 s elsewhere. */
+  crashLeaseSeconds: number;
+}
+
+/** Retention of every arm: the peer's default (24 h), so all arms keep responses alike. */
+const RETENTION_SECONDS = 86_400;
+
+@Module({})
+class ArmModule {}
+
+/** The Nest module of one arm: the same controller, with that arm's guard around it. */
+export async function armModule(arm: ArmName, settings: ArmSettings): Promise<DynamicModule> {
+  const providers: Provider[] = [HandlerRuns];
+  const imports: DynamicModule[] = [];
+  let guard: MethodDecorator = unguarded;
+  let crashGuard: MethodDecorator | undefined;
+
+  const useGuard = (store: IdempotencyModuleOptions['store']) => {
+    imports.push(IdempotencyModule.forRoot({ store, expireSeconds: RETENTION_SECONDS }));
+    guard = NoRepeatSubmit();
+    crashGuard = NoRepeatSubmit({ leaseSeconds: settings.crashLeaseSeconds });
+  };
+  const { hostname, port } = new URL(settings.redisUrl);
+
+  switch (arm) {
+    case 'bare':
+      break;
+    case 'guard-redis':
+      useGuard({ redis: settings.redisUrl });
+      break;
+    case 'guard-redis-autopipe':
+      useGuard({ redis: { host: hostname, port: Number(port), enableAutoPipelining: true } });
+      break;
+    case 'guard-redis-cork':
+      useGuard({ redis: corkedRedis(settings.redisUrl) });
+      break;
+    case 'guard-memory':
+      useGuard(undefined);
+      break;
+    case 'guard-postgres':
+      useGuard(await createPostgresStore(settings.databaseUrl, settings.postgresSchema));
+      break;
+    case 'peer-redis': {
+      const peer = loadPeer();
+      imports.push(
+        peer.NodeIdempotencyModule.forRootAsync({
+          storage: { adapter: 'redis', options: { url: settings.redisUrl } },
+          cacheTTLMS: RETENTION_SECONDS * 1000,
+        }),
+      );
+      guard = peer.Idempotent();
+      break;
+    }
+    case 'handwritten':
+      providers.push(
+        { provide: HANDWRITTEN_REDIS, useFactory: () => new Redis(settings.redisUrl, { maxRetriesPerRequest: 0 }) },
+        HandwrittenInterceptor,
+      );
+      guard = Handwritten();
+      crashGuard = Handwritten(settings.crashLeaseSeconds * 1000);
+      break;
+  }
+
+  return {
+    module: ArmModule,
+    imports,
+    controllers: [ordersController(guard, crashGuard)],
+    providers,
+  };
+}

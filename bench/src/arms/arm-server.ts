@@ -1,0 +1,47 @@
+import 'reflect-metadata';
+import type { INestApplication } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { ExpressAdapter } from '@nestjs/platform-express';
+import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { isArmName, type AdapterName } from '../arm-names.js';
+import { armModule } from './arm-modules.js';
+import { ArmUnavailable } from './postgres-arm.js';
+
+/**
+ * One arm as its own process: `ARM`, `ADAPTER`, `PORT`, `REDIS_URL`, `DATABASE_URL`,
+ * `PG_SCHEMA`, `CRASH_LEASE_SECONDS`. Prints `READY <port>` when it listens, `UNAVAILABLE <reason>` (exit 3)
+ * when the arm cannot run yet.
+ */
+async function main(): Promise<void> {
+  const arm = process.env.ARM ?? '';
+  if (!isArmName(arm)) throw new Error(`ARM must name an arm, got "${arm}"`);
+  const adapter = (process.env.ADAPTER ?? 'express') as AdapterName;
+  const port = Number(process.env.PORT);
+  const module = await armModule(arm, {
+    redisUrl: process.env.REDIS_URL ?? 'redis://127.0.0.1:6379',
+    databaseUrl: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
+    postgresSchema: process.env.PG_SCHEMA,
+    crashLeaseSeconds: Number(process.env.CRASH_LEASE_SECONDS ?? 3),
+  });
+  // The guard's README asks for rawBody (non-JSON bodies are fingerprinted by their bytes): a
+  // user adding the guard pays for it, so its arms have it and the others do not.
+  const rawBody = arm.startsWith('guard-');
+  const options = { rawBody, logger: ['error' as const] };
+  const app: INestApplication =
+    adapter === 'fastify'
+      ? await NestFactory.create(module, new FastifyAdapter(), options)
+      : await NestFactory.create(module, new ExpressAdapter(), options);
+  // A normal exit on SIGTERM, so `--cpu-prof` writes its profile (the driver SIGKILLs otherwise).
+  process.once('SIGTERM', () => void app.close().finally(() => process.exit(0)));
+  await app.listen(port, '127.0.0.1');
+  process.stdout.write(`READY ${port}\n`);
+}
+
+main().catch((error: unknown) => {
+  if (error instanceof ArmUnavailable) {
+    process.stdout.write(`UNAVAILABLE ${error.message}\n`);
+    process.exit(3);
+  }
+  process.stderr.write(`${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,218 @@
+import { Redis } from 'ioredis';
+import { spawn } from 'node:child_process';
+import { mkdir, writeFile } from 'node:fs/promises';
+import { cpus, loadavg } from 'node:os';
+import { join } from 'node:path';
+import { ADAPTERS, DEFAULT_ARMS, isArmName, type AdapterName, type ArmName } from './arm-names.js';
+import { ArmUnavailableError, startArm, startRedis, stopAll, stopAllGracefully, trapExit, type ArmEnvironment, type ArmProcess } from './driver/processes.js';
+import { assertLoadGenerator } from './driver/load.js';
+import { Progress } from './driver/progress.js';
+import { ArmUnavailable, preparePostgresSchema } from './arms/postgres-arm.js';
+import { fingerprintTable, type FingerprintResult } from './micro/fingerprint.bench.js';
+import type { MemoryOutcome } from './micro/memory-store.bench.js';
+import { DIST_BENCH, PROJECT_ROOT, RESULTS_DIR } from './paths.js';
+import { crashPhase, type CrashResult } from './phases/crash.js';
+import { stormPhase, type StormResult } from './phases/storm.js';
+import { slotsOf, throughputPhase, type Sample } from './phases/throughput.js';
+import { checkTargets, crashTable, stormTable, summarise, targetsTable, throughputTable } from './report.js';
+
+/** `--seconds 10` on the command line, else `BENCH_SECONDS=10`, else the default. */
+function setting(name: string, fallback: string): string {
+  const flag = process.argv.indexOf(`--${name}`);
+  if (flag !== -1 && process.argv[flag + 1] !== undefined) return process.argv[flag + 1];
+  return process.env[`BENCH_${name.toUpperCase().replace(/-/g, '_')}`] ?? fallback;
+}
+const list = (value: string) => value.split(',').map((s) => s.trim()).filter(Boolean);
+
+const settings = {
+  seconds: Number(setting('seconds', '3')),
+  rounds: Number(setting('rounds', '3')),
+  warmupSeconds: Number(setting('warmup-seconds', '1')),
+  connections: Number(setting('connections', '50')),
+  crashLeaseSeconds: Number(setting('crash-lease-seconds', '3')),
+  phases: new Set(list(setting('phases', 'fingerprint,memory,throughput,storm,crash'))),
+  adapters: list(setting('adapters', ADAPTERS.join(','))) as AdapterName[],
+  arms: list(setting('arms', DEFAULT_ARMS.join(','))),
+  databaseUrl: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
+  armNodeFlags: list(setting('arm-node-options', '').replace(/\s+/g, ',')),
+  /** Base name of the result files in bench/results/. */
+  out: setting('out', 'latest').replace(/[^\w.-]/g, '_'),
+};
+
+/** Runs a bench script as its own process and parses the JSON line it prints last. */
+function runScript<T>(script: string, args: string[], nodeFlags: string[] = []): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [...nodeFlags, join(DIST_BENCH, 'micro', script), ...args, '--json'], {
+      cwd: PROJECT_ROOT,
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    let out = '';
+    child.stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
+    child.once('exit', (code) => {
+      if (code !== 0) return reject(new Error(`${script} exited with ${code}`));
+      resolve(JSON.parse(out.trim().split('\n').at(-1)!) as T);
+    });
+  });
+}
+
+async function main(): Promise<void> {
+  trapExit();
+  for (const arm of settings.arms) if (!isArmName(arm)) throw new Error(`unknown arm "${arm}"`);
+  const arms = [...new Set(['bare', ...settings.arms])] as ArmName[];
+  const has = (phase: string) => settings.phases.has(phase);
+  if (has('throughput') || has('storm') || has('crash')) assertLoadGenerator();
+  const progress = new Progress();
+  progress.plan(has('fingerprint') ? 1 : 0, 30);
+  const startedAt = new Date();
+  const loadBefore = loadavg();
+  progress.log(
+    `bench: ${settings.seconds} s × ${settings.rounds} rounds per arm and mode, ${settings.connections} connections, ` +
+      `arms ${arms.join(', ')}; ${cpus().length} cores, Node ${process.version}`,
+  );
+
+  let fingerprint: { results: FingerprintResult[]; smallBodyMicroseconds: number } | undefined;
+  if (has('fingerprint')) {
+    progress.show('fingerprint micro-benchmark (alone on the machine)');
+    fingerprint = await runScript('fingerprint.bench.js', []);
+    progress.step('fingerprint');
+  }
+  const redisProcess = await startRedis();
+  const redis = new Redis(redisProcess.url, { maxRetriesPerRequest: 1 });
+  const env: ArmEnvironment = {
+    redisUrl: redisProcess.url,
+    databaseUrl: settings.databaseUrl,
+    crashLeaseSeconds: settings.crashLeaseSeconds,
+    nodeFlags: settings.armNodeFlags,
+  };
+  const unavailable = new Map<ArmName, string>();
+  const needArms = has('throughput') || has('storm') || has('crash');
+  let dropSchema: (() => Promise<void>) | undefined;
+  if (needArms && arms.includes('guard-postgres')) {
+    const schema = `bench_${Date.now().toString(36)}`;
+    try {
+      dropSchema = await preparePostgresSchema(settings.databaseUrl, schema);
+      env.postgresSchema = schema;
+    } catch (error) {
+      const reason = error instanceof ArmUnavailable ? error.message : `PostgreSQL at ${settings.databaseUrl}: ${(error as Error).message}`;
+      unavailable.set('guard-postgres', reason);
+      progress.log(`bench: guard-postgres: ${reason}`);
+    }
+  }
+
+  /** One instance of every arm per adapter; an arm that cannot start is reported, not fatal. */
+  const startInstances = async (adapters: readonly AdapterName[]) => {
+    const byAdapter = new Map<AdapterName, Map<ArmName, ArmProcess>>();
+    for (const adapter of adapters) {
+      const started = new Map<ArmName, ArmProcess>();
+      for (const arm of arms) {
+        if (unavailable.has(arm)) continue;
+        progress.show(`starting ${arm} on ${adapter}`);
+        try {
+          started.set(arm, await startArm(arm, adapter, env));
+        } catch (error) {
+          if (arm === 'bare') throw error;
+          const reason = error instanceof ArmUnavailableError ? error.message : `failed to start: ${(error as Error).message.split('\n')[0]}`;
+          unavailable.set(arm, reason);
+          progress.log(`bench: ${arm} on ${adapter}: ${reason}`);
+        }
+      }
+      byAdapter.set(adapter, started);
+    }
+    return byAdapter;
+  };
+
+  const first = needArms ? await startInstances(settings.adapters) : new Map<AdapterName, Map<ArmName, ArmProcess>>();
+  for (const instances of first.values()) for (const arm of unavailable.keys()) instances.delete(arm);
+  const running = arms.filter((arm) => !unavailable.has(arm));
+  const runs = has('throughput') ? slotsOf(running).length * settings.adapters.length : 0;
+  progress.plan(runs, settings.warmupSeconds + 0.6);
+  progress.plan(runs * settings.rounds, settings.seconds + 0.6);
+  progress.plan(has('storm') ? running.length * settings.adapters.length * 2 : 0, 1.5);
+  progress.plan(has('crash') ? 1 : 0, settings.crashLeaseSeconds + 8);
+  progress.plan(has('memory') ? 1 : 0, 10);
+
+  let samples: Sample[] = [];
+  if (has('throughput')) samples = await throughputPhase(first, redis, settings, progress);
+
+  // Memory only measures bytes and the storm and crash phases count, so they may share the CPU.
+  const memory = has('memory')
+    ? Promise.all([
+        runScript<MemoryOutcome>('memory-store.bench.js', ['1000000'], ['--expose-gc']),
+        runScript<MemoryOutcome>('memory-store.bench.js', ['100000'], ['--expose-gc']),
+      ]).catch((error: unknown) => {
+        progress.log(`bench: memory store benchmark failed: ${(error as Error).message}`);
+        return undefined;
+      })
+    : undefined;
+
+  let storm: StormResult[] = [];
+  let crash: CrashResult[] = [];
+  if (has('storm') || has('crash')) {
+    await redis.flushall();
+    const second = await startInstances(settings.adapters);
+    const pairs = new Map<AdapterName, Map<ArmName, [ArmProcess, ArmProcess]>>();
+    for (const [adapter, instances] of first) {
+      const pairMap = new Map<ArmName, [ArmProcess, ArmProcess]>();
+      for (const [arm, one] of instances) {
+        const two = second.get(adapter)?.get(arm);
+        if (two) pairMap.set(arm, [one, two]);
+      }
+      pairs.set(adapter, pairMap);
+    }
+    if (has('storm')) storm = await stormPhase(pairs, progress);
+    if (has('crash')) {
+      const survivors = new Map([...(second.get('express') ?? new Map<ArmName, ArmProcess>())].filter(([arm]) => arm !== 'bare'));
+      crash = await crashPhase(survivors, env, redis, progress);
+    }
+  }
+  progress.show('memory store: 100k and 1M keys');
+  const memoryOutcome = memory ? await memory : undefined;
+  if (has('memory')) progress.step('memory store');
+  progress.finish();
+  redis.disconnect();
+  await stopAllGracefully();
+  await dropSchema?.().catch((error: unknown) => progress.log(`bench: could not drop the PostgreSQL schema: ${(error as Error).message}`));
+
+  const loadAfter = loadavg();
+  const rows = summarise(samples);
+  const checks = checkTargets(rows, fingerprint);
+  const sections: string[] = [
+    `# npm run bench — ${startedAt.toISOString()}`,
+    '',
+    `Node ${process.version}, ${cpus().length} cores shared by the arms, Redis and the load generator (autocannon, ${settings.connections} connections). ` +
+      `Each arm is its own process; ${settings.rounds} rounds of ${settings.seconds} s per arm and mode after a ${settings.warmupSeconds} s warm-up, arms interleaved. ` +
+      'Medians over rounds; ratios are medians of per-round ratios (same round, same adapter). ' +
+      'CPU µs/req: CPU time of the arm process (`process.cpuUsage`) + of redis-server (`INFO cpu`) per request sent; added = app + Redis − bare app, the guard\'s cost per request. ' +
+      'Redis cmds/req from `INFO commandstats` (`CONFIG RESETSTAT` before each run): round trips sent, then commands run inside Lua scripts in brackets. ' +
+      `Load average (1 min) ${loadBefore[0].toFixed(1)} at the start, ${loadAfter[0].toFixed(1)} at the end: above ~2.5 other work shared the machine and absolute figures are low.`,
+  ];
+  if (samples.length > 0) sections.push('', '## Throughput', '', throughputTable(rows, unavailable));
+  if (checks.length > 0) sections.push('', '## Targets (issue #7)', '', targetsTable(checks));
+  if (fingerprint) {
+    sections.push('', '## Fingerprint mode (no key), MB/s of JSON body', '', fingerprintTable(fingerprint.results));
+    sections.push('', `Per request with this bench's 33-byte body: ${fingerprint.smallBodyMicroseconds.toFixed(2)} µs for the fingerprint.`);
+  }
+  if (memoryOutcome) {
+    sections.push('', '## Memory store', '', '| maxEntries | keys inserted | entries held | heap bytes/entry | heap MB | RSS MB | within bound |', '|---:|---:|---:|---:|---:|---:|---|');
+    for (const outcome of memoryOutcome) {
+      for (const p of outcome.points) {
+        sections.push(`| ${outcome.maxEntries.toLocaleString('en-US')} | ${p.inserted.toLocaleString('en-US')} | ${p.size.toLocaleString('en-US')} | ${Math.round(p.heapBytesPerEntry)} | ${Math.round(p.heapUsedMB)} | ${Math.round(p.rssMB)} | ${outcome.withinBound ? 'yes' : '**no**'} |`);
+      }
+    }
+  }
+  if (storm.length > 0) sections.push('', '## Storm: 500 identical requests, 200 at a time', '', stormTable(storm));
+  if (crash.length > 0) sections.push('', '## Crash: the first process is killed mid-request, the same request is retried', '', crashTable(crash, settings.crashLeaseSeconds));
+  const markdown = `${sections.join('\n')}\n`;
+
+  await mkdir(RESULTS_DIR, { recursive: true });
+  const json = { startedAt, loadAverage: { before: loadBefore, after: loadAfter }, settings: { ...settings, phases: [...settings.phases] }, node: process.version, cores: cpus().length, rows, checks, samples, fingerprint, memory: memoryOutcome, storm, crash, unavailable: Object.fromEntries(unavailable) };
+  await writeFile(join(RESULTS_DIR, `${settings.out}.json`), `${JSON.stringify(json, null, 2)}\n`);
+  await writeFile(join(RESULTS_DIR, `${settings.out}.md`), markdown);
+  process.stdout.write(`\n${markdown}\nWritten: bench/results/${settings.out}.md, bench/results/${settings.out}.json\n`);
+}
+
+main().catch((error: unknown) => {
+  stopAll();
+  process.stderr.write(`\nbench failed: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}\n`);
+  process.exit(1);
+});
