@@ -7,11 +7,11 @@ export const ARM_NAMES = [
   'peer-redis',
   'handwritten',
   'guard-redis-autopipe',
-  'guard-redis-cork',
+  'guard-redis-uncorked',
 ] as const;
 export type ArmName = (typeof ARM_NAMES)[number];
 
-/** Run unless `BENCH_ARMS` says otherwise; the lever arms (`guard-redis-cork`, `guard-redis-autopipe`) run when named. */
+/** Run unless `BENCH_ARMS` says otherwise; the lever arms (`guard-redis-uncorked`, `guard-redis-autopipe`) run when named. */
 export const DEFAULT_ARMS: readonly ArmName[] = ['bare', 'guard-redis', 'guard-memory', 'guard-postgres', 'peer-redis', 'handwritten'];
 
 export const ARM_LABELS: Record<ArmName, string> = {
@@ -22,11 +22,11 @@ export const ARM_LABELS: Record<ArmName, string> = {
   'peer-redis': '@node-idempotency/nestjs 1.0.4, Redis',
   handwritten: 'hand-written SET NX + SET',
   'guard-redis-autopipe': 'this guard, Redis, ioredis auto-pipelining',
-  'guard-redis-cork': 'this guard, Redis, writes coalesced per loop turn',
+  'guard-redis-uncorked': 'this guard, Redis, a client without write coalescing',
 };
 
 /** Arms whose store is Redis (commands per request are counted for them). */
-export const REDIS_ARMS: ReadonlySet<ArmName> = new Set(['guard-redis', 'guard-redis-autopipe', 'guard-redis-cork', 'peer-redis', 'handwritten']);
+export const REDIS_ARMS: ReadonlySet<ArmName> = new Set(['guard-redis', 'guard-redis-autopipe', 'guard-redis-uncorked', 'peer-redis', 'handwritten']);
 
 export type AdapterName = 'express' | 'fastify';
 export const ADAPTERS: readonly AdapterName[] = ['express', 'fastify'];

@@ -1,8 +1,12 @@
 import { Module, type DynamicModule, type Provider } from '@nestjs/common';
 import { Redis } from 'ioredis';
-import { IdempotencyModule, NoRepeatSubmit, type IdempotencyModuleOptions } from '../../../libs/idempotency/src/index.js';
+import {
+  IdempotencyModule,
+  NoRepeatSubmit,
+  REDIS_CLIENT_DEFAULTS,
+  type IdempotencyModuleOptions,
+} from '../../../libs/idempotency/src/index.js';
 import type { ArmName } from '../arm-names.js';
-import { corkedRedis } from './corked-redis.js';
 import { HANDWRITTEN_REDIS, Handwritten, HandwrittenInterceptor } from './handwritten.interceptor.js';
 import { HandlerRuns, ordersController, unguarded } from './orders.controller.js';
 import { loadPeer } from './peer.js';
@@ -46,9 +50,13 @@ export async function armModule(arm: ArmName, settings: ArmSettings): Promise<Dy
     case 'guard-redis-autopipe':
       useGuard({ redis: { host: hostname, port: Number(port), enableAutoPipelining: true } });
       break;
-    case 'guard-redis-cork':
-      useGuard({ redis: corkedRedis(settings.redisUrl) });
+    case 'guard-redis-uncorked': {
+      // A client passed in is used as it is: ioredis writes each command on its own.
+      const client = new Redis(settings.redisUrl, REDIS_CLIENT_DEFAULTS);
+      client.on('error', () => undefined);
+      useGuard({ redis: client });
       break;
+    }
     case 'guard-memory':
       useGuard(undefined);
       break;

@@ -4,6 +4,7 @@ import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { DEFAULTS } from '../idempotency.constants.js';
 import type { IdempotencyModuleOptions } from '../idempotency.options.js';
 import { IdempotencyStore } from './idempotency-store.js';
+import { coalesceWrites } from './redis/coalesce-writes.js';
 import { MemoryIdempotencyStore } from './memory/memory-idempotency.store.js';
 import { RedisIdempotencyStore } from './redis/redis-idempotency.store.js';
 
@@ -40,6 +41,7 @@ export async function createStore(options: IdempotencyModuleOptions): Promise<Id
       ? new RedisClient(redis, REDIS_CLIENT_DEFAULTS)
       : new RedisClient({ ...REDIS_CLIENT_DEFAULTS, ...redis });
   client.on('error', (error: Error) => new Logger('IdempotencyModule').warn(`Redis: ${error.message}`));
+  coalesceWrites(client);
   return new RedisIdempotencyStore(client, { ownsClient: true, waitForReplicas });
 }
 
