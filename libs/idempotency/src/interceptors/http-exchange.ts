@@ -38,6 +38,9 @@ export interface HttpResponse {
   getHeader(name: string): number | string | string[] | undefined;
 }
 
+/** The longest `Retry-After` a 409 asks for, in seconds. */
+export const MAX_RETRY_AFTER_SECONDS = 2;
+
 /** An HTTP request under the guard (Express or Fastify, through Nest's HTTP adapter). */
 export class HttpExchange implements GuardExchange {
   readonly fingerprint: string;
@@ -118,7 +121,9 @@ function toHttpException(refusal: GuardRefusal, route: GuardedRoute): Idempotenc
     case 'key_missing':
       return keyMissing(route.keySource);
     case 'in_progress':
-      return inProgress(Math.max(1, Math.ceil(refusal.retryAfterMs / 1000)));
+      // The lease left is only the worst case (up to leaseSeconds); most first requests end far
+      // sooner, so a client is told to look again within MAX_RETRY_AFTER_SECONDS.
+      return inProgress(Math.min(MAX_RETRY_AFTER_SECONDS, Math.max(1, Math.ceil(refusal.retryAfterMs / 1000))));
     case 'key_reused':
       return keyReused();
     case 'store_unavailable':
