@@ -2,6 +2,7 @@ import type { INestApplication, LoggerService, LogLevel } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-express';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
+import { Transport, type MicroserviceOptions } from '@nestjs/microservices';
 import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
 import { AppModule, type AppModuleOptions } from './app.module.js';
 import { XML_MEDIA_TYPES } from './uploads/xml-body.guard.js';
@@ -17,6 +18,8 @@ export type HttpAdapterName = 'express' | 'fastify';
  */
 export interface DemoAppOptions extends AppModuleOptions {
   adapter: HttpAdapterName;
+  /** Also serve the `orders.create` message pattern over the Redis transport at this URL. */
+  rpcRedisUrl?: string;
   /** Nest's logger option (e.g. `['error', 'warn']` in tests). Default: Nest's default logger. */
   logger?: LoggerService | LogLevel[] | false;
 }
@@ -42,9 +45,11 @@ export async function createDemoApp(options: DemoAppOptions): Promise<INestAppli
     const app = await NestFactory.create<NestFastifyApplication>(module, adapter, appOptions);
     app.useBodyParser(XML_MEDIA_TYPES, { bodyLimit: xmlBodyLimit });
     serveApiDocs(app);
+    connectRpc(app, options.rpcRedisUrl);
     await initOrClose(app, async () => {
       await app.init();
       await app.getHttpAdapter().getInstance().ready();
+      await app.startAllMicroservices();
     });
     return app;
   }
@@ -55,8 +60,23 @@ export async function createDemoApp(options: DemoAppOptions): Promise<INestAppli
   app.useBodyParser('urlencoded', { limit: BODY_LIMIT_BYTES, extended: true });
   app.useBodyParser('raw', { type: XML_MEDIA_TYPES, limit: xmlBodyLimit });
   serveApiDocs(app);
-  await initOrClose(app, () => app.init());
+  connectRpc(app, options.rpcRedisUrl);
+  await initOrClose(app, async () => {
+    await app.init();
+    await app.startAllMicroservices();
+  });
   return app;
+}
+
+/** The Redis transport for message handlers (`OrdersRpcController`), when a URL is given. */
+function connectRpc(app: INestApplication, url: string | undefined): void {
+  if (!url) return;
+  const { hostname, port } = new URL(url);
+  // inheritAppConfig: the app's global guard, validation pipe and exception filter apply to messages too.
+  app.connectMicroservice<MicroserviceOptions>(
+    { transport: Transport.REDIS, options: { host: hostname, port: Number(port || 6379) } },
+    { inheritAppConfig: true },
+  );
 }
 
 /**

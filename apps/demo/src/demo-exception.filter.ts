@@ -1,5 +1,7 @@
 import { Catch, HttpException, HttpStatus, Logger, type ArgumentsHost, type ExceptionFilter } from '@nestjs/common';
 import { HttpAdapterHost } from '@nestjs/core';
+import { RpcException } from '@nestjs/microservices';
+import { throwError, type Observable } from 'rxjs';
 import { STATUS_CODES } from 'node:http';
 
 /** The JSON every error answer has: Nest's usual shape plus a stable, machine-readable `code`. */
@@ -80,7 +82,12 @@ export class DemoExceptionFilter implements ExceptionFilter {
 
   constructor(private readonly adapterHost: HttpAdapterHost) {}
 
-  catch(exception: unknown, host: ArgumentsHost): void {
+  catch(exception: unknown, host: ArgumentsHost): void | Observable<never> {
+    // Message handlers (the Redis transport) answer the caller with the error's body instead.
+    if (host.getType() === 'rpc') {
+      const error = exception instanceof RpcException ? exception.getError() : this.toBody(exception);
+      return throwError(() => error);
+    }
     const { httpAdapter } = this.adapterHost;
     const response: unknown = host.switchToHttp().getResponse();
     const body = this.toBody(exception);

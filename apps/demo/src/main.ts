@@ -27,7 +27,8 @@ const adapterFromEnv = (): HttpAdapterName => {
 /**
  * Starts the demo from the environment: `PORT` (default 3000), `HOST` (default: the adapter's),
  * `HTTP_ADAPTER` (`express` | `fastify`), `DATABASE_URL` (default: an embedded PostgreSQL in
- * `.data/pg`), `REDIS_URL` (default: the memory store), `RABBITMQ_URL` (default: no
+ * `.data/pg`), `REDIS_URL` (default: the memory store; with it the demo also serves the
+ * `orders.create` message pattern over the Redis transport), `RABBITMQ_URL` (default: no
  * `payment.succeeded` consumer), `PAYMENT_QUEUE` (default `payment.succeeded`) and
  * `IDEMPOTENCY_LEASE_SECONDS` (default: the library's).
  */
@@ -78,7 +79,7 @@ async function bootstrap(): Promise<void> {
   }
 
   try {
-    app = await createDemoApp({ adapter, databaseUrl, redisUrl, rabbitmqUrl, paymentQueue, leaseSeconds });
+    app = await createDemoApp({ adapter, databaseUrl, redisUrl, rpcRedisUrl: redisUrl, rabbitmqUrl, paymentQueue, leaseSeconds });
     // HOST: e.g. 0.0.0.0 in a container (Fastify listens on localhost by default).
     await (process.env.HOST ? app.listen(port, process.env.HOST) : app.listen(port));
   } catch (error) {
