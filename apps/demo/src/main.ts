@@ -2,19 +2,9 @@ import 'reflect-metadata';
 import { Logger, type INestApplication } from '@nestjs/common';
 import { createDemoApp, type HttpAdapterName } from './demo-app.factory.js';
 import type { EmbeddedDatabase } from './embedded-database.js';
+import { redactUrl } from './redact-url.js';
 
 const logger = new Logger('Bootstrap');
-
-/** The URL without its password, for the log. */
-const redact = (url: string): string => {
-  try {
-    const parsed = new URL(url);
-    if (parsed.password) parsed.password = '***';
-    return parsed.toString();
-  } catch {
-    return '(unparsable URL)';
-  }
-};
 
 const adapterFromEnv = (): HttpAdapterName => {
   const value = (process.env.HTTP_ADAPTER ?? 'express').toLowerCase();
@@ -51,9 +41,9 @@ async function bootstrap(): Promise<void> {
     embedded = await startEmbeddedDatabase();
     databaseUrl = embedded.url;
   }
-  logger.log(`Database: ${redact(databaseUrl)}${embedded ? ' (embedded)' : ''}`);
-  logger.log(`Idempotency store: ${redisUrl ? `Redis ${redact(redisUrl)}` : 'memory (one process only)'}`);
-  logger.log(`Payment events: ${rabbitmqUrl ? `RabbitMQ ${redact(rabbitmqUrl)}` : 'off (no RABBITMQ_URL)'}`);
+  logger.log(`Database: ${redactUrl(databaseUrl)}${embedded ? ' (embedded)' : ''}`);
+  logger.log(`Idempotency store: ${redisUrl ? `Redis ${redactUrl(redisUrl)}` : 'memory (one process only)'}`);
+  logger.log(`Payment events: ${rabbitmqUrl ? `RabbitMQ ${redactUrl(rabbitmqUrl)}` : 'off (no RABBITMQ_URL)'}`);
 
   let app: INestApplication | undefined;
   let closing: Promise<void> | undefined;

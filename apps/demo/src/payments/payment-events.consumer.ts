@@ -18,6 +18,7 @@ import {
   type PaymentEventsOptions,
 } from './payment-events.options.js';
 import { parsePaymentSucceeded, type PaymentSucceededEvent } from './payment-succeeded.event.js';
+import { redactUrl } from '../redact-url.js';
 
 /** What the consumer did with the messages it got, since it started. */
 export interface PaymentEventsStats {
@@ -32,16 +33,6 @@ export interface PaymentEventsStats {
   /** Deliveries the broker flagged as redelivered. */
   redelivered: number;
 }
-
-const redact = (url: string): string => {
-  try {
-    const parsed = new URL(url);
-    if (parsed.password) parsed.password = '***';
-    return parsed.toString();
-  } catch {
-    return '(unparsable URL)';
-  }
-};
 
 /**
  * Consumes `payment.succeeded` messages and marks their orders paid, exactly once per AMQP
@@ -97,9 +88,9 @@ export class PaymentEventsConsumer implements OnApplicationBootstrap, BeforeAppl
     try {
       await connection.waitForConnect();
     } catch (cause) {
-      throw new Error(`Could not consume ${this.queue} from RabbitMQ at ${redact(this.options.url)}`, { cause });
+      throw new Error(`Could not consume ${this.queue} from RabbitMQ at ${redactUrl(this.options.url)}`, { cause });
     }
-    this.logger.log(`Consuming ${this.queue} from ${redact(this.options.url)}`);
+    this.logger.log(`Consuming ${this.queue} from ${redactUrl(this.options.url)}`);
   }
 
   /** Stops taking messages, lets those in hand finish (the database is still open), disconnects. */

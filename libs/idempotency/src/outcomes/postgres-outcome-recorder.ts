@@ -15,6 +15,7 @@ import {
   type RecordedOutcome,
 } from './outcome-claim.js';
 import { claimSql, finishSql, getSql, lockSql, purgeSql } from './postgres-outcome-recorder.sql.js';
+import { PurgeSchedule, purgeInBatches } from '../persistence/purge-schedule.js';
 
 export interface PostgresOutcomeRecorderOptions {
   /** Table, `name` or `schema.name`. Default `idempotency_outcomes` in the DataSource's `schema`. */
@@ -66,8 +67,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
   private readonly sql: Record<'claim' | 'finish' | 'lock' | 'get' | 'purge', string>;
   private readonly leaseMs: number;
   private readonly retentionMs: number;
-  private timer?: NodeJS.Timeout;
-  private purging?: Promise<unknown>;
+  private readonly purgeSchedule = new PurgeSchedule(() => this.purgeExpired(), this.logger, 'outcome records');
 
   constructor(
     readonly dataSource: DataSource,
@@ -168,26 +168,17 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
 
   /** Deletes expired records (retention over, or an abandoned lease) in batches; returns how many. */
   async purgeExpired(): Promise<number> {
-    const batch = this.options.purgeBatchSize ?? 1000;
-    let total = 0;
-    for (;;) {
-      const deleted = (await this.run(this.sql.purge, [batch])).affected ?? 0;
-      total += deleted;
-      if (deleted < batch) return total;
-    }
+    const deleteBatch = async (size: number) => (await this.run(this.sql.purge, [size])).affected ?? 0;
+    return purgeInBatches(deleteBatch, this.options.purgeBatchSize ?? 1000);
   }
 
   onModuleInit(): void {
-    const intervalMs = this.options.purgeIntervalMs;
-    if (!intervalMs || this.timer) return;
-    this.timer = setInterval(() => this.purgeInBackground(), intervalMs);
-    this.timer.unref();
+    this.purgeSchedule.start(this.options.purgeIntervalMs);
   }
 
   async onApplicationShutdown(): Promise<void> {
-    clearInterval(this.timer);
-    this.timer = undefined;
-    await this.purging;
+    // The DataSource closes after its module shuts down; let a running purge finish first.
+    await this.purgeSchedule.stop();
   }
 
   private async finish(held: HeldOutcome, state: 'SUCCESS' | 'FAILED', outcome: RecordedOutcome): Promise<boolean> {
@@ -197,14 +188,6 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
   private finishParams(held: HeldOutcome, state: 'SUCCESS' | 'FAILED', outcome: RecordedOutcome): unknown[] {
     const body = outcome.body === undefined ? null : JSON.stringify(outcome.body);
     return [held.recordId, held.token, state, outcome.statusCode, body ?? null, this.retentionMs];
-  }
-
-  private purgeInBackground(): void {
-    if (this.purging) return;
-    this.purging = this.purgeExpired()
-      .then((count) => count > 0 && this.logger.debug(`Purged ${count} expired outcome records`))
-      .catch((error: Error) => this.logger.warn(`Purging expired outcome records failed: ${error.message}`))
-      .finally(() => (this.purging = undefined));
   }
 
   /**

@@ -10,6 +10,7 @@ import {
 } from '../idempotency-store.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
 import { claimSql, completeSql, getSql, purgeSql, releaseSql } from './postgres-idempotency.sql.js';
+import { PurgeSchedule, purgeInBatches } from '../../persistence/purge-schedule.js';
 
 export interface PostgresIdempotencyStoreOptions {
   /**
@@ -55,8 +56,7 @@ const CLAIM_ATTEMPTS = 5;
 export class PostgresIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
   private readonly sql: Record<'claim' | 'complete' | 'release' | 'get' | 'purge', string>;
-  private timer?: NodeJS.Timeout;
-  private purging?: Promise<unknown>;
+  private readonly purgeSchedule = new PurgeSchedule(() => this.purgeExpired(), this.logger, 'idempotency records');
 
   constructor(
     readonly dataSource: DataSource,
@@ -113,35 +113,17 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
 
   /** Deletes expired records, in batches of `purgeBatchSize`; returns how many. */
   async purgeExpired(): Promise<number> {
-    const batch = this.options.purgeBatchSize ?? 1000;
-    let total = 0;
-    for (;;) {
-      const deleted = (await this.run(this.sql.purge, [batch])).affected ?? 0;
-      total += deleted;
-      if (deleted < batch) return total;
-    }
+    const deleteBatch = async (size: number) => (await this.run(this.sql.purge, [size])).affected ?? 0;
+    return purgeInBatches(deleteBatch, this.options.purgeBatchSize ?? 1000);
   }
 
   onModuleInit(): void {
-    const intervalMs = this.options.purgeIntervalMs;
-    if (!intervalMs || this.timer) return;
-    this.timer = setInterval(() => this.purgeInBackground(), intervalMs);
-    this.timer.unref();
+    this.purgeSchedule.start(this.options.purgeIntervalMs);
   }
 
   async onApplicationShutdown(): Promise<void> {
-    clearInterval(this.timer);
-    this.timer = undefined;
     // The DataSource closes after its module shuts down; let a running purge finish first.
-    await this.purging;
-  }
-
-  private purgeInBackground(): void {
-    if (this.purging) return;
-    this.purging = this.purgeExpired()
-      .then((count) => count > 0 && this.logger.debug(`Purged ${count} expired idempotency records`))
-      .catch((error: Error) => this.logger.warn(`Purging expired idempotency records failed: ${error.message}`))
-      .finally(() => (this.purging = undefined));
+    await this.purgeSchedule.stop();
   }
 
   /** Runs one statement on a pooled connection; database errors become `IdempotencyStoreError`. */
