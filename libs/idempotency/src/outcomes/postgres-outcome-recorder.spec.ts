@@ -297,7 +297,7 @@ describe('PostgresOutcomeRecorder', () => {
       await timed.claim({ scope, requestId: 'r', contentHash: hash('timer') });
       await expire(scope);
       timed.onModuleInit();
-      expect((timed as unknown as { timer: NodeJS.Timeout }).timer.hasRef()).toBe(false);
+      expect((timed as unknown as { purgeSchedule: { timer: NodeJS.Timeout } }).purgeSchedule.timer.hasRef()).toBe(false);
       await until(async () => (await record(scope)).length === 0);
       await timed.onApplicationShutdown();
     });
