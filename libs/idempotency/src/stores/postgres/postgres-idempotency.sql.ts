@@ -20,11 +20,20 @@ const REMAINING_MS = `ceil(extract(epoch FROM r.expires_at - now()) * 1000)::flo
  * statement began, so a row inserted or taken over by a concurrent transaction that committed
  * meanwhile is invisible (or visible only in its old, expired version). The caller runs the
  * statement again, which takes a fresh snapshot.
+ *
+ * A live record is read first (`live`), and the INSERT only runs when there is none: a duplicate
+ * then takes no row lock and writes no WAL (`ON CONFLICT DO UPDATE ... WHERE` locks the
+ * conflicting row even when it updates nothing, so every replay used to wait for a WAL flush).
  */
 export const claimSql = (table: string) => `
-WITH claimed AS (
+WITH live AS (
+  SELECT r."state", r."fingerprint", r."status_code", r."headers", r."body", r."has_body", ${REMAINING_MS} AS remaining_ms
+    FROM ${table} AS r
+   WHERE r."key" = $1 AND r."expires_at" > now()
+), claimed AS (
   INSERT INTO ${table} AS r ("key", "state", "token", "fingerprint", "status_code", "headers", "body", "has_body", "expires_at")
-  VALUES ($1, 'processing', $2, $3, NULL, NULL, NULL, false, now() + $4::float8 * ${MS})
+  SELECT $1, 'processing', $2, $3, NULL, NULL, NULL, false, now() + $4::float8 * ${MS}
+   WHERE NOT EXISTS (SELECT 1 FROM live)
   ON CONFLICT ("key") DO UPDATE
     SET "state" = 'processing', "token" = excluded."token", "fingerprint" = excluded."fingerprint",
         "status_code" = NULL, "headers" = NULL, "body" = NULL, "has_body" = false,
@@ -36,9 +45,9 @@ SELECT acquired, NULL::varchar AS state, NULL::varchar AS fingerprint, NULL::int
        NULL::jsonb AS headers, NULL::text AS body, NULL::boolean AS has_body, NULL::float8 AS remaining_ms
   FROM claimed
 UNION ALL
-SELECT false, r."state", r."fingerprint", r."status_code", r."headers", r."body", r."has_body", ${REMAINING_MS}
-  FROM ${table} AS r
- WHERE r."key" = $1 AND r."expires_at" > now() AND NOT EXISTS (SELECT 1 FROM claimed)`;
+SELECT false, l."state", l."fingerprint", l."status_code", l."headers", l."body", l."has_body", l.remaining_ms
+  FROM live AS l
+ WHERE NOT EXISTS (SELECT 1 FROM claimed)`;
 
 /**
  * Save the response while the token still owns a live processing claim (fencing: a stale owner

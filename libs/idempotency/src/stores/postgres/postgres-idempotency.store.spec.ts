@@ -23,7 +23,7 @@ async function until(condition: () => Promise<boolean>): Promise<void> {
 }
 
 const WAITING_CLAIMS = `SELECT count(*)::int AS count FROM pg_stat_activity
-  WHERE wait_event_type = 'Lock' AND query LIKE '%WITH claimed AS%' AND query LIKE $1`;
+  WHERE wait_event_type = 'Lock' AND query LIKE '%claimed AS (%' AND query LIKE $1`;
 
 /** Records every statement the DataSource sends, to count round trips. */
 class StatementLog implements TypeOrmLogger {
@@ -125,6 +125,24 @@ describe('PostgresIdempotencyStore', () => {
     await other.commitTransaction();
     await other.release();
     expect(await claim).toMatchObject({ status: 'in_progress' });
+  });
+
+  it('answers a duplicate of a live record without taking its row lock (no write, no wait)', async () => {
+    const key = `nolock:${randomUUID()}`;
+    await store.claim({ key, token: 't1', fingerprint: 'fp', leaseMs: 60_000 });
+    await store.complete(key, 't1', { statusCode: 201, headers: {}, body: '1' }, 60_000);
+    const other = dataSource.createQueryRunner();
+    await other.startTransaction();
+    await other.query(`SELECT 1 FROM "${schema}".idempotency_records WHERE key = $1 FOR UPDATE`, [key]);
+    try {
+      // With ON CONFLICT DO UPDATE alone, the duplicate's claim would queue behind this lock.
+      const duplicate = store.claim({ key, token: 't2', fingerprint: 'fp', leaseMs: 60_000 });
+      const blocked = new Promise((resolve) => setTimeout(() => resolve('blocked'), 2000).unref());
+      expect(await Promise.race([duplicate, blocked])).toMatchObject({ status: 'completed' });
+    } finally {
+      await other.rollbackTransaction();
+      await other.release();
+    }
   });
 
   it('purges expired records in batches and keeps live ones', async () => {
