@@ -19,6 +19,18 @@ async function timed<T>(work: PromiseLike<T>): Promise<[T, number]> {
   return [result, Date.now() - started];
 }
 
+/** With the store unreachable: a fail-open route runs (201), a fail-closed one answers 503, both within the bound. */
+async function expectOutagePolicy(app: INestApplication, key = randomUUID()): Promise<void> {
+  const [open, openMs] = await timed(request(app.getHttpServer()).post('/payments').set('Idempotency-Key', randomUUID()).send({}));
+  expect(open.status).toBe(201);
+  expect(openMs).toBeLessThan(BOUND_MS);
+  const [closed, closedMs] = await timed(request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key));
+  expect(closed.status).toBe(503);
+  expect(closed.body).toMatchObject({ statusCode: 503, code: 'IDEMPOTENCY_STORE_UNAVAILABLE' });
+  expect(Number(closed.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+  expect(closedMs).toBeLessThan(BOUND_MS);
+}
+
 describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis is unavailable (%s)', (adapter) => {
   let app: INestApplication | undefined;
   afterEach(async () => {
@@ -64,12 +76,7 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
       expect(replay.headers['idempotent-replayed']).toBe('true');
 
       await server.kill();
-      const [open, openMs] = await timed(request(app.getHttpServer()).post('/payments').set('Idempotency-Key', randomUUID()).send({}));
-      expect(open.status).toBe(201);
-      expect(openMs).toBeLessThan(BOUND_MS);
-      const [closed, closedMs] = await timed(request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key));
-      expect(closed.status).toBe(503);
-      expect(closedMs).toBeLessThan(BOUND_MS);
+      await expectOutagePolicy(app, key);
 
       // Started again on the same port: the client reconnects and the guard resumes.
       server = await startRedisServer(server.port);
@@ -99,12 +106,7 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
       expect(first.status).toBe(201);
 
       proxy.delayMs = 5000;
-      const [open, openMs] = await timed(request(app.getHttpServer()).post('/payments').set('Idempotency-Key', randomUUID()).send({}));
-      expect(open.status).toBe(201);
-      expect(openMs).toBeLessThan(BOUND_MS);
-      const [closed, closedMs] = await timed(request(app.getHttpServer()).post('/closed').set('Idempotency-Key', randomUUID()));
-      expect(closed.status).toBe(503);
-      expect(closedMs).toBeLessThan(BOUND_MS);
+      await expectOutagePolicy(app);
 
       proxy.delayMs = 0;
       proxy.cut(); // drop the connection whose replies are still queued; ioredis reconnects
@@ -130,12 +132,7 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
     it('does not hang a request', async () => {
       const { port } = blackHole.address() as { port: number };
       app = await createGuardTestApp(adapter, { store: { redis: `redis://127.0.0.1:${port}` }, keyPrefix: 'slow' });
-      const [open, openMs] = await timed(request(app.getHttpServer()).post('/payments').set('Idempotency-Key', randomUUID()).send({}));
-      expect(open.status).toBe(201);
-      expect(openMs).toBeLessThan(BOUND_MS);
-      const [closed, closedMs] = await timed(request(app.getHttpServer()).post('/closed').set('Idempotency-Key', randomUUID()));
-      expect(closed.status).toBe(503);
-      expect(closedMs).toBeLessThan(BOUND_MS);
+      await expectOutagePolicy(app);
     });
   });
 });

@@ -52,6 +52,9 @@ describe('two demo processes sharing one Redis and one PostgreSQL', () => {
 
     expect(answers.filter((a) => a.status >= 500)).toEqual([]);
     expect(answers.filter((a) => a.status === 201 && !a.replayed)).toHaveLength(1);
+    // A 200 would be a duplicate that got past the guard to the database (which answers it with
+    // the existing order): with Redis up, the guard alone must stop every duplicate.
+    expect(answers.filter((a) => a.status === 200)).toEqual([]);
     for (const a of answers) {
       const expected = a.replayed || a.status === 201 || a.status === 200 || (a.status === 409 && a.code === 'IDEMPOTENCY_IN_PROGRESS');
       expect({ ...a, expected }).toMatchObject({ expected: true });
