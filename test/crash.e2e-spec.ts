@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
-import { buildStorageKey } from '../libs/idempotency/src/index.js';
+import { RedisIdempotencyStore, buildStorageKey } from '../libs/idempotency/src/index.js';
 import { startDemoProcess, type DemoProcess } from './support/demo-process.js';
 import { until } from './support/http.js';
 import { DATABASE_URL, REDIS_URL, connectRedis } from './support/services.js';
@@ -42,7 +42,8 @@ describe('kill -9 of an app process in the middle of a request', () => {
     await db.query('BEGIN');
     await db.query('LOCK TABLE orders IN EXCLUSIVE MODE');
     const lost = post(victim).catch((error: Error) => error);
-    await until(async () => (await redis.hget(key, 's')) === 'P');
+    const store = new RedisIdempotencyStore(redis);
+    await until(async () => (await store.get(key))?.state === 'processing');
     await victim.stop('SIGKILL');
     expect(await lost).toHaveProperty('message', 'fetch failed'); // the client saw the connection die
 

@@ -1,6 +1,7 @@
 /** Every arm the bench can run; `BENCH_ARMS` picks a subset (bare always runs: it is the baseline). */
 export const ARM_NAMES = [
   'bare',
+  'empty-interceptor',
   'guard-redis',
   'guard-memory',
   'guard-postgres',
@@ -12,10 +13,11 @@ export const ARM_NAMES = [
 export type ArmName = (typeof ARM_NAMES)[number];
 
 /** Run unless `BENCH_ARMS` says otherwise; the lever arms (`guard-redis-uncorked`, `guard-redis-autopipe`) run when named. */
-export const DEFAULT_ARMS: readonly ArmName[] = ['bare', 'guard-redis', 'guard-memory', 'guard-postgres', 'peer-redis', 'handwritten'];
+export const DEFAULT_ARMS: readonly ArmName[] = ['bare', 'empty-interceptor', 'guard-redis', 'guard-memory', 'guard-postgres', 'peer-redis', 'handwritten'];
 
 export const ARM_LABELS: Record<ArmName, string> = {
   bare: 'bare Nest endpoint',
+  'empty-interceptor': 'an empty Nest interceptor (the floor)',
   'guard-redis': 'this guard, Redis',
   'guard-memory': 'this guard, memory',
   'guard-postgres': 'this guard, PostgreSQL',
@@ -24,6 +26,9 @@ export const ARM_LABELS: Record<ArmName, string> = {
   'guard-redis-autopipe': 'this guard, Redis, ioredis auto-pipelining',
   'guard-redis-uncorked': 'this guard, Redis, a client without write coalescing',
 };
+
+/** Arms without a guard: one throughput slot each, no storm or crash phase for the floor. */
+export const UNGUARDED_ARMS: ReadonlySet<ArmName> = new Set(['bare', 'empty-interceptor']);
 
 /** Arms whose store is Redis (commands per request are counted for them). */
 export const REDIS_ARMS: ReadonlySet<ArmName> = new Set(['guard-redis', 'guard-redis-autopipe', 'guard-redis-uncorked', 'peer-redis', 'handwritten']);

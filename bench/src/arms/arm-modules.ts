@@ -1,4 +1,12 @@
-import { Module, type DynamicModule, type Provider } from '@nestjs/common';
+import {
+  Injectable,
+  Module,
+  UseInterceptors,
+  type CallHandler,
+  type DynamicModule,
+  type NestInterceptor,
+  type Provider,
+} from '@nestjs/common';
 import { Redis } from 'ioredis';
 import {
   IdempotencyModule,
@@ -27,6 +35,14 @@ const RETENTION_SECONDS = 86_400;
 @Module({})
 class ArmModule {}
 
+/** Passes every call through: the floor any interceptor-based guard stands on. */
+@Injectable()
+class EmptyInterceptor implements NestInterceptor {
+  intercept(_ctx: unknown, next: CallHandler) {
+    return next.handle();
+  }
+}
+
 /** The Nest module of one arm: the same controller, with that arm's guard around it. */
 export async function armModule(arm: ArmName, settings: ArmSettings): Promise<DynamicModule> {
   const providers: Provider[] = [HandlerRuns];
@@ -43,6 +59,11 @@ export async function armModule(arm: ArmName, settings: ArmSettings): Promise<Dy
 
   switch (arm) {
     case 'bare':
+      break;
+    case 'empty-interceptor':
+      // What any interceptor costs in Nest (its rxjs pipeline), before the guard does anything.
+      providers.push(EmptyInterceptor);
+      guard = UseInterceptors(EmptyInterceptor);
       break;
     case 'guard-redis':
       useGuard({ redis: settings.redisUrl });

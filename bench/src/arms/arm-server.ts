@@ -4,8 +4,10 @@ import { NestFactory } from '@nestjs/core';
 import { ExpressAdapter } from '@nestjs/platform-express';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { isArmName, type AdapterName } from '../arm-names.js';
+import { IdempotencyStore, RedisIdempotencyStore } from '../../../libs/idempotency/src/index.js';
 import { armModule } from './arm-modules.js';
 import { ArmUnavailable } from './postgres-arm.js';
+import { HandlerRuns } from './orders.controller.js';
 
 /**
  * One arm as its own process: `ARM`, `ADAPTER`, `PORT`, `REDIS_URL`, `DATABASE_URL`,
@@ -31,10 +33,29 @@ async function main(): Promise<void> {
     adapter === 'fastify'
       ? await NestFactory.create(module, new FastifyAdapter(), options)
       : await NestFactory.create(module, new ExpressAdapter(), options);
+  if (arm.startsWith('guard-redis')) countRedisCommands(app);
   // A normal exit on SIGTERM, so `--cpu-prof` writes its profile (the driver SIGKILLs otherwise).
   process.once('SIGTERM', () => void app.close().finally(() => process.exit(0)));
   await app.listen(port, '127.0.0.1');
   process.stdout.write(`READY ${port}\n`);
+}
+
+/**
+ * Counts the commands the guard's Redis client sends (each one round trip). Redis's own
+ * `INFO commandstats` also counts the commands a script runs, under the same names (a claim is a
+ * `SET`, and so is the write inside the complete script): only the client can tell them apart.
+ */
+function countRedisCommands(app: INestApplication): void {
+  const store = app.get(IdempotencyStore, { strict: false }) as unknown;
+  if (!(store instanceof RedisIdempotencyStore)) throw new Error('a guard-redis arm without a Redis store');
+  const runs = app.get(HandlerRuns);
+  runs.redisCommands = 0;
+  const client = store.client;
+  const send = client.sendCommand.bind(client) as (...args: unknown[]) => unknown;
+  (client as unknown as { sendCommand: typeof send }).sendCommand = (...args) => {
+    runs.redisCommands!++;
+    return send(...args);
+  };
 }
 
 main().catch((error: unknown) => {

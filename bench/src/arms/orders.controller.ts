@@ -7,6 +7,8 @@ export class HandlerRuns {
   orders = 0;
   storms = 0;
   crashes = 0;
+  /** Commands the guard's Redis client sent (guard arms only; see `countRedisCommands`). */
+  redisCommands?: number;
 }
 
 interface OrderInput {

@@ -198,6 +198,8 @@ export interface HandlerRunCounts {
   orders: number;
   storms: number;
   crashes: number;
+  /** Commands the guard's Redis client sent so far (guard arms with a Redis store). */
+  redisCommands?: number;
 }
 
 /** The handler runs an arm counted so far (its unguarded `GET /bench/stats`). */

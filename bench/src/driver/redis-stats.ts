@@ -1,59 +1,41 @@
 import { Redis } from 'ioredis';
-import { CLAIM_LUA } from '../../../libs/idempotency/src/stores/redis/claim.lua.js';
-import { COMPLETE_LUA } from '../../../libs/idempotency/src/stores/redis/complete.lua.js';
-import { RELEASE_LUA } from '../../../libs/idempotency/src/stores/redis/release.lua.js';
 
 /** Commands the bench itself sends, or clients send when they connect: never counted. */
 const ADMIN = /^(config|info|client|hello|command|script|flushall|flushdb|ping|select|subscribe|psubscribe|quit|dbsize|keys)(\||$)/;
 
-/** Commands that the guard's Lua scripts run (`redis.call('X'`): in-script, not round trips. */
-const IN_SCRIPT = new Set(
-  [CLAIM_LUA, COMPLETE_LUA, RELEASE_LUA].flatMap((lua) =>
-    [...lua.matchAll(/redis\.call\(\s*'(\w+)'/g)].map((match) => match[1].toLowerCase()),
-  ),
-);
-const SCRIPT_CALLS = /^(eval|evalsha|eval_ro|evalsha_ro|fcall|fcall_ro)$/;
-
 export interface CommandCounts {
-  /** Commands clients sent (round trips), by name. */
-  sent: Record<string, number>;
+  /** Commands Redis ran, by name: those clients sent and those scripts ran. */
+  calls: Record<string, number>;
+  /** Their sum. */
+  total: number;
+  /** Round trips: the commands clients sent (the rest ran inside scripts). */
   sentTotal: number;
-  /** Commands run inside scripts. */
   inScript: number;
-  /** Microseconds Redis spent executing the commands sent (a script's time includes its calls). */
-  usec: number;
 }
 
-/**
- * `INFO commandstats` of the bench's Redis, between two `CONFIG RESETSTAT`s. Redis counts the
- * commands a Lua script runs as well: when scripts ran, the commands named in the guard's
- * scripts are counted as in-script, not as round trips.
- */
+/** Starts counting afresh (`CONFIG RESETSTAT`). */
 export async function resetCommandStats(redis: Redis): Promise<void> {
   await redis.config('RESETSTAT');
 }
 
-export async function readCommandStats(redis: Redis): Promise<CommandCounts> {
+/**
+ * `INFO commandstats` since the last reset. Redis counts the commands a Lua script runs too, by
+ * the same names as commands sent, so it cannot tell round trips from in-script calls:
+ * `sentByClient` (counted by the arm's client) does. Without it every command counts as sent,
+ * which is right for arms that run no scripts.
+ */
+export async function readCommandStats(redis: Redis, sentByClient?: number): Promise<CommandCounts> {
   const text = await redis.info('commandstats');
   const calls: Record<string, number> = {};
-  const usec: Record<string, number> = {};
-  for (const match of text.matchAll(/^cmdstat_([^:]+):calls=(\d+),usec=(\d+)/gm)) {
-    calls[match[1].toLowerCase()] = Number(match[2]);
-    usec[match[1].toLowerCase()] = Number(match[3]);
-  }
-  const scripted = Object.keys(calls).some((name) => SCRIPT_CALLS.test(name));
-  const counts: CommandCounts = { sent: {}, sentTotal: 0, inScript: 0, usec: 0 };
-  for (const [name, n] of Object.entries(calls)) {
+  let total = 0;
+  for (const match of text.matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)) {
+    const name = match[1].toLowerCase();
     if (ADMIN.test(name)) continue;
-    if (scripted && IN_SCRIPT.has(name.split('|')[0])) {
-      counts.inScript += n;
-    } else {
-      counts.sent[name] = n;
-      counts.sentTotal += n;
-      counts.usec += usec[name];
-    }
+    calls[name] = Number(match[2]);
+    total += calls[name];
   }
-  return counts;
+  const sentTotal = sentByClient ?? total;
+  return { calls, total, sentTotal, inScript: total - sentTotal };
 }
 
 /** CPU time the Redis server used so far (user + system, all threads), microseconds. */

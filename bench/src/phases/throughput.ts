@@ -1,6 +1,6 @@
 import type { Redis } from 'ioredis';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { REDIS_ARMS, type AdapterName, type ArmName } from '../arm-names.js';
+import { REDIS_ARMS, UNGUARDED_ARMS, type AdapterName, type ArmName } from '../arm-names.js';
 import { runLoad, send, type LoadResult } from '../driver/load.js';
 import { handlerRuns, type ArmProcess } from '../driver/processes.js';
 import type { Progress } from '../driver/progress.js';
@@ -36,9 +36,11 @@ interface Slot {
   mode: Mode;
 }
 
-/** bare once (its own baseline for both modes), every other arm in both modes. */
+/** The unguarded arms once (bare is the baseline of both modes), every guard in both modes. */
 export function slotsOf(arms: readonly ArmName[]): Slot[] {
-  return arms.flatMap((arm): Slot[] => (arm === 'bare' ? [{ arm, mode: 'unique' }] : [{ arm, mode: 'unique' }, { arm, mode: 'replay' }]));
+  return arms.flatMap((arm): Slot[] =>
+    UNGUARDED_ARMS.has(arm) ? [{ arm, mode: 'unique' }] : [{ arm, mode: 'unique' }, { arm, mode: 'replay' }],
+  );
 }
 
 /**
@@ -102,7 +104,9 @@ async function measure(arm: ArmProcess, mode: Mode, seconds: number, connections
   const load = await runLoad({ url, headers, body: ORDER_BODY, connections, seconds });
   const after = await settledRuns(arm);
   const redisCpuAfter = countRedis ? await redisCpuMicros(redis) : 0;
-  const commands = countRedis ? await readCommandStats(redis) : undefined;
+  const sentByClient =
+    after.redisCommands === undefined ? undefined : after.redisCommands - (before.redisCommands ?? 0);
+  const commands = countRedis ? await readCommandStats(redis, sentByClient) : undefined;
   return {
     ...load,
     handlerRuns: after.orders - before.orders,

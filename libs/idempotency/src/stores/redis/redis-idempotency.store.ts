@@ -10,26 +10,23 @@ import {
   type StoredRecord,
 } from '../idempotency-store.js';
 import { SettleWatchers } from '../settle-watchers.js';
-import { CLAIM_LUA } from './claim.lua.js';
+import { CLAIM_WAIT_LUA } from './claim-wait.lua.js';
 import { COMPLETE_LUA } from './complete.lua.js';
+import {
+  decodeRecord,
+  encodeProcessing,
+  encodeResponse,
+  toStoredRecord,
+  tokenPrefix,
+  type DecodedRecord,
+} from './redis-record.js';
 import { RELEASE_LUA } from './release.lua.js';
-
-type ClaimReply = [1] | [2, number] | [3, string, string, string | null] | [4];
 
 /** The scripts as commands on the client (registered with `defineCommand`, sent as EVALSHA). */
 interface ScriptedClient {
-  idempotencyClaim(key: string, token: string, fingerprint: string, leaseMs: number, wait: '0' | '1'): Promise<ClaimReply>;
-  idempotencyComplete(
-    key: string,
-    token: string,
-    statusCode: number,
-    headers: string,
-    body: string,
-    hasBody: '0' | '1',
-    ttlMs: number,
-    channel: string,
-  ): Promise<0 | 1>;
-  idempotencyRelease(key: string, token: string, channel: string): Promise<0 | 1>;
+  idempotencyClaimWait(key: string, processing: string, leaseMs: number): Promise<string | null>;
+  idempotencyComplete(key: string, prefix: string, response: string, ttlMs: number, channel: string): Promise<0 | 1>;
+  idempotencyRelease(key: string, prefix: string, channel: string): Promise<0 | 1>;
 }
 
 export interface RedisIdempotencyStoreOptions {
@@ -49,8 +46,11 @@ export interface RedisIdempotencyStoreOptions {
 }
 
 /**
- * Redis store: one Lua script per operation, each one round trip, TTLs set inside the scripts.
- * Works on a single node and on a Cluster (each script touches one key).
+ * Redis store (Redis 7.0 or later): one round trip per operation, TTLs set by Redis. A claim is
+ * the plain command `SET key <processing> NX PX <lease> GET`: it claims a free key, or returns
+ * the record that holds it, so a duplicate is one command too. Completing and releasing are Lua
+ * scripts that check the owner's token first (fencing). One string per record
+ * (`redis-record.ts`). Works on a single node and on a Cluster (every command touches one key).
  */
 export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(RedisIdempotencyStore.name);
@@ -66,7 +66,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   ) {
     super();
     const commands: Record<string, string> = {
-      idempotencyClaim: CLAIM_LUA,
+      idempotencyClaimWait: CLAIM_WAIT_LUA,
       idempotencyComplete: COMPLETE_LUA,
       idempotencyRelease: RELEASE_LUA,
     };
@@ -81,42 +81,29 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   }
 
   async claim({ key, token, fingerprint, leaseMs, wait }: ClaimInput): Promise<ClaimResult> {
-    const reply = await this.run(() =>
-      this.scripts.idempotencyClaim(key, token, fingerprint, leaseMs, wait ? '1' : '0'),
+    const processing = encodeProcessing(token, fingerprint, Date.now() + leaseMs);
+    const held = await this.run(() =>
+      wait
+        ? this.scripts.idempotencyClaimWait(key, processing, leaseMs)
+        : this.client.set(key, processing, 'PX', leaseMs, 'NX', 'GET'),
     );
-    switch (reply[0]) {
-      case 1:
-        await this.replicate(key, () => this.release(key, token));
-        return { status: 'acquired', token };
-      case 2:
-        return { status: 'in_progress', retryAfterMs: Math.max(reply[1], 0) };
-      case 3:
-        return { status: 'completed', response: toSaved(reply[1], reply[2], reply[3]) };
-      case 4:
-        return { status: 'mismatch' };
+    if (held === null) {
+      await this.replicate(key, () => this.release(key, token));
+      return { status: 'acquired', token };
     }
+    return outcomeOf(this.decode(key, held), fingerprint, leaseMs);
   }
 
   async complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean> {
-    const hasBody = response.body !== undefined;
     const reply = await this.run(() =>
-      this.scripts.idempotencyComplete(
-        key,
-        token,
-        response.statusCode,
-        JSON.stringify(response.headers),
-        hasBody ? response.body! : '',
-        hasBody ? '1' : '0',
-        ttlMs,
-        this.channel,
-      ),
+      this.scripts.idempotencyComplete(key, tokenPrefix(token), encodeResponse(response), ttlMs, this.channel),
     );
     if (reply === 1) await this.replicate(key).catch((error: Error) => this.logger.warn(error.message));
     return reply === 1;
   }
 
   async release(key: string, token: string): Promise<boolean> {
-    return (await this.run(() => this.scripts.idempotencyRelease(key, token, this.channel))) === 1;
+    return (await this.run(() => this.scripts.idempotencyRelease(key, tokenPrefix(token), this.channel))) === 1;
   }
 
   /** With `waitForReplicas`, waits for the replicas; on a shortfall runs `undo` and throws. */
@@ -158,17 +145,8 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {
-    const [fields, ttlMs] = await this.run(() =>
-      Promise.all([this.client.hgetall(key), this.client.pttl(key)]),
-    );
-    if (!fields.s) return undefined;
-    return {
-      state: fields.s === 'C' ? 'completed' : 'processing',
-      token: fields.t,
-      fingerprint: fields.f,
-      response: fields.s === 'C' ? toSaved(fields.c, fields.h, fields.b ?? null) : undefined,
-      ttlMs,
-    };
+    const [value, ttlMs] = await this.run(() => Promise.all([this.client.get(key), this.client.pttl(key)]));
+    return value === null ? undefined : toStoredRecord(this.decode(key, value), ttlMs);
   }
 
   /** Waits (bounded) for the first connection so the first requests are guarded; never fails start-up. */
@@ -198,17 +176,28 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     try {
       return await command();
     } catch (error) {
-      throw new IdempotencyStoreError(`Redis command failed: ${(error as Error).message}`, { cause: error });
+      const message = (error as Error).message;
+      // SET with both NX and GET arrived in Redis 7.0.
+      const hint = /syntax error/i.test(message) ? ' (this store needs Redis 7.0 or later)' : '';
+      throw new IdempotencyStoreError(`Redis command failed: ${message}${hint}`, { cause: error });
+    }
+  }
+
+  private decode(key: string, value: string): DecodedRecord {
+    try {
+      return decodeRecord(value);
+    } catch (error) {
+      throw new IdempotencyStoreError(`${key} holds no idempotency record: ${(error as Error).message}`, { cause: error });
     }
   }
 }
 
-function toSaved(statusCode: string | number, headers: string, body: string | null): SavedResponse {
-  return {
-    statusCode: Number(statusCode),
-    headers: JSON.parse(headers) as Record<string, string>,
-    body: body ?? undefined,
-  };
+/** What a claim that found `held` answers. */
+function outcomeOf(held: DecodedRecord, fingerprint: string, leaseMs: number): ClaimResult {
+  if (fingerprint !== '' && held.fingerprint !== '' && held.fingerprint !== fingerprint) return { status: 'mismatch' };
+  if (held.state === 'completed') return { status: 'completed', response: held.response };
+  // The holder's clock set the lease end; bounded, so clock skew between instances only shifts the hint.
+  return { status: 'in_progress', retryAfterMs: Math.min(Math.max(held.leaseEndMs - Date.now(), 1), leaseMs) };
 }
 
 /** `instanceof Cluster` without loading ioredis (a type-only import keeps it an optional peer). */

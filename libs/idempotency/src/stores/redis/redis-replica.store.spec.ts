@@ -34,9 +34,10 @@ describe('RedisIdempotencyStore with waitForReplicas (a primary and a replica th
     const store = new RedisIdempotencyStore(client, { waitForReplicas: { replicas: 1, timeoutMs: 2000 } });
     const key = `replicated:${randomUUID()}`;
     expect((await store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 })).status).toBe('acquired');
-    expect(await replicaClient.hget(key, 't')).toBe('t');
+    const onReplica = new RedisIdempotencyStore(replicaClient);
+    expect(await onReplica.get(key)).toMatchObject({ state: 'processing', token: 't' });
     expect(await store.complete(key, 't', { statusCode: 201, headers: {}, body: '1' }, 60_000)).toBe(true);
-    expect(await replicaClient.hget(key, 's')).toBe('C');
+    expect(await onReplica.get(key)).toMatchObject({ state: 'completed', token: 't' });
   });
 
   it('releases the claim and reports a store error when too few replicas acknowledge it', async () => {

@@ -1,0 +1,42 @@
+import { describe, expect, it } from '@jest/globals';
+import { decodeRecord, encodeProcessing, encodeResponse, tokenPrefix } from './redis-record.js';
+
+/** What the complete script writes: `C` + the processing head + `\n` + the response part. */
+const completedFrom = (processing: string, response: Parameters<typeof encodeResponse>[0]) =>
+  `C${processing.slice(1)}\n${encodeResponse(response)}`;
+
+describe('Redis record encoding', () => {
+  it('reads back a processing record, marked by a waiter or not', () => {
+    const processing = encodeProcessing('tok', 'fp', 1234);
+    expect(decodeRecord(processing)).toEqual({ state: 'processing', token: 'tok', fingerprint: 'fp', leaseEndMs: 1234 });
+    expect(decodeRecord(`W${processing.slice(1)}`)).toMatchObject({ state: 'processing', token: 'tok' });
+  });
+
+  it('reads back a completed record whose body holds newlines, quotes and non-ASCII', () => {
+    const response = { statusCode: 201, headers: { location: '/a\nb' }, body: '{"note":"line\\nbreak ü"}\n\n' };
+    expect(decodeRecord(completedFrom(encodeProcessing('t', 'f', 1), response))).toEqual({
+      state: 'completed',
+      token: 't',
+      fingerprint: 'f',
+      response,
+    });
+  });
+
+  it('keeps an empty body apart from no body', () => {
+    const processing = encodeProcessing('t', '', 1);
+    expect(decodeRecord(completedFrom(processing, { statusCode: 204, headers: {} })).state).toBe('completed');
+    expect(decodeRecord(completedFrom(processing, { statusCode: 204, headers: {} }))).not.toHaveProperty('response.body');
+    expect(decodeRecord(completedFrom(processing, { statusCode: 200, headers: {}, body: '' }))).toHaveProperty('response.body', '');
+  });
+
+  it('starts a head with its own token only: no token is a prefix match for another', () => {
+    const head = encodeProcessing('ab', 'f', 1).slice(1);
+    expect(head.startsWith(tokenPrefix('ab'))).toBe(true);
+    expect(head.startsWith(tokenPrefix('a'))).toBe(false);
+    expect(encodeProcessing('a"b', 'f', 1).slice(1).startsWith(tokenPrefix('a"b'))).toBe(true);
+  });
+
+  it('refuses a value that is not a record', () => {
+    expect(() => decodeRecord('hello')).toThrow('not an idempotency record');
+  });
+});

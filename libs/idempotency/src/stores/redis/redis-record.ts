@@ -1,0 +1,66 @@
+import type { SavedResponse, StoredRecord } from '../idempotency-store.js';
+
+/**
+ * One idempotency record as one Redis string, so that a claim is a single `SET ... NX PX GET`
+ * (no script) and a duplicate reads everything in that one reply.
+ *
+ * - processing: `P` + the head `[token, fingerprint, leaseEndMs]` (JSON). `W` instead of `P`
+ *   once a waiting duplicate marked it (`claim-wait.lua`): complete and release then publish.
+ * - completed: `C` + the same head + `\n` + `[statusCode, headers]` (JSON), then, when the
+ *   handler returned a value, `\n` and the body text as saved. The complete script writes it
+ *   from the processing record's head and the caller's {@link encodeResponse}.
+ *
+ * `JSON.stringify` never writes a raw newline, so the first two `\n` end the JSON parts. The
+ * scripts compare the head's first element with the caller's token ({@link tokenPrefix}) and
+ * never parse the rest.
+ */
+export type DecodedRecord =
+  | { state: 'processing'; token: string; fingerprint: string; leaseEndMs: number }
+  | { state: 'completed'; token: string; fingerprint: string; response: SavedResponse };
+
+type Head = [token: string, fingerprint: string, leaseEndMs: number];
+
+const COMPLETED = 'C'.charCodeAt(0);
+const PROCESSING = 'P'.charCodeAt(0);
+const WATCHED = 'W'.charCodeAt(0);
+
+export function encodeProcessing(token: string, fingerprint: string, leaseEndMs: number): string {
+  return `P${JSON.stringify([token, fingerprint, leaseEndMs] satisfies Head)}`;
+}
+
+/** The part of a completed record after the head: `[statusCode, headers]`, then `\n` + body. */
+export function encodeResponse(response: SavedResponse): string {
+  const meta = JSON.stringify([response.statusCode, response.headers]);
+  return response.body === undefined ? meta : `${meta}\n${response.body}`;
+}
+
+/** How a head owned by `token` starts: `["<token>",`. */
+export function tokenPrefix(token: string): string {
+  return `[${JSON.stringify(token)},`;
+}
+
+export function decodeRecord(value: string): DecodedRecord {
+  const state = value.charCodeAt(0);
+  if (state === PROCESSING || state === WATCHED) {
+    const [token, fingerprint, leaseEndMs] = JSON.parse(value.slice(1)) as Head;
+    return { state: 'processing', token, fingerprint, leaseEndMs };
+  }
+  if (state !== COMPLETED) throw new Error(`not an idempotency record (starts with ${JSON.stringify(value.slice(0, 1))})`);
+  const headEnd = value.indexOf('\n');
+  const metaEnd = value.indexOf('\n', headEnd + 1);
+  const [token, fingerprint] = JSON.parse(value.slice(1, headEnd)) as Head;
+  const [statusCode, headers] = JSON.parse(value.slice(headEnd + 1, metaEnd === -1 ? undefined : metaEnd)) as [
+    number,
+    Record<string, string>,
+  ];
+  const response: SavedResponse = { statusCode, headers };
+  if (metaEnd !== -1) response.body = value.slice(metaEnd + 1);
+  return { state: 'completed', token, fingerprint, response };
+}
+
+export function toStoredRecord(record: DecodedRecord, ttlMs: number): StoredRecord {
+  const { token, fingerprint } = record;
+  return record.state === 'completed'
+    ? { state: 'completed', token, fingerprint, response: record.response, ttlMs }
+    : { state: 'processing', token, fingerprint, ttlMs };
+}
