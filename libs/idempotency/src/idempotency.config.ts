@@ -17,8 +17,9 @@ export interface ResolvedIdempotencyOptions {
 /** Token of the resolved options. */
 export const IDEMPOTENCY_RESOLVED_OPTIONS = Symbol('IDEMPOTENCY_RESOLVED_OPTIONS');
 
+/** `request.user.id` (the first argument; `switchToHttp()` would add closures on every call). */
 const defaultGetUser = (ctx: ExecutionContext): string | number | undefined =>
-  ctx.switchToHttp().getRequest<{ user?: { id?: string | number } }>().user?.id;
+  ctx.getArgByIndex<{ user?: { id?: string | number } } | undefined>(0)?.user?.id;
 
 export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdempotencyOptions {
   const resolved: ResolvedIdempotencyOptions = {

@@ -1,4 +1,4 @@
-import { StreamableFile, type ExecutionContext } from '@nestjs/common';
+import { StreamableFile } from '@nestjs/common';
 import type { AbstractHttpAdapter } from '@nestjs/core';
 import { Readable } from 'node:stream';
 import { isObservable, type Observable } from 'rxjs';
@@ -45,19 +45,15 @@ export const MAX_RETRY_AFTER_SECONDS = 2;
 export class HttpExchange implements GuardExchange {
   readonly fingerprint: string;
   readonly owner: KeyOwner;
-  private readonly req: HttpRequest;
-  private readonly res: HttpResponse;
-
   constructor(
-    ctx: ExecutionContext,
+    private readonly req: HttpRequest,
+    private readonly res: HttpResponse,
     private readonly route: GuardedRoute,
     private readonly adapter: AbstractHttpAdapter,
     private readonly replayHeaders: readonly string[],
     userId: string | number | undefined,
     readonly clientKey: string | undefined,
   ) {
-    this.req = ctx.switchToHttp().getRequest<HttpRequest>();
-    this.res = ctx.switchToHttp().getResponse<HttpResponse>();
     this.owner = userId === undefined || userId === '' ? { ip: this.req.ip ?? 'unknown' } : { id: String(userId) };
     this.fingerprint = this.fingerprintOf(this.req);
   }

@@ -7,8 +7,7 @@ import {
   type NestInterceptor,
 } from '@nestjs/common';
 import { HttpAdapterHost, Reflector } from '@nestjs/core';
-import { randomUUID } from 'node:crypto';
-import { Observable, catchError, concatMap, finalize, of } from 'rxjs';
+import { Observable, of } from 'rxjs';
 import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.decorator.js';
 import { keyInvalid } from '../errors/idempotency-http.exceptions.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
@@ -16,12 +15,13 @@ import { IDEMPOTENCY_KEY_HEADER, NO_REPEAT_SUBMIT_METADATA } from '../idempotenc
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
 import { evaluateKeyPath } from '../keys/key-expression.js';
 import { buildStorageKey } from '../keys/storage-key.js';
-import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
+import { IdempotencyCounters, type IdempotencyMetricsSink } from '../metrics/idempotency-counters.js';
 import { IdempotencyStore, type ClaimInput, type ClaimResult } from '../stores/idempotency-store.js';
 import { awaitSettled } from './await-settled.js';
 import type { GuardExchange } from './guard-exchange.js';
 import { route, type GuardedRoute } from './guarded-route.js';
-import { HttpExchange, type HttpRequest } from './http-exchange.js';
+import { HttpExchange, type HttpRequest, type HttpResponse } from './http-exchange.js';
+import { ownerToken } from './owner-token.js';
 import { RpcExchange } from './rpc-exchange.js';
 
 /** Marks a request the guard already handles (class and method decorators both apply it). */
@@ -54,7 +54,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const clientKey = exchange.clientKey ?? (config.useFingerprint ? exchange.fingerprint : undefined);
     if (clientKey === undefined) return exchange.refuse({ reason: 'key_missing', source: config.keySource });
     const key = buildStorageKey({ prefix: this.options.keyPrefix, user: exchange.owner, handler: config.handler, key: clientKey });
-    const input: ClaimInput = { key, token: randomUUID(), fingerprint: exchange.fingerprint, leaseMs: config.leaseMs };
+    const input: ClaimInput = { key, token: ownerToken(), fingerprint: exchange.fingerprint, leaseMs: config.leaseMs };
 
     let claim: ClaimResult;
     try {
@@ -104,8 +104,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
    */
   protected getKey(ctx: ExecutionContext, config: GuardedRoute): string | undefined {
     const source = config.metadata.key;
-    const isHttp = ctx.getType() === 'http';
-    const req = isHttp ? ctx.switchToHttp().getRequest<HttpRequest>() : undefined;
+    const req = ctx.getType() === 'http' ? ctx.getArgByIndex<HttpRequest>(0) : undefined;
     let key: string | undefined;
     if ('header' in source) {
       const parsed = parseKeyHeader(req?.headers[IDEMPOTENCY_KEY_HEADER]);
@@ -130,11 +129,14 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private async exchangeOf(ctx: ExecutionContext, config: GuardedRoute): Promise<GuardExchange | undefined> {
     switch (ctx.getType()) {
       case 'http': {
-        const req = ctx.switchToHttp().getRequest<{ [GUARDED]?: true }>();
+        // The request and response by index: switchToHttp() adds three new closures to the
+        // context on every call.
+        const req = ctx.getArgByIndex<HttpRequest & { [GUARDED]?: true }>(0);
         if (req[GUARDED]) return undefined;
         req[GUARDED] = true;
         const { httpAdapter } = this.adapterHost;
-        return new HttpExchange(ctx, config, httpAdapter, this.options.replayHeaders, this.getUser(ctx), this.getKey(ctx, config));
+        const res = ctx.getArgByIndex<HttpResponse>(1);
+        return new HttpExchange(req, res, config, httpAdapter, this.options.replayHeaders, this.getUser(ctx), this.getKey(ctx, config));
       }
       case 'rpc':
         return RpcExchange.create(ctx, config, () => this.getKey(ctx, config));
@@ -143,23 +145,49 @@ export class IdempotencyInterceptor implements NestInterceptor {
     }
   }
 
+  /**
+   * Runs the handler while owning the key. Its first value is saved before it is sent on (later
+   * values follow in order); an error, or completing without a value, or the client going away,
+   * releases the key for a retry. One Observable rather than an operator chain: this runs on
+   * every first request.
+   */
   private runOwned(next: CallHandler, { key, token }: ClaimInput, config: GuardedRoute, exchange: GuardExchange) {
-    let settled = false;
-    const settle = () => !settled && (settled = true);
-    return next.handle().pipe(
-      concatMap(async (value) => {
-        if (settle()) await this.save(value, key, token, config, exchange);
-        return value;
-      }),
-      catchError(async (error: unknown) => {
-        if (settle()) await this.release(key, token, config.handler);
-        throw error;
-      }),
-      // Completed without a value, or the client went away: free the key for a retry.
-      finalize(() => {
-        if (settle()) void this.release(key, token, config.handler);
-      }),
-    );
+    return new Observable<unknown>((subscriber) => {
+      let settled = false;
+      let sent: Promise<unknown> = Promise.resolve();
+      const release = () => this.release(key, token, config.handler);
+      const source = next.handle().subscribe({
+        next: (value) => {
+          const ready = settled ? sent : this.save(value, key, token, config, exchange);
+          settled = true;
+          sent = ready.then(
+            () => subscriber.next(value),
+            (error: unknown) => subscriber.error(error),
+          );
+        },
+        error: (error: unknown) => {
+          const ready = settled ? sent : release();
+          settled = true;
+          void ready.then(() => subscriber.error(error));
+        },
+        complete: () => {
+          void sent.then(() => {
+            if (!settled) {
+              settled = true;
+              void release();
+            }
+            subscriber.complete();
+          });
+        },
+      });
+      return () => {
+        source.unsubscribe();
+        if (!settled) {
+          settled = true;
+          void release();
+        }
+      };
+    });
   }
 
   private async save(value: unknown, key: string, token: string, config: GuardedRoute, exchange: GuardExchange) {
@@ -187,10 +215,13 @@ export class IdempotencyInterceptor implements NestInterceptor {
     }
   }
 
-  /** Runs a store call, timing it when a metrics sink is configured. */
-  private async timed<T>(operation: 'claim' | 'complete' | 'release', call: () => Promise<T>): Promise<T> {
+  /** Runs a store call, timing it when a metrics sink is configured (else the call's own promise). */
+  private timed<T>(operation: 'claim' | 'complete' | 'release', call: () => Promise<T>): Promise<T> {
     const { sink } = this.counters;
-    if (!sink) return call();
+    return sink ? this.timedBy(sink, operation, call) : call();
+  }
+
+  private async timedBy<T>(sink: IdempotencyMetricsSink, operation: 'claim' | 'complete' | 'release', call: () => Promise<T>): Promise<T> {
     const started = performance.now();
     try {
       return await call();

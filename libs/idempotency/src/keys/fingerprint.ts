@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import { createHash, hash, type Hash } from 'node:crypto';
 import { CanonicalWriter, MAX_CANONICAL_DEPTH, type CanonicalSink } from './canonical-writer.js';
 
 export { MAX_CANONICAL_DEPTH };
@@ -49,6 +49,32 @@ export function canonicalJson(value: unknown, ignoreFields?: ReadonlySet<string>
     written = w.value(value);
   });
   return written ? Buffer.concat(chunks).toString('utf8') : undefined;
+}
+
+/**
+ * SHA-256 that hashes a single chunk with the one-shot `crypto.hash` (about 0.3 µs for a small
+ * request, where a `Hash` object costs about 1 µs) and streams into a `Hash` from the second
+ * chunk on (large bodies, raw bytes). The canonical writer flushes once for a small value.
+ */
+class Sha256Sink implements CanonicalSink {
+  private first: Uint8Array | string | undefined;
+  private streaming: Hash | undefined;
+
+  update(data: Uint8Array | string): void {
+    if (this.streaming) {
+      this.streaming.update(data);
+    } else if (this.first === undefined) {
+      // A copy: the writer reuses its buffer after a flush.
+      this.first = typeof data === 'string' ? data : Buffer.from(data);
+    } else {
+      this.streaming = createHash('sha256').update(this.first).update(data);
+      this.first = undefined;
+    }
+  }
+
+  hex(): string {
+    return this.streaming ? this.streaming.digest('hex') : hash('sha256', this.first ?? '', 'hex');
+  }
 }
 
 /** The parts of a request that make up its fingerprint. */
@@ -102,9 +128,9 @@ function rawBytesOf(input: FingerprintInput): Uint8Array | undefined {
  * another request.
  */
 export function fingerprintRequest(input: FingerprintInput, ignoreFields?: ReadonlySet<string>): string {
-  const hash = createHash('sha256');
+  const sha256 = new Sha256Sink();
   const raw = rawBytesOf(input);
-  writeCanonical(hash, ignoreFields, (w) => {
+  writeCanonical(sha256, ignoreFields, (w) => {
     w.text('["fp1",');
     w.string(input.method.toUpperCase());
     w.text(',');
@@ -120,6 +146,6 @@ export function fingerprintRequest(input: FingerprintInput, ignoreFields?: Reado
       if (!w.value(input.body)) w.text('null');
     }
   });
-  if (raw !== undefined) hash.update(raw);
-  return hash.digest('hex');
+  if (raw !== undefined) sha256.update(raw);
+  return sha256.hex();
 }

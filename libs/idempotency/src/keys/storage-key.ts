@@ -13,6 +13,8 @@ export interface StorageKeyParts {
 }
 
 const LONE_SURROGATE = /\p{Cs}/u;
+/** What `encodeURIComponent` leaves as it is. */
+const UNRESERVED = /^[\w.!~*'()-]*$/;
 
 /**
  * `encodeURIComponent`, which also takes lone surrogates (it throws URIError on them): those
@@ -20,6 +22,7 @@ const LONE_SURROGATE = /\p{Cs}/u;
  * so the extension stays injective.
  */
 function encodeSegment(value: string): string {
+  if (UNRESERVED.test(value)) return value;
   if (!LONE_SURROGATE.test(value)) return encodeURIComponent(value);
   let out = '';
   for (const char of value) {
