@@ -17,7 +17,7 @@ describe('MemoryIdempotencyStore', () => {
     elapse: async (ms) => void jest.advanceTimersByTime(ms),
   }));
 
-  it('stays within maxEntries, dropping expired entries first, then the oldest', async () => {
+  it('stays within maxEntries by dropping the oldest entries', async () => {
     const store = new MemoryIdempotencyStore({ maxEntries: 3 });
     await store.claim({ key: 'short', token: 't', fingerprint: '', leaseMs: 100 });
     await store.claim({ key: 'a', token: 't', fingerprint: '', leaseMs: 60_000 });
@@ -30,6 +30,26 @@ describe('MemoryIdempotencyStore', () => {
     expect(store.size).toBe(3);
     expect(await store.get('a')).toBeUndefined();
     expect(await store.get('d')).toBeDefined();
+  });
+
+  it('keeps dropping the oldest entry first over many rounds, past released and re-claimed keys', async () => {
+    const store = new MemoryIdempotencyStore({ maxEntries: 3 });
+    const claim = (key: string) => store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
+    for (const key of ['a', 'b', 'c']) await claim(key);
+    await store.release('b', 't');
+    await claim('d'); // room left by b
+    await claim('e'); // drops a
+    await claim('b'); // claimed again: now the newest; drops c
+    expect(await Promise.all(['a', 'b', 'c', 'd', 'e'].map(async (key) => (await store.get(key)) !== undefined))).toEqual([
+      false,
+      true,
+      false,
+      true,
+      true,
+    ]);
+    for (let i = 0; i < 10; i++) await claim(`x${i}`); // the cursor wraps around the map
+    expect(store.size).toBe(3);
+    expect(await Promise.all(['x7', 'x8', 'x9'].map(async (key) => (await store.get(key)) !== undefined))).toEqual([true, true, true]);
   });
 
   it('holds no more than maxEntries when flooded with unique keys', async () => {

@@ -25,10 +25,12 @@ export interface MemoryIdempotencyStoreOptions {
 /**
  * In-process store with the same semantics as the Redis store. One process only: two instances
  * of an app each have their own, so duplicates that reach different instances both run.
- * Bounded: past `maxEntries` expired entries go first, then the oldest.
+ * Bounded: past `maxEntries` the oldest entries go (expired ones also go as soon as they are read).
  */
 export class MemoryIdempotencyStore extends IdempotencyStore {
   private readonly entries = new Map<string, Entry>();
+  /** Where eviction goes on (oldest first); see `evict`. */
+  private cursor = this.entries.keys();
   private readonly watchers = new SettleWatchers();
   readonly maxEntries: number;
 
@@ -46,7 +48,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     const now = Date.now();
     const entry = this.live(key, now);
     if (!entry) {
-      this.insert(key, { state: 'processing', token, fingerprint, expiresAt: now + leaseMs }, now);
+      this.insert(key, { state: 'processing', token, fingerprint, expiresAt: now + leaseMs });
       return { status: 'acquired', token };
     }
     if (fingerprint !== '' && entry.fingerprint !== '' && entry.fingerprint !== fingerprint) {
@@ -96,21 +98,25 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     return entry;
   }
 
-  private insert(key: string, entry: Entry, now: number): void {
-    if (this.entries.size >= this.maxEntries) this.evict(now);
+  private insert(key: string, entry: Entry): void {
+    if (this.entries.size >= this.maxEntries) this.evict();
     this.entries.set(key, entry);
   }
 
-  /** Drops expired entries from the oldest end, then the oldest live one if still full. */
-  private evict(now: number): void {
-    const scanLimit = 64;
-    let scanned = 0;
-    for (const [key, entry] of this.entries) {
-      if (this.entries.size < this.maxEntries || scanned++ >= scanLimit) break;
-      if (entry.expiresAt <= now) this.entries.delete(key);
-    }
-    if (this.entries.size >= this.maxEntries) {
-      this.entries.delete(this.entries.keys().next().value!);
+  /**
+   * Drops the oldest entries (first claimed) until there is room. They come from a cursor that
+   * lives on: a fresh iteration from the start walks past every slot deleted since the map last
+   * compacted, which slowed a full store down to ~100 µs per insert.
+   */
+  private evict(): void {
+    while (this.entries.size >= this.maxEntries) {
+      let step = this.cursor.next();
+      if (step.done) {
+        this.cursor = this.entries.keys();
+        step = this.cursor.next();
+        if (step.done) return;
+      }
+      this.entries.delete(step.value);
     }
   }
 }
