@@ -9,6 +9,7 @@ export const ARM_NAMES = [
   'handwritten',
   'guard-redis-autopipe',
   'guard-redis-uncorked',
+  'guard-redis-no-raw-body',
 ] as const;
 export type ArmName = (typeof ARM_NAMES)[number];
 
@@ -25,13 +26,14 @@ export const ARM_LABELS: Record<ArmName, string> = {
   handwritten: 'hand-written SET NX + SET',
   'guard-redis-autopipe': 'this guard, Redis, ioredis auto-pipelining',
   'guard-redis-uncorked': 'this guard, Redis, a client without write coalescing',
+  'guard-redis-no-raw-body': 'this guard, Redis, an app without rawBody (JSON bodies only)',
 };
 
 /** Arms without a guard: one throughput slot each, no storm or crash phase for the floor. */
 export const UNGUARDED_ARMS: ReadonlySet<ArmName> = new Set(['bare', 'empty-interceptor']);
 
 /** Arms whose store is Redis (commands per request are counted for them). */
-export const REDIS_ARMS: ReadonlySet<ArmName> = new Set(['guard-redis', 'guard-redis-autopipe', 'guard-redis-uncorked', 'peer-redis', 'handwritten']);
+export const REDIS_ARMS: ReadonlySet<ArmName> = new Set(['guard-redis', 'guard-redis-autopipe', 'guard-redis-uncorked', 'guard-redis-no-raw-body', 'peer-redis', 'handwritten']);
 
 export type AdapterName = 'express' | 'fastify';
 export const ADAPTERS: readonly AdapterName[] = ['express', 'fastify'];

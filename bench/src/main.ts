@@ -9,6 +9,7 @@ import { assertLoadGenerator } from './driver/load.js';
 import { Progress } from './driver/progress.js';
 import { ArmUnavailable, preparePostgresSchema } from './arms/postgres-arm.js';
 import { fingerprintTable, type FingerprintResult } from './micro/fingerprint.bench.js';
+import { interceptorTable, type InterceptorResult } from './micro/interceptor.bench.js';
 import type { MemoryOutcome } from './micro/memory-store.bench.js';
 import { DIST_BENCH, PROJECT_ROOT, RESULTS_DIR } from './paths.js';
 import { crashPhase, type CrashResult } from './phases/crash.js';
@@ -30,7 +31,7 @@ const settings = {
   warmupSeconds: Number(setting('warmup-seconds', '1')),
   connections: Number(setting('connections', '50')),
   crashLeaseSeconds: Number(setting('crash-lease-seconds', '3')),
-  phases: new Set(list(setting('phases', 'fingerprint,memory,throughput,storm,crash'))),
+  phases: new Set(list(setting('phases', 'fingerprint,interceptor,memory,throughput,storm,crash'))),
   adapters: list(setting('adapters', ADAPTERS.join(','))) as AdapterName[],
   arms: list(setting('arms', DEFAULT_ARMS.join(','))),
   databaseUrl: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
@@ -63,6 +64,7 @@ async function main(): Promise<void> {
   if (has('throughput') || has('storm') || has('crash')) assertLoadGenerator();
   const progress = new Progress();
   progress.plan(has('fingerprint') ? 1 : 0, 30);
+  progress.plan(has('interceptor') ? 1 : 0, 30);
   const startedAt = new Date();
   const loadBefore = loadavg();
   progress.log(
@@ -75,6 +77,12 @@ async function main(): Promise<void> {
     progress.show('fingerprint micro-benchmark (alone on the machine)');
     fingerprint = await runScript('fingerprint.bench.js', []);
     progress.step('fingerprint');
+  }
+  let interceptor: InterceptorResult | undefined;
+  if (has('interceptor')) {
+    progress.show('interceptor micro-benchmark (alone on the machine)');
+    interceptor = await runScript('interceptor.bench.js', []);
+    progress.step('interceptor');
   }
   const redisProcess = await startRedis();
   const redis = new Redis(redisProcess.url, { maxRetriesPerRequest: 1 });
@@ -185,7 +193,7 @@ async function main(): Promise<void> {
       `Each arm is its own process; ${settings.rounds} rounds of ${settings.seconds} s per arm and mode after a ${settings.warmupSeconds} s warm-up, arms interleaved. ` +
       'Medians over rounds; ratios are medians of per-round ratios (same round, same adapter). ' +
       'CPU µs/req: CPU time of the arm process (`process.cpuUsage`) + of redis-server (`INFO cpu`) per request sent; added = app + Redis − bare app, the guard\'s cost per request. ' +
-      'Redis cmds/req from `INFO commandstats` (`CONFIG RESETSTAT` before each run): round trips sent, then commands run inside Lua scripts in brackets. ' +
+      'Redis cmds/req: round trips (counted by the guard arms\' own client; from `INFO commandstats` for arms without scripts), then in brackets the commands run inside Lua scripts (the rest of `INFO commandstats`, reset before each run). ' +
       `Load average (1 min) ${loadBefore[0].toFixed(1)} at the start, ${loadAfter[0].toFixed(1)} at the end: above ~2.5 other work shared the machine and absolute figures are low.`,
   ];
   if (samples.length > 0) sections.push('', '## Throughput', '', throughputTable(rows, unavailable));
@@ -194,11 +202,21 @@ async function main(): Promise<void> {
     sections.push('', '## Fingerprint mode (no key), MB/s of JSON body', '', fingerprintTable(fingerprint.results));
     sections.push('', `Per request with this bench's 33-byte body: ${fingerprint.smallBodyMicroseconds.toFixed(2)} µs for the fingerprint.`);
   }
+  if (interceptor) {
+    sections.push(
+      '',
+      '## The interceptors\' own code (in-process, no HTTP, no network)',
+      '',
+      interceptorTable(interceptor),
+      '',
+      '`intercept()` and the handler\'s Observable to the end, on a ready request, 50,000 calls per round, median of 5 rounds (`micro/interceptor.bench.ts`).',
+    );
+  }
   if (memoryOutcome) {
-    sections.push('', '## Memory store', '', '| maxEntries | keys inserted | entries held | heap bytes/entry | heap MB | RSS MB | within bound |', '|---:|---:|---:|---:|---:|---:|---|');
+    sections.push('', '## Memory store', '', '| maxEntries | keys inserted | entries held | heap bytes/entry | heap MB | RSS MB | µs per claim + complete | within bound |', '|---:|---:|---:|---:|---:|---:|---:|---|');
     for (const outcome of memoryOutcome) {
       for (const p of outcome.points) {
-        sections.push(`| ${outcome.maxEntries.toLocaleString('en-US')} | ${p.inserted.toLocaleString('en-US')} | ${p.size.toLocaleString('en-US')} | ${Math.round(p.heapBytesPerEntry)} | ${Math.round(p.heapUsedMB)} | ${Math.round(p.rssMB)} | ${outcome.withinBound ? 'yes' : '**no**'} |`);
+        sections.push(`| ${outcome.maxEntries.toLocaleString('en-US')} | ${p.inserted.toLocaleString('en-US')} | ${p.size.toLocaleString('en-US')} | ${Math.round(p.heapBytesPerEntry)} | ${Math.round(p.heapUsedMB)} | ${Math.round(p.rssMB)} | ${p.microsPerInsert.toFixed(1)} | ${outcome.withinBound ? 'yes' : '**no**'} |`);
       }
     }
   }
@@ -207,7 +225,7 @@ async function main(): Promise<void> {
   const markdown = `${sections.join('\n')}\n`;
 
   await mkdir(RESULTS_DIR, { recursive: true });
-  const json = { startedAt, loadAverage: { before: loadBefore, after: loadAfter }, settings: { ...settings, phases: [...settings.phases] }, node: process.version, cores: cpus().length, rows, checks, samples, fingerprint, memory: memoryOutcome, storm, crash, unavailable: Object.fromEntries(unavailable) };
+  const json = { startedAt, loadAverage: { before: loadBefore, after: loadAfter }, settings: { ...settings, phases: [...settings.phases] }, node: process.version, cores: cpus().length, rows, checks, samples, fingerprint, interceptor, memory: memoryOutcome, storm, crash, unavailable: Object.fromEntries(unavailable) };
   await writeFile(join(RESULTS_DIR, `${settings.out}.json`), `${JSON.stringify(json, null, 2)}\n`);
   await writeFile(join(RESULTS_DIR, `${settings.out}.md`), markdown);
   process.stdout.write(`\n${markdown}\nWritten: bench/results/${settings.out}.md, bench/results/${settings.out}.json\n`);

@@ -66,6 +66,7 @@ export async function armModule(arm: ArmName, settings: ArmSettings): Promise<Dy
       guard = UseInterceptors(EmptyInterceptor);
       break;
     case 'guard-redis':
+    case 'guard-redis-no-raw-body':
       useGuard({ redis: settings.redisUrl });
       break;
     case 'guard-redis-autopipe':

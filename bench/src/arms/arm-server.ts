@@ -26,8 +26,9 @@ async function main(): Promise<void> {
     crashLeaseSeconds: Number(process.env.CRASH_LEASE_SECONDS ?? 3),
   });
   // The guard's README asks for rawBody (non-JSON bodies are fingerprinted by their bytes): a
-  // user adding the guard pays for it, so its arms have it and the others do not.
-  const rawBody = arm.startsWith('guard-');
+  // user adding the guard pays for it, so its arms have it and the others do not. The lever arm
+  // guard-redis-no-raw-body shows what it costs an app whose bodies are all JSON.
+  const rawBody = arm.startsWith('guard-') && arm !== 'guard-redis-no-raw-body';
   const options = { rawBody, logger: ['error' as const] };
   const app: INestApplication =
     adapter === 'fastify'

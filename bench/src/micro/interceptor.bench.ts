@@ -1,0 +1,202 @@
+import 'reflect-metadata';
+import { Controller, Injectable, Module, Post, type CallHandler, type NestInterceptor, type Type } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { ExecutionContextHost } from '@nestjs/core/helpers/execution-context-host.js';
+import { ExpressAdapter } from '@nestjs/platform-express';
+import { pathToFileURL } from 'node:url';
+import { lastValueFrom, of, type Observable } from 'rxjs';
+import {
+  IdempotencyInterceptor,
+  IdempotencyModule,
+  IdempotencyStore,
+  NoRepeatSubmit,
+  type ClaimInput,
+  type ClaimResult,
+} from '../../../libs/idempotency/src/index.js';
+import { loadPeer } from '../arms/peer.js';
+import { requireFromPeers } from '../paths.js';
+
+/**
+ * What each interceptor's own JavaScript costs per call, with no HTTP and no network: its
+ * `intercept()` on a ready request, then the handler's Observable to the end, in a loop, ns per
+ * call (median of rounds). The throughput phase cannot see a few microseconds on this machine;
+ * this can. Arms: an empty interceptor; this guard on a store that answers at once (first
+ * request: acquired + saved; replay: completed), so only the guard's code is timed; this guard
+ * and the peer each on its memory store (the store that costs each least).
+ * `node dist/bench/src/micro/interceptor.bench.js [calls] [--json]`.
+ */
+
+export interface InterceptorResult {
+  /** Median ns per call over rounds. */
+  emptyInterceptor: number;
+  guardUnique: number;
+  guardReplay: number;
+  /** This guard on its memory store. */
+  guardMemoryUnique: number;
+  guardMemoryReplay: number;
+  peerUnique?: number;
+  peerReplay?: number;
+}
+
+const RESPONSE = { id: 1, orderNo: 'A-1', amount: 100, status: 'PENDING' };
+
+/** A store that answers at once, so that the time measured is the guard's own. */
+class ImmediateStore extends IdempotencyStore {
+  replaying = false;
+  private readonly saved = { statusCode: 201, headers: {}, body: JSON.stringify(RESPONSE) };
+  claim(input: ClaimInput): Promise<ClaimResult> {
+    return Promise.resolve(
+      this.replaying ? { status: 'completed', response: this.saved } : { status: 'acquired', token: input.token },
+    );
+  }
+  complete(): Promise<boolean> {
+    return Promise.resolve(true);
+  }
+  release(): Promise<boolean> {
+    return Promise.resolve(true);
+  }
+  get(): Promise<undefined> {
+    return Promise.resolve(undefined);
+  }
+}
+
+@Injectable()
+class EmptyInterceptor implements NestInterceptor {
+  intercept(_ctx: unknown, next: CallHandler) {
+    return next.handle();
+  }
+}
+
+function controllerWith(decorator: MethodDecorator): Type {
+  @Controller()
+  class OrdersController {
+    @Post('orders')
+    @decorator
+    create() {
+      return RESPONSE;
+    }
+  }
+  return OrdersController;
+}
+
+async function appOf(imports: unknown[], controller: Type, providers: Type[] = []) {
+  @Module({ imports: imports as [], controllers: [controller], providers })
+  class AppModule {}
+  const app = await NestFactory.create(AppModule, new ExpressAdapter(), { logger: ['error'] });
+  await app.init();
+  return app;
+}
+
+let sequence = 0;
+/** A fresh request and response as Express hands them over (only what the interceptors read). */
+function contextOf(controller: Type, key: string | undefined) {
+  const headers: Record<string, string> = { 'content-type': 'application/json', 'idempotency-key': key ?? `k-${++sequence}` };
+  const req = { method: 'POST', url: '/orders', originalUrl: '/orders', ip: '127.0.0.1', headers, body: { orderNo: 'A-1', amount: 100 }, query: {}, params: {} };
+  const set: Record<string, unknown> = {};
+  const res = {
+    statusCode: 201,
+    getHeader: (name: string) => set[name.toLowerCase()],
+    setHeader: (name: string, value: unknown) => void (set[name.toLowerCase()] = value),
+    set(name: string, value: unknown) {
+      set[name.toLowerCase()] = value;
+      return this;
+    },
+    status(code: number) {
+      this.statusCode = code;
+      return this;
+    },
+  };
+  return new ExecutionContextHost([req, res, () => undefined], controller, controller.prototype.create);
+}
+
+type Intercept = (ctx: ExecutionContextHost, next: CallHandler) => Observable<unknown> | Promise<Observable<unknown>>;
+
+async function timeCalls(intercept: Intercept, controller: Type, calls: number, key?: string): Promise<number> {
+  const next: CallHandler = { handle: () => of(RESPONSE) };
+  const started = process.hrtime.bigint();
+  for (let i = 0; i < calls; i++) await lastValueFrom(await intercept(contextOf(controller, key), next));
+  return Number(process.hrtime.bigint() - started) / calls;
+}
+
+const median = (values: number[]) => [...values].sort((a, b) => a - b)[values.length >> 1];
+
+export async function runInterceptorBench(calls = 50_000, rounds = 5): Promise<InterceptorResult> {
+  const store = new ImmediateStore();
+  const guarded = controllerWith(NoRepeatSubmit());
+  const guardApp = await appOf([IdempotencyModule.forRoot({ store })], guarded);
+  // The default memory store warns once that it is one process only.
+  const guard = guardApp.get(IdempotencyInterceptor);
+  const guardedInMemory = controllerWith(NoRepeatSubmit());
+  const memoryApp = await appOf([IdempotencyModule.forRoot({})], guardedInMemory);
+  const guardInMemory = memoryApp.get(IdempotencyInterceptor);
+  const plain = controllerWith(() => undefined);
+  const empty = new EmptyInterceptor();
+
+  let peer: { intercept: Intercept; controller: Type } | undefined;
+  try {
+    const { NodeIdempotencyModule, Idempotent } = loadPeer();
+    const { NodeIdempotencyInterceptor } = requireFromPeers('@node-idempotency/nestjs') as { NodeIdempotencyInterceptor: Type };
+    const controller = controllerWith(Idempotent());
+    const peerApp = await appOf([NodeIdempotencyModule.forRootAsync({ storage: { adapter: 'memory' } })], controller);
+    const interceptor = peerApp.get<{ intercept: Intercept }>(NodeIdempotencyInterceptor);
+    peer = { intercept: (ctx, next) => interceptor.intercept(ctx, next), controller };
+  } catch (error) {
+    process.stderr.write(`interceptor bench: the peer is not installed (${(error as Error).message.split('\n')[0]})\n`);
+  }
+
+  const samples: Record<keyof InterceptorResult, number[]> = {
+    emptyInterceptor: [],
+    guardUnique: [],
+    guardReplay: [],
+    guardMemoryUnique: [],
+    guardMemoryReplay: [],
+    peerUnique: [],
+    peerReplay: [],
+  };
+  for (let round = 0; round < rounds; round++) {
+    samples.emptyInterceptor.push(await timeCalls((ctx, next) => empty.intercept(ctx, next), plain, calls));
+    store.replaying = false;
+    samples.guardUnique.push(await timeCalls((ctx, next) => guard.intercept(ctx, next), guarded, calls));
+    store.replaying = true;
+    samples.guardReplay.push(await timeCalls((ctx, next) => guard.intercept(ctx, next), guarded, calls, 'replayed'));
+    const inMemory: Intercept = (ctx, next) => guardInMemory.intercept(ctx, next);
+    samples.guardMemoryUnique.push(await timeCalls(inMemory, guardedInMemory, calls));
+    samples.guardMemoryReplay.push(await timeCalls(inMemory, guardedInMemory, calls, 'replayed'));
+    if (peer) {
+      samples.peerUnique.push(await timeCalls(peer.intercept, peer.controller, calls));
+      samples.peerReplay.push(await timeCalls(peer.intercept, peer.controller, calls, 'replayed'));
+    }
+  }
+  const result: InterceptorResult = {
+    emptyInterceptor: median(samples.emptyInterceptor),
+    guardUnique: median(samples.guardUnique),
+    guardReplay: median(samples.guardReplay),
+    guardMemoryUnique: median(samples.guardMemoryUnique),
+    guardMemoryReplay: median(samples.guardMemoryReplay),
+  };
+  if (peer) {
+    result.peerUnique = median(samples.peerUnique);
+    result.peerReplay = median(samples.peerReplay);
+  }
+  return result;
+}
+
+export function interceptorTable(result: InterceptorResult): string {
+  const us = (ns: number | undefined) => (ns === undefined ? '—' : (ns / 1000).toFixed(2));
+  return [
+    '| µs per call (median) | first request | replay |',
+    '|---|---:|---:|',
+    `| an empty interceptor | ${us(result.emptyInterceptor)} | ${us(result.emptyInterceptor)} |`,
+    `| this guard, a store that answers at once (the guard's own code) | ${us(result.guardUnique)} | ${us(result.guardReplay)} |`,
+    `| this guard, its memory store | ${us(result.guardMemoryUnique)} | ${us(result.guardMemoryReplay)} |`,
+    `| @node-idempotency/nestjs (its memory adapter) | ${us(result.peerUnique)} | ${us(result.peerReplay)} |`,
+  ].join('\n');
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1]).href) {
+  const calls = Number(process.argv.find((arg) => /^\d+$/.test(arg)) ?? 50_000);
+  const result = await runInterceptorBench(calls);
+  if (process.argv.includes('--json')) process.stdout.write(`${JSON.stringify(result)}\n`);
+  else console.log(interceptorTable(result));
+  process.exit(0);
+}
