@@ -7,7 +7,8 @@
  * ARGV[1]  the processing record to write when the key is free
  * ARGV[2]  lease in milliseconds: a processing record expires after it, so a crash frees the key
  *
- * Returns  nil when the key was free (now claimed), else the record as it now is
+ * Returns  nil when the key was free (now claimed), else {the record as it now is, its PTTL}: a
+ *          waiter sleeps by the lease Redis keeps, not by the holder's clock
  */
 export const CLAIM_WAIT_LUA = `
 local key = KEYS[1]
@@ -18,7 +19,7 @@ if not rec then
 end
 if string.sub(rec, 1, 1) == 'P' then
   redis.call('SETRANGE', key, 0, 'W')
-  return 'W' .. string.sub(rec, 2)
+  rec = 'W' .. string.sub(rec, 2)
 end
-return rec
+return {rec, redis.call('PTTL', key)}
 `;

@@ -4,6 +4,7 @@ import { randomUUID } from 'node:crypto';
 import { connectRedis } from '../../../../../test/support/services.js';
 import { describeStoreContract } from '../store-contract.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
+import { encodeProcessing } from './redis-record.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
@@ -35,6 +36,16 @@ describe('RedisIdempotencyStore', () => {
     expect(leasePttl).toBeLessThanOrEqual(5_000);
     await store.complete(key, 't', { statusCode: 200, headers: {} }, 86_400_000);
     expect(await client.pttl(key)).toBeGreaterThan(86_000_000);
+  });
+
+  it('tells a waiter the lease Redis keeps, even when the holder\'s clock is behind', async () => {
+    const store = new RedisIdempotencyStore(client);
+    const key = `skew:${randomUUID()}`;
+    // A holder whose clock runs 10 s behind: its recorded lease end is already past here.
+    await client.set(key, encodeProcessing('holder', 'fp', Date.now() - 10_000), 'PX', 5_000);
+    const waiting = await store.claim({ key, token: 'w', fingerprint: 'fp', leaseMs: 5_000, wait: true });
+    expect(waiting).toMatchObject({ status: 'in_progress' });
+    expect(waiting.status === 'in_progress' && waiting.retryAfterMs).toBeGreaterThan(4_000);
   });
 
   it('fences stale owners: over 1,000 trials no late completion or release overwrites the new owner', async () => {

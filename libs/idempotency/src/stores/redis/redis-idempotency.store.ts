@@ -24,7 +24,7 @@ import { RELEASE_LUA } from './release.lua.js';
 
 /** The scripts as commands on the client (registered with `defineCommand`, sent as EVALSHA). */
 interface ScriptedClient {
-  idempotencyClaimWait(key: string, processing: string, leaseMs: number): Promise<string | null>;
+  idempotencyClaimWait(key: string, processing: string, leaseMs: number): Promise<[record: string, pttlMs: number] | null>;
   idempotencyComplete(key: string, prefix: string, response: string, ttlMs: number, channel: string): Promise<0 | 1>;
   idempotencyRelease(key: string, prefix: string, channel: string): Promise<0 | 1>;
 }
@@ -82,16 +82,22 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
 
   async claim({ key, token, fingerprint, leaseMs, wait }: ClaimInput): Promise<ClaimResult> {
     const processing = encodeProcessing(token, fingerprint, Date.now() + leaseMs);
-    const held = await this.run(() =>
-      wait
-        ? this.scripts.idempotencyClaimWait(key, processing, leaseMs)
-        : this.client.set(key, processing, 'PX', leaseMs, 'NX', 'GET'),
-    );
+    let held: string | null;
+    let leftMs: number | undefined;
+    if (wait) {
+      const reply = await this.run(() => this.scripts.idempotencyClaimWait(key, processing, leaseMs));
+      [held, leftMs] = reply ?? [null, undefined];
+    } else {
+      held = await this.run(() => this.client.set(key, processing, 'PX', leaseMs, 'NX', 'GET'));
+    }
     if (held === null) {
       await this.replicate(key, () => this.release(key, token));
       return { status: 'acquired', token };
     }
-    return outcomeOf(this.decode(key, held), fingerprint, leaseMs);
+    const record = this.decode(key, held);
+    // A waiter sleeps by the lease Redis keeps; a 409's hint may come from the holder's clock.
+    if (record.state === 'processing' && leftMs === undefined) leftMs = record.leaseEndMs - Date.now();
+    return outcomeOf(record, fingerprint, Math.min(Math.max(leftMs ?? 1, 1), leaseMs));
   }
 
   async complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean> {
@@ -192,12 +198,11 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   }
 }
 
-/** What a claim that found `held` answers. */
-function outcomeOf(held: DecodedRecord, fingerprint: string, leaseMs: number): ClaimResult {
+/** What a claim that found `held` answers; `retryAfterMs` is the lease left, if in progress. */
+function outcomeOf(held: DecodedRecord, fingerprint: string, retryAfterMs: number): ClaimResult {
   if (fingerprint !== '' && held.fingerprint !== '' && held.fingerprint !== fingerprint) return { status: 'mismatch' };
   if (held.state === 'completed') return { status: 'completed', response: held.response };
-  // The holder's clock set the lease end; bounded, so clock skew between instances only shifts the hint.
-  return { status: 'in_progress', retryAfterMs: Math.min(Math.max(held.leaseEndMs - Date.now(), 1), leaseMs) };
+  return { status: 'in_progress', retryAfterMs };
 }
 
 /** `instanceof Cluster` without loading ioredis (a type-only import keeps it an optional peer). */
