@@ -47,7 +47,7 @@ describe('MemoryIdempotencyStore', () => {
       true,
       true,
     ]);
-    for (let i = 0; i < 10; i++) await claim(`x${i}`); // the cursor wraps around the map
+    for (let i = 0; i < 10; i++) await claim(`x${i}`); // many evictions past stale slots
     expect(store.size).toBe(3);
     expect(await Promise.all(['x7', 'x8', 'x9'].map(async (key) => (await store.get(key)) !== undefined))).toEqual([true, true, true]);
   });

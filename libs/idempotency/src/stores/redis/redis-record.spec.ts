@@ -36,6 +36,17 @@ describe('Redis record encoding', () => {
     expect(encodeProcessing('a"b', 'f', 1).slice(1).startsWith(tokenPrefix('a"b'))).toBe(true);
   });
 
+  it('writes a head exactly as JSON.stringify would, for plain and for escaped strings', () => {
+    for (const [token, fingerprint] of [
+      ['0f8a.1z', 'ab12'],
+      ['a"b\\c', 'ü\n'],
+      ['', ''],
+    ]) {
+      expect(encodeProcessing(token, fingerprint, 1_700_000_000_123)).toBe(`P${JSON.stringify([token, fingerprint, 1_700_000_000_123])}`);
+      expect(tokenPrefix(token)).toBe(`[${JSON.stringify(token)},`);
+    }
+  });
+
   it('refuses a value that is not a record', () => {
     expect(() => decodeRecord('hello')).toThrow('not an idempotency record');
   });

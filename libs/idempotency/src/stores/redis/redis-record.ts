@@ -24,8 +24,13 @@ const COMPLETED = 'C'.charCodeAt(0);
 const PROCESSING = 'P'.charCodeAt(0);
 const WATCHED = 'W'.charCodeAt(0);
 
+/** Strings JSON writes as they are, between quotes (the guard's tokens and hex fingerprints). */
+const PLAIN = /^[\w.:-]*$/;
+const quoted = (text: string) => (PLAIN.test(text) ? `"${text}"` : JSON.stringify(text));
+
 export function encodeProcessing(token: string, fingerprint: string, leaseEndMs: number): string {
-  return `P${JSON.stringify([token, fingerprint, leaseEndMs] satisfies Head)}`;
+  // What JSON.stringify([token, fingerprint, leaseEndMs]) writes, without building the array.
+  return `P[${quoted(token)},${quoted(fingerprint)},${JSON.stringify(leaseEndMs)}]`;
 }
 
 /** The part of a completed record after the head: `[statusCode, headers]`, then `\n` + body. */
@@ -36,7 +41,7 @@ export function encodeResponse(response: SavedResponse): string {
 
 /** How a head owned by `token` starts: `["<token>",`. */
 export function tokenPrefix(token: string): string {
-  return `[${JSON.stringify(token)},`;
+  return `[${quoted(token)},`;
 }
 
 export function decodeRecord(value: string): DecodedRecord {
