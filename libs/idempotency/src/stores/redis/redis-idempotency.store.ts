@@ -82,22 +82,15 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
 
   async claim({ key, token, fingerprint, leaseMs, wait }: ClaimInput): Promise<ClaimResult> {
     const processing = encodeProcessing(token, fingerprint, Date.now() + leaseMs);
-    let held: string | null;
-    let leftMs: number | undefined;
-    if (wait) {
-      const reply = await this.run(() => this.scripts.idempotencyClaimWait(key, processing, leaseMs));
-      [held, leftMs] = reply ?? [null, undefined];
-    } else {
-      held = await this.run(() => this.client.set(key, processing, 'PX', leaseMs, 'NX', 'GET'));
-    }
+    const [held, pttlMs]: [string | null, number?] = wait
+      ? ((await this.run(() => this.scripts.idempotencyClaimWait(key, processing, leaseMs))) ?? [null])
+      : [await this.run(() => this.client.set(key, processing, 'PX', leaseMs, 'NX', 'GET'))];
     if (held === null) {
       await this.replicate(key, () => this.release(key, token));
       return { status: 'acquired', token };
     }
     const record = this.decode(key, held);
-    // A waiter sleeps by the lease Redis keeps; a 409's hint may come from the holder's clock.
-    if (record.state === 'processing' && leftMs === undefined) leftMs = record.leaseEndMs - Date.now();
-    return outcomeOf(record, fingerprint, Math.min(Math.max(leftMs ?? 1, 1), leaseMs));
+    return outcomeOf(record, fingerprint, leaseLeft(record, pttlMs, leaseMs));
   }
 
   async complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean> {
@@ -196,6 +189,15 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
       throw new IdempotencyStoreError(`${key} holds no idempotency record: ${(error as Error).message}`, { cause: error });
     }
   }
+}
+
+/**
+ * The lease left of the record a claim found, within [1, leaseMs]: the PTTL Redis read for a
+ * waiting claim (a waiter sleeps by it), else from the holder's clock (only a 409's hint).
+ */
+function leaseLeft(record: DecodedRecord, pttlMs: number | undefined, leaseMs: number): number {
+  const left = pttlMs ?? (record.state === 'processing' ? record.leaseEndMs - Date.now() : 1);
+  return Math.min(Math.max(left, 1), leaseMs);
 }
 
 /** What a claim that found `held` answers; `retryAfterMs` is the lease left, if in progress. */
