@@ -52,6 +52,21 @@ describe('MemoryIdempotencyStore', () => {
     expect(await Promise.all(['x7', 'x8', 'x9'].map(async (key) => (await store.get(key)) !== undefined))).toEqual([true, true, true]);
   });
 
+  it('counts a key released and claimed again as new: it is not dropped in place of older ones', async () => {
+    const store = new MemoryIdempotencyStore({ maxEntries: 3 });
+    const claim = (key: string) => store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
+    for (const key of ['a', 'b', 'c']) await claim(key);
+    await store.release('a', 't');
+    await claim('a'); // the newest now
+    await claim('d'); // drops b, the oldest
+    expect(await Promise.all(['a', 'b', 'c', 'd'].map(async (key) => (await store.get(key)) !== undefined))).toEqual([
+      true,
+      false,
+      true,
+      true,
+    ]);
+  });
+
   it('holds no more than maxEntries when flooded with unique keys', async () => {
     const store = new MemoryIdempotencyStore({ maxEntries: 1000 });
     for (let i = 0; i < 10_000; i++) {
