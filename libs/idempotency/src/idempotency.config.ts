@@ -1,7 +1,7 @@
 import type { ExecutionContext } from '@nestjs/common';
 import { DEFAULTS } from './idempotency.constants.js';
 import { IdempotencyConfigError } from './errors/idempotency.errors.js';
-import type { FailMode, IdempotencyModuleOptions } from './idempotency.options.js';
+import type { AnonymousPolicy, FailMode, IdempotencyModuleOptions } from './idempotency.options.js';
 
 /** Module options with every default filled in; built once, in one place. */
 export interface ResolvedIdempotencyOptions {
@@ -12,14 +12,21 @@ export interface ResolvedIdempotencyOptions {
   replayHeaders: readonly string[];
   ignoreFields: readonly string[];
   getUser: (ctx: ExecutionContext) => string | number | undefined;
+  anonymous: AnonymousPolicy;
+  maxResponseBytes: number;
 }
 
 /** Token of the resolved options. */
 export const IDEMPOTENCY_RESOLVED_OPTIONS = Symbol('IDEMPOTENCY_RESOLVED_OPTIONS');
 
-/** `request.user.id` (the first argument; `switchToHttp()` would add closures on every call). */
-const defaultGetUser = (ctx: ExecutionContext): string | number | undefined =>
-  ctx.getArgByIndex<{ user?: { id?: string | number } } | undefined>(0)?.user?.id;
+/**
+ * `request.user.id`, else `request.user.sub` (Nest's JWT recipe). The first argument by index:
+ * `switchToHttp()` would add closures on every call.
+ */
+const defaultGetUser = (ctx: ExecutionContext): string | number | undefined => {
+  const user = ctx.getArgByIndex<{ user?: { id?: string | number; sub?: string | number } } | undefined>(0)?.user;
+  return user?.id ?? user?.sub;
+};
 
 export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdempotencyOptions {
   const resolved: ResolvedIdempotencyOptions = {
@@ -32,9 +39,15 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
       .filter((name) => name !== 'set-cookie'),
     ignoreFields: options.ignoreFields ?? [],
     getUser: options.getUser ?? defaultGetUser,
+    anonymous: options.anonymous ?? DEFAULTS.anonymous,
+    maxResponseBytes: options.maxResponseBytes ?? DEFAULTS.maxResponseBytes,
   };
   assertPositive('expireSeconds', resolved.expireSeconds);
   assertPositive('leaseSeconds', resolved.leaseSeconds);
+  assertBytes(resolved.maxResponseBytes);
+  if (resolved.anonymous !== 'client-key' && resolved.anonymous !== 'address') {
+    throw new IdempotencyConfigError(`IdempotencyModule: anonymous must be 'client-key' or 'address' (got '${String(resolved.anonymous)}')`);
+  }
   if (!resolved.keyPrefix || resolved.keyPrefix.includes(':')) {
     throw new IdempotencyConfigError(`IdempotencyModule: keyPrefix must be non-empty and hold no ':' (got '${resolved.keyPrefix}')`);
   }
@@ -44,5 +57,11 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
 export function assertPositive(name: string, value: number | undefined, where = 'IdempotencyModule'): void {
   if (value !== undefined && !(Number.isFinite(value) && value > 0)) {
     throw new IdempotencyConfigError(`${where}: ${name} must be a positive number of seconds (got ${value})`);
+  }
+}
+
+export function assertBytes(value: number | undefined, where = 'IdempotencyModule'): void {
+  if (value !== undefined && !(Number.isInteger(value) && value >= 0)) {
+    throw new IdempotencyConfigError(`${where}: maxResponseBytes must be a whole number of bytes, 0 or more (got ${value})`);
   }
 }

@@ -16,6 +16,8 @@ export const DEFAULTS = Object.freeze({
   expireSeconds: 3600,
   leaseSeconds: 30,
   failMode: 'open' as const,
+  anonymous: 'client-key' as const,
+  maxResponseBytes: 1_048_576,
   replayHeaders: Object.freeze(['content-type', 'location', 'etag', 'content-location']),
   memoryMaxEntries: 100_000,
   redisCommandTimeoutMs: 1000,

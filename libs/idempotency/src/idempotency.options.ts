@@ -6,6 +6,9 @@ import type { IdempotencyStore } from './stores/idempotency-store.js';
 /** What to do when the store cannot be reached: run unguarded ('open') or answer 503 ('closed'). */
 export type FailMode = 'open' | 'closed';
 
+/** How anonymous calls are keyed (see `IdempotencyModuleOptions.anonymous`). */
+export type AnonymousPolicy = 'client-key' | 'address';
+
 /** Reads the key from the request; return undefined when there is none. */
 export type KeyResolver = (ctx: ExecutionContext) => string | undefined;
 
@@ -31,10 +34,27 @@ export interface IdempotencyModuleOptions {
   /** How long a claim holds while the handler runs, in seconds. Default 30. */
   leaseSeconds?: number;
   /**
-   * Who the request belongs to (a key segment, so users never share records).
-   * Default: `request.user.id`; without it the client IP is used as `ip:<addr>`.
+   * Who the request belongs to (a key segment, so users never share records). Default:
+   * `request.user.id`, else `request.user.sub` (Nest's JWT recipe). Return undefined for an
+   * anonymous call (see `anonymous`). An authenticated request (`request.user` set) whose id
+   * cannot be resolved is refused with 500 `IDEMPOTENCY_USER_UNRESOLVED`, never keyed by address:
+   * give `getUser` for another user shape (e.g. `(ctx) => ctx.switchToHttp().getRequest().user?.userId`).
    */
   getUser?: (ctx: ExecutionContext) => string | number | undefined;
+  /**
+   * How calls with no user are keyed. Default `'client-key'`: only by a key the client chose
+   * (every anonymous caller shares one namespace, so only a caller who sends a key gets that
+   * key's response); a fingerprint-keyed route answers an anonymous call without a key 400
+   * `IDEMPOTENCY_KEY_MISSING`. `'address'`: by the client address the adapter trusts (Express
+   * `trust proxy`, Fastify `trustProxy`): callers behind one NAT or proxy then share records.
+   */
+  anonymous?: AnonymousPolicy;
+  /**
+   * Largest response body saved for replay, in bytes. A bigger answer is still sent, and its
+   * duplicates get 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE` (the handler never runs twice).
+   * Default 1,048,576 (1 MiB).
+   */
+  maxResponseBytes?: number;
   /** Store outage policy for routes that do not set their own. Default 'open'. */
   failMode?: FailMode;
   /**
@@ -71,6 +91,8 @@ export interface NoRepeatSubmitOptions {
   failMode?: FailMode;
   /** Fields removed at any depth before fingerprinting. */
   ignoreFields?: string[];
+  /** Largest response body saved for replay, in bytes (see the module option). */
+  maxResponseBytes?: number;
   /**
    * A duplicate that arrives while the first request is processing waits up to this many
    * milliseconds for its result (pushed by the store, no polling on Redis) and gets the replay

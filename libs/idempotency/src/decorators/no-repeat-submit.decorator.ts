@@ -1,5 +1,5 @@
 import { SetMetadata, UseInterceptors, applyDecorators } from '@nestjs/common';
-import { assertPositive } from '../idempotency.config.js';
+import { assertBytes, assertPositive } from '../idempotency.config.js';
 import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
 import type { KeyResolver, NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { IdempotencyInterceptor } from '../interceptors/idempotency.interceptor.js';
@@ -34,6 +34,7 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     const where = propertyKey === undefined ? className : `${className}.${String(propertyKey)}`;
     assertPositive('expireSeconds', options.expireSeconds, where);
     assertPositive('leaseSeconds', options.leaseSeconds, where);
+    assertBytes(options.maxResponseBytes, where);
     const { idempotentKey } = options;
     const key: NoRepeatSubmitMetadata['key'] =
       typeof idempotentKey === 'function'

@@ -8,6 +8,8 @@ export const IdempotencyErrorCode = Object.freeze({
   KEY_REUSED: 'IDEMPOTENCY_KEY_REUSED',
   STORE_UNAVAILABLE: 'IDEMPOTENCY_STORE_UNAVAILABLE',
   PAYLOAD_UNSUPPORTED: 'IDEMPOTENCY_PAYLOAD_UNSUPPORTED',
+  RESPONSE_NOT_REPLAYABLE: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE',
+  USER_UNRESOLVED: 'IDEMPOTENCY_USER_UNRESOLVED',
 });
 export type IdempotencyErrorCode = (typeof IdempotencyErrorCode)[keyof typeof IdempotencyErrorCode];
 
@@ -75,4 +77,20 @@ export const payloadUnsupported = (reason: string) =>
     HttpStatus.BAD_REQUEST,
     'Bad Request',
     `The request cannot be fingerprinted (${reason}): send a flatter payload.`,
+  );
+
+export const responseNotReplayable = (reason: string) =>
+  new IdempotencyHttpException(
+    IdempotencyErrorCode.RESPONSE_NOT_REPLAYABLE,
+    HttpStatus.CONFLICT,
+    'Conflict',
+    `A request with this idempotency key already completed, but its response cannot be replayed (${reason}): do not retry; read the resource's current state instead.`,
+  );
+
+export const userUnresolved = () =>
+  new IdempotencyHttpException(
+    IdempotencyErrorCode.USER_UNRESOLVED,
+    HttpStatus.INTERNAL_SERVER_ERROR,
+    'Internal Server Error',
+    'The server cannot tell which user sent this authenticated request, so it cannot guard it against duplicates.',
   );

@@ -1,3 +1,4 @@
+import type { CallHandler } from '@nestjs/common';
 import type { Observable } from 'rxjs';
 import type { KeyOwner } from '../keys/storage-key.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
@@ -9,9 +10,20 @@ export type GuardRefusal =
   | { reason: 'key_reused' }
   | { reason: 'store_unavailable' };
 
+/** A key the guard holds (or may hold: a claim that failed may still land) for one run. */
+export interface OwnedKey {
+  /** Saves the answer for replay (fenced by the owner token); never rejects. */
+  save(response: SavedResponse): Promise<void>;
+  /** Frees the key for a retry (compare-and-delete); never rejects. */
+  release(): Promise<void>;
+  /** How long the claim holds, in milliseconds. */
+  leaseMs: number;
+}
+
 /**
  * One guarded call as its transport sees it (an HTTP request, an RPC message): what identifies
- * it, how a saved answer is replayed, and how a refusal is answered.
+ * it, how the handler runs while the key is held, how a saved answer is replayed, and how a
+ * refusal is answered.
  */
 export interface GuardExchange {
   /** The request fingerprint (method, route, query, body; or the message). */
@@ -20,24 +32,10 @@ export interface GuardExchange {
   readonly owner: KeyOwner;
   /** The client's key, or undefined when it sent none. */
   readonly clientKey: string | undefined;
-  /** The saved answer, as the handler's value to send again. */
-  replay(saved: SavedResponse): unknown;
-  /** The handler's answer to save, or null when it cannot be replayed (the key is released). */
-  capture(value: unknown): SavedResponse | null;
+  /** Runs the handler while holding the key: saves its answer, or releases the key if it fails. */
+  run(next: CallHandler, owned: OwnedKey): Observable<unknown>;
+  /** Answers a duplicate with the saved answer. */
+  replay(saved: SavedResponse): Observable<unknown>;
   /** Answers a refusal: throws the transport's error, or (RPC events) completes without a value. */
   refuse(refusal: GuardRefusal): Observable<unknown>;
 }
-
-/** The handler's value as JSON text: undefined for no value, null when JSON cannot hold it. */
-export function serialize(value: unknown): string | undefined | null {
-  if (value === undefined) return undefined;
-  try {
-    return JSON.stringify(value);
-  } catch {
-    return null; // BigInt, cycles
-  }
-}
-
-/** The saved JSON text as the value again. */
-export const deserialize = (saved: SavedResponse): unknown =>
-  saved.body === undefined ? undefined : JSON.parse(saved.body);

@@ -1,28 +1,31 @@
-import { StreamableFile } from '@nestjs/common';
+import type { CallHandler } from '@nestjs/common';
 import type { AbstractHttpAdapter } from '@nestjs/core';
-import { Readable } from 'node:stream';
-import { isObservable, type Observable } from 'rxjs';
+import { isUtf8 } from 'node:buffer';
+import type { ServerResponse } from 'node:http';
+import { of, type Observable } from 'rxjs';
 import { IdempotencyError } from '../errors/idempotency.errors.js';
 import {
   inProgress,
   keyMissing,
   keyReused,
   payloadUnsupported,
+  responseNotReplayable,
   storeUnavailable,
   type IdempotencyHttpException,
 } from '../errors/idempotency-http.exceptions.js';
-import { REPLAYED_HEADER } from '../idempotency.constants.js';
 import { fingerprintRequest } from '../keys/fingerprint.js';
 import type { KeyOwner } from '../keys/storage-key.js';
-import type { SavedResponse } from '../stores/idempotency-store.js';
-import { deserialize, serialize, type GuardExchange, type GuardRefusal } from './guard-exchange.js';
+import type { SavedResponse, UnreplayableReason } from '../stores/idempotency-store.js';
+import type { GuardExchange, GuardRefusal, OwnedKey } from './guard-exchange.js';
 import type { GuardedRoute } from './guarded-route.js';
+import { runOwned } from './owned-run.js';
+import { ResponseCapture, type CapturedResponse } from './response-capture.js';
+import { replayInto, sendNow } from './response-replay.js';
 
 /** The parts of an Express or Fastify request the guard reads. */
 export interface HttpRequest {
   method: string;
   url: string;
-  originalUrl?: string;
   ip?: string;
   headers: Record<string, string | string[] | undefined>;
   body?: unknown;
@@ -32,53 +35,69 @@ export interface HttpRequest {
   user?: unknown;
 }
 
-/** The parts of an Express response or Fastify reply the guard reads. */
-export interface HttpResponse {
-  statusCode: number;
-  getHeader(name: string): number | string | string[] | undefined;
-}
+/** The Express response, or the Fastify reply (whose Node.js response is `raw`). */
+export type HttpResponse = ServerResponse | { raw: ServerResponse };
 
 /** The longest `Retry-After` a 409 asks for, in seconds. */
 export const MAX_RETRY_AFTER_SECONDS = 2;
 
-/** An HTTP request under the guard (Express or Fastify, through Nest's HTTP adapter). */
+/** What a duplicate is told when the first answer was not kept, by reason. */
+const NOT_REPLAYABLE: Record<UnreplayableReason, string> = {
+  too_large: 'the response was larger than the server keeps',
+  not_delivered: 'the first request was answered before its handler finished, e.g. by a timeout',
+  server_error: 'the server failed while answering the first request',
+};
+
+/**
+ * An HTTP request under the guard (Express or Fastify). The answer it saves and replays is the
+ * one the client received, read off the Node.js response after the whole app pipeline.
+ */
 export class HttpExchange implements GuardExchange {
   readonly fingerprint: string;
-  readonly owner: KeyOwner;
+  private readonly raw: ServerResponse;
+
   constructor(
-    private readonly req: HttpRequest,
+    req: HttpRequest,
     private readonly res: HttpResponse,
     private readonly route: GuardedRoute,
     private readonly adapter: AbstractHttpAdapter,
     private readonly replayHeaders: readonly string[],
-    userId: string | number | undefined,
+    readonly owner: KeyOwner,
     readonly clientKey: string | undefined,
   ) {
-    this.owner = userId === undefined || userId === '' ? { ip: this.req.ip ?? 'unknown' } : { id: String(userId) };
-    this.fingerprint = this.fingerprintOf(this.req);
+    this.raw = 'raw' in res ? res.raw : res;
+    this.fingerprint = this.fingerprintOf(req);
   }
 
-  replay(saved: SavedResponse): unknown {
-    for (const [name, value] of Object.entries(saved.headers)) this.adapter.setHeader(this.res, name, value);
-    this.adapter.setHeader(this.res, REPLAYED_HEADER, 'true');
-    const value = deserialize(saved);
-    if (saved.statusCode === this.res.statusCode) return value;
-    // Only a web Response carries its own status past Nest's reply().
-    const isText = typeof value === 'string';
-    const contentType =
-      saved.headers['content-type'] ?? (isText ? 'text/html; charset=utf-8' : 'application/json; charset=utf-8');
-    return new Response(value === undefined ? null : isText ? value : saved.body, {
-      status: saved.statusCode,
-      headers: { 'content-type': contentType },
-    });
+  run(next: CallHandler, owned: OwnedKey): Observable<unknown> {
+    const capture = new ResponseCapture(this.raw, this.replayHeaders, this.route.maxResponseBytes, (sent) =>
+      owned.save(toSaved(sent, this.raw.statusCode)),
+    );
+    return runOwned(
+      next.handle(),
+      {
+        succeeded: async (_value, cut) => {
+          if (cut) return owned.save(toSaved(undefined, this.raw.statusCode));
+          capture.succeed();
+        },
+        failed: async () => {
+          await owned.release();
+          capture.passThrough();
+        },
+        cut: () => capture.passThrough(),
+      },
+      owned.leaseMs,
+    );
   }
 
-  capture(value: unknown): SavedResponse | null {
-    const { statusCode } = this.res;
-    // Streams, buffers and 5xx answers are not replayed: a retry runs again.
-    const body = statusCode < 500 && isReplayable(value) ? serialize(value) : null;
-    if (body === null) return null;
-    return { statusCode, headers: readHeaders(this.res, this.replayHeaders), body };
+  replay(saved: SavedResponse): Observable<unknown> {
+    if (saved.unreplayable) throw responseNotReplayable(NOT_REPLAYABLE[saved.unreplayable]);
+    if (this.route.sendsOwnResponse) {
+      sendNow(this.raw, saved, this.replayHeaders);
+      return of(undefined);
+    }
+    replayInto(this.raw, saved, this.replayHeaders);
+    return of(valueOf(saved));
   }
 
   refuse(refusal: GuardRefusal): Observable<unknown> {
@@ -92,13 +111,17 @@ export class HttpExchange implements GuardExchange {
     return exception;
   }
 
+  /**
+   * The route, not the URL: every spelling the router maps to this handler (`/orders/`,
+   * `/ORDERS`) is one request; the path parameters tell requests to the same handler apart.
+   */
   private fingerprintOf(req: HttpRequest): string {
     try {
       return fingerprintRequest(
         {
           method: req.method,
-          path: (req.originalUrl ?? req.url).split('?', 1)[0],
-          query: req.query,
+          path: this.route.handler,
+          query: { params: req.params, query: req.query },
           body: req.body,
           rawBody: req.rawBody,
           contentType: req.headers['content-type'] as string | undefined,
@@ -110,6 +133,38 @@ export class HttpExchange implements GuardExchange {
       throw error;
     }
   }
+}
+
+/** The answer sent as a record: its bytes as text (or base64), or why it is not replayable. */
+function toSaved(sent: CapturedResponse | undefined, statusCode: number): SavedResponse {
+  if (!sent) return { statusCode, headers: {}, unreplayable: 'not_delivered' };
+  if (sent.statusCode >= 500) return { statusCode: sent.statusCode, headers: {}, unreplayable: 'server_error' };
+  if (!sent.body) return { statusCode: sent.statusCode, headers: sent.headers, unreplayable: 'too_large' };
+  const saved: SavedResponse = { statusCode: sent.statusCode, headers: sent.headers };
+  if (sent.body.length === 0) return saved;
+  if (isUtf8(sent.body) && !sent.body.includes(0)) {
+    saved.body = sent.body.toString('utf8');
+  } else {
+    saved.body = sent.body.toString('base64');
+    saved.encoding = 'base64';
+  }
+  return saved;
+}
+
+/**
+ * The value a replay hands the app's pipeline, for interceptors that look at it (what is sent
+ * is the saved bytes either way): the JSON value, else the text, else nothing.
+ */
+function valueOf(saved: SavedResponse): unknown {
+  if (saved.body === undefined || saved.encoding === 'base64') return undefined;
+  if (saved.headers['content-type']?.includes('json')) {
+    try {
+      return JSON.parse(saved.body);
+    } catch {
+      return saved.body;
+    }
+  }
+  return saved.body;
 }
 
 function toHttpException(refusal: GuardRefusal, route: GuardedRoute): IdempotencyHttpException {
@@ -125,29 +180,4 @@ function toHttpException(refusal: GuardRefusal, route: GuardedRoute): Idempotenc
     case 'store_unavailable':
       return storeUnavailable(1);
   }
-}
-
-/** Whether a handler's value can be saved as JSON text and replayed as the same answer. */
-export function isReplayable(value: unknown): boolean {
-  if (value === null || typeof value !== 'object') return typeof value !== 'function' && typeof value !== 'symbol';
-  return !(
-    value instanceof StreamableFile ||
-    value instanceof Readable ||
-    value instanceof Response ||
-    value instanceof ReadableStream ||
-    Buffer.isBuffer(value) ||
-    ArrayBuffer.isView(value) ||
-    isObservable(value) ||
-    Symbol.asyncIterator in value
-  );
-}
-
-/** The allowlisted headers already set on the response, lower-case names. */
-export function readHeaders(res: HttpResponse, names: readonly string[]): Record<string, string> {
-  const headers: Record<string, string> = {};
-  for (const name of names) {
-    const value = res.getHeader(name);
-    if (value !== undefined) headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
-  }
-  return headers;
 }

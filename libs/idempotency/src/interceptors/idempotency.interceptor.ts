@@ -7,18 +7,18 @@ import {
   type NestInterceptor,
 } from '@nestjs/common';
 import { HttpAdapterHost, Reflector } from '@nestjs/core';
-import { Observable, of } from 'rxjs';
+import type { Observable } from 'rxjs';
 import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.decorator.js';
-import { keyInvalid } from '../errors/idempotency-http.exceptions.js';
+import { keyInvalid, userUnresolved } from '../errors/idempotency-http.exceptions.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
 import { IDEMPOTENCY_KEY_HEADER, NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
 import { evaluateKeyPath } from '../keys/key-expression.js';
-import { buildStorageKey } from '../keys/storage-key.js';
+import { buildStorageKey, type KeyOwner } from '../keys/storage-key.js';
 import { IdempotencyCounters, type IdempotencyMetricsSink } from '../metrics/idempotency-counters.js';
-import { IdempotencyStore, type ClaimInput, type ClaimResult } from '../stores/idempotency-store.js';
+import { IdempotencyStore, type ClaimInput, type ClaimResult, type SavedResponse } from '../stores/idempotency-store.js';
 import { awaitSettled } from './await-settled.js';
-import type { GuardExchange } from './guard-exchange.js';
+import type { GuardExchange, OwnedKey } from './guard-exchange.js';
 import { route, type GuardedRoute } from './guarded-route.js';
 import { HttpExchange, type HttpRequest, type HttpResponse } from './http-exchange.js';
 import { ownerToken } from './owner-token.js';
@@ -36,6 +36,7 @@ const GUARDED = Symbol('idempotency.guarded');
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
   private readonly routes = new WeakMap<object, GuardedRoute | null>();
+  private readonly unresolvedUsers = new Set<string>();
 
   constructor(
     private readonly reflector: Reflector,
@@ -51,7 +52,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const exchange = await this.exchangeOf(ctx, config);
     if (!exchange) return next.handle();
 
-    const clientKey = exchange.clientKey ?? (config.useFingerprint ? exchange.fingerprint : undefined);
+    // Anonymous callers share one namespace, so only a key they chose may key them.
+    const fingerprintKey = config.useFingerprint && !('anonymous' in exchange.owner) ? exchange.fingerprint : undefined;
+    const clientKey = exchange.clientKey ?? fingerprintKey;
     if (clientKey === undefined) return exchange.refuse({ reason: 'key_missing', source: config.keySource });
     const key = buildStorageKey({ prefix: this.options.keyPrefix, user: exchange.owner, handler: config.handler, key: clientKey });
     const input: ClaimInput = { key, token: ownerToken(), fingerprint: exchange.fingerprint, leaseMs: config.leaseMs };
@@ -75,7 +78,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
       }
       this.counters.count('failOpen', config.handler);
       this.logger.warn(`${message}; running unguarded`);
-      return next.handle();
+      // A claim that timed out may still land when the store recovers: run as its possible
+      // owner, so that the answer completes it or a failure releases it, never a stranded key.
+      return exchange.run(next, this.owned(input, config, true));
     }
     switch (claim.status) {
       case 'in_progress':
@@ -86,14 +91,14 @@ export class IdempotencyInterceptor implements NestInterceptor {
         return exchange.refuse({ reason: 'key_reused' });
       case 'completed':
         this.counters.count('replayed', config.handler);
-        return of(exchange.replay(claim.response));
+        return exchange.replay(claim.response);
       case 'acquired':
         this.counters.count('acquired', config.handler);
-        return this.runOwned(next, input, config, exchange);
+        return exchange.run(next, this.owned(input, config, false));
     }
   }
 
-  /** The user segment of the key. Default: the module's `getUser` (`request.user.id`). */
+  /** The user segment of the key. Default: the module's `getUser` (`request.user.id`, else `.sub`). */
   protected getUser(ctx: ExecutionContext): string | number | undefined {
     return this.options.getUser(ctx);
   }
@@ -136,7 +141,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
         req[GUARDED] = true;
         const { httpAdapter } = this.adapterHost;
         const res = ctx.getArgByIndex<HttpResponse>(1);
-        return new HttpExchange(req, res, config, httpAdapter, this.options.replayHeaders, this.getUser(ctx), this.getKey(ctx, config));
+        const owner = this.ownerOf(ctx, req, config);
+        return new HttpExchange(req, res, config, httpAdapter, this.options.replayHeaders, owner, this.getKey(ctx, config));
       }
       case 'rpc':
         return RpcExchange.create(ctx, config, () => this.getKey(ctx, config));
@@ -146,64 +152,67 @@ export class IdempotencyInterceptor implements NestInterceptor {
   }
 
   /**
-   * Runs the handler while owning the key. Its first value is saved before it is sent on (later
-   * values follow in order); an error, or completing without a value, or the client going away,
-   * releases the key for a retry. One Observable rather than an operator chain: this runs on
-   * every first request.
+   * Whose record it is: the user's id; an authenticated request without one is refused (never
+   * keyed by address, which many users can share); an anonymous one follows `anonymous`.
    */
-  private runOwned(next: CallHandler, { key, token }: ClaimInput, config: GuardedRoute, exchange: GuardExchange) {
-    return new Observable<unknown>((subscriber) => {
-      let settled = false;
-      let sent: Promise<unknown> = Promise.resolve();
-      const release = () => this.release(key, token, config.handler);
-      const source = next.handle().subscribe({
-        next: (value) => {
-          const ready = settled ? sent : this.save(value, key, token, config, exchange);
-          settled = true;
-          sent = ready.then(
-            () => subscriber.next(value),
-            (error: unknown) => subscriber.error(error),
-          );
-        },
-        error: (error: unknown) => {
-          const ready = settled ? sent : release();
-          settled = true;
-          void ready.then(() => subscriber.error(error));
-        },
-        complete: () => {
-          void sent.then(() => {
-            if (!settled) {
-              settled = true;
-              void release();
-            }
-            subscriber.complete();
-          });
-        },
-      });
-      return () => {
-        source.unsubscribe();
-        if (!settled) {
-          settled = true;
-          void release();
-        }
-      };
-    });
+  private ownerOf(ctx: ExecutionContext, req: HttpRequest, config: GuardedRoute): KeyOwner {
+    const id = this.getUser(ctx);
+    if (id !== undefined && id !== null && id !== '') return { id: String(id) };
+    if (req.user) {
+      if (!this.unresolvedUsers.has(config.handler)) {
+        this.unresolvedUsers.add(config.handler);
+        this.logger.error(
+          `${config.handler}: request.user has no id or sub, so the guard cannot tell users apart and refuses the call (500). ` +
+            'Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape.',
+        );
+      }
+      throw userUnresolved();
+    }
+    return this.options.anonymous === 'address' ? { ip: req.ip ?? 'unknown' } : { anonymous: true };
   }
 
-  private async save(value: unknown, key: string, token: string, config: GuardedRoute, exchange: GuardExchange) {
-    const response = exchange.capture(value);
-    if (!response) return this.release(key, token, config.handler);
+  /** The key this run holds (or may hold, after a failed claim: `uncertain`). */
+  private owned({ key, token }: ClaimInput, config: GuardedRoute, uncertain: boolean): OwnedKey {
+    const leaseEndsAt = Date.now() + config.leaseMs;
+    return {
+      leaseMs: config.leaseMs,
+      save: (response) => this.save(key, token, response, config, leaseEndsAt, uncertain),
+      release: () => this.release(key, token, config.handler),
+    };
+  }
+
+  /**
+   * Saves the answer. A save that fails is tried again in the background until the lease ends:
+   * the effect happened, and a key left processing would refuse retries, then run them again.
+   */
+  private async save(key: string, token: string, response: SavedResponse, config: GuardedRoute, leaseEndsAt: number, uncertain: boolean) {
     try {
       const saved = await this.timed('complete', () => this.store.complete(key, token, response, config.expireMs));
-      if (!saved) {
+      if (!saved && !uncertain) {
         this.counters.count('lateCompletions', config.handler);
         this.logger.warn(`${config.handler}: the lease ran out before the handler finished; its response was not saved`);
       }
     } catch (error) {
-      // The business effect happened: answer it. The claim expires with its lease.
       this.counters.count('storeErrors', config.handler);
-      this.logger.error(`${config.handler}: could not save the response: ${(error as Error).message}`);
+      this.logger.error(`${config.handler}: could not save the response (${(error as Error).message}); trying again until the lease ends`);
+      void this.saveLater(key, token, response, config, leaseEndsAt);
     }
+  }
+
+  private async saveLater(key: string, token: string, response: SavedResponse, config: GuardedRoute, leaseEndsAt: number) {
+    for (let delayMs = 100; Date.now() + delayMs < leaseEndsAt; delayMs = Math.min(delayMs * 2, 2000)) {
+      await new Promise((resolve) => setTimeout(resolve, delayMs).unref());
+      try {
+        // false: a late copy of an earlier save (or of the claim's release) landed meanwhile.
+        if (await this.store.complete(key, token, response, config.expireMs)) {
+          this.logger.log(`${config.handler}: saved the response on a later try`);
+        }
+        return;
+      } catch {
+        this.counters.count('storeErrors', config.handler);
+      }
+    }
+    this.logger.error(`${config.handler}: gave up saving the response; the key frees when its lease ends`);
   }
 
   private async release(key: string, token: string, handler: string): Promise<void> {

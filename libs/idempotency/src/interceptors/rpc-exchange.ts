@@ -1,13 +1,14 @@
-import type { ExecutionContext } from '@nestjs/common';
-import { of, type Observable } from 'rxjs';
+import { StreamableFile, type CallHandler, type ExecutionContext } from '@nestjs/common';
+import { Readable } from 'node:stream';
+import { isObservable, of, type Observable } from 'rxjs';
 import { IdempotencyError } from '../errors/idempotency.errors.js';
 import { IdempotencyErrorCode, IdempotencyHttpException } from '../errors/idempotency-http.exceptions.js';
 import { fingerprintRequest } from '../keys/fingerprint.js';
 import type { KeyOwner } from '../keys/storage-key.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
-import { deserialize, serialize, type GuardExchange, type GuardRefusal } from './guard-exchange.js';
+import type { GuardExchange, GuardRefusal, OwnedKey } from './guard-exchange.js';
 import type { GuardedRoute } from './guarded-route.js';
-import { isReplayable } from './http-exchange.js';
+import { runOwned } from './owned-run.js';
 
 /** `@nestjs/microservices` marks `@EventPattern` handlers with this (PatternHandler.EVENT). */
 const HANDLER_TYPE_METADATA = 'microservices:handler_type';
@@ -20,7 +21,9 @@ let rpcException: Promise<RpcExceptionClass> | undefined;
  * A message to a `@MessagePattern` (request-response) or `@EventPattern` handler. Messages have
  * no user: the owner segment of their keys is empty (an HTTP owner never is). A duplicate
  * message gets the saved result; a duplicate event is dropped (the handler does not run).
- * Refusals of messages are `RpcException`s with `{ code, message }`.
+ * Refusals of messages are `RpcException`s with `{ code, message }`. The saved result is the
+ * handler's first value as JSON text, saved before it is sent on; a result JSON cannot hold (a
+ * stream, a BigInt) is not kept, and the key is released.
  */
 export class RpcExchange implements GuardExchange {
   readonly owner: KeyOwner = { id: '' };
@@ -57,13 +60,30 @@ export class RpcExchange implements GuardExchange {
     return new RpcExchange(ctx, route, clientKey, RpcException);
   }
 
-  replay(saved: SavedResponse): unknown {
-    return deserialize(saved);
+  run(next: CallHandler, owned: OwnedKey): Observable<unknown> {
+    return runOwned(
+      next.handle(),
+      {
+        succeeded: async (value) => {
+          const body = serialize(value);
+          if (body === null) return owned.release();
+          return owned.save(body === undefined ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, body });
+        },
+        failed: () => owned.release(),
+      },
+      owned.leaseMs,
+    );
   }
 
-  capture(value: unknown): SavedResponse | null {
-    const body = isReplayable(value) ? serialize(value) : null;
-    return body === null ? null : { statusCode: 0, headers: {}, body };
+  replay(saved: SavedResponse): Observable<unknown> {
+    if (saved.unreplayable) {
+      if (this.isEvent) return of(undefined);
+      throw new this.RpcException({
+        code: IdempotencyErrorCode.RESPONSE_NOT_REPLAYABLE,
+        message: 'A message with this key was already handled, but its result was not kept.',
+      });
+    }
+    return of(saved.body === undefined ? undefined : JSON.parse(saved.body));
   }
 
   refuse(refusal: GuardRefusal): Observable<unknown> {
@@ -87,4 +107,28 @@ function toRpcError(refusal: GuardRefusal): { code: string; message: string; ret
     case 'store_unavailable':
       return { code: IdempotencyErrorCode.STORE_UNAVAILABLE, message: 'The idempotency store is unavailable.' };
   }
+}
+
+/** The result as JSON text: undefined for no value, null when JSON cannot hold it. */
+function serialize(value: unknown): string | undefined | null {
+  if (value === undefined) return undefined;
+  if (!isJsonable(value)) return null;
+  try {
+    return JSON.stringify(value);
+  } catch {
+    return null; // BigInt, cycles
+  }
+}
+
+function isJsonable(value: unknown): boolean {
+  if (value === null || typeof value !== 'object') return typeof value !== 'function' && typeof value !== 'symbol';
+  return !(
+    value instanceof StreamableFile ||
+    value instanceof Readable ||
+    value instanceof ReadableStream ||
+    Buffer.isBuffer(value) ||
+    ArrayBuffer.isView(value) ||
+    isObservable(value) ||
+    Symbol.asyncIterator in value
+  );
 }

@@ -1,7 +1,7 @@
 import { describe, it } from '@jest/globals';
 import fc from 'fast-check';
 import { fingerprintRequest } from './fingerprint.js';
-import { buildStorageKey, type StorageKeyParts } from './storage-key.js';
+import { buildStorageKey, type StorageKeyParts, type KeyOwner } from './storage-key.js';
 
 /** Rebuilds a value with the keys of every object in reverse (a different insertion order). */
 function reorder(value: unknown): unknown {
@@ -73,7 +73,7 @@ describe('storage key properties', () => {
   const tricky = fc.array(fc.oneof(chars, text), { maxLength: 4 }).map((parts) => parts.join(''));
   const parts: fc.Arbitrary<StorageKeyParts> = fc.record({
     prefix: fc.constant('no_repeat'),
-    user: fc.oneof(fc.record({ id: tricky }), fc.record({ ip: tricky })),
+    user: fc.oneof(fc.record({ id: tricky }), fc.record({ ip: tricky }), fc.constant({ anonymous: true as const })),
     handler: tricky,
     key: tricky,
   });
@@ -82,9 +82,12 @@ describe('storage key properties', () => {
   function decode(storageKey: string): StorageKeyParts {
     const segments = storageKey.split(':');
     const [prefix, ...rest] = segments;
-    const owner = rest.length === 4 && rest[0] === 'ip' ? { ip: unescape(rest[1]) } : { id: unescape(rest[0]) };
+    const tagged = rest.length === 4;
+    if (!(rest.length === 3 || (tagged && rest[0] === 'ip') || (tagged && rest[0] === 'anon' && rest[1] === ''))) {
+      throw new Error(`undecodable ${storageKey}`);
+    }
+    const owner: KeyOwner = !tagged ? { id: unescape(rest[0]) } : rest[0] === 'ip' ? { ip: unescape(rest[1]) } : { anonymous: true };
     const [handler, key] = rest.slice(-2).map(unescape);
-    if (rest.length !== 3 && !(rest.length === 4 && rest[0] === 'ip')) throw new Error(`undecodable ${storageKey}`);
     return { prefix, user: owner, handler, key };
   }
   const unescape = (segment: string) =>

@@ -1,5 +1,8 @@
-/** Who a record belongs to: a user id, or for anonymous clients their address. */
-export type KeyOwner = { id: string } | { ip: string };
+/**
+ * Who a record belongs to: a user id; for anonymous callers keyed by address, their address; or
+ * every anonymous caller at once (keyed only by keys the callers chose).
+ */
+export type KeyOwner = { id: string } | { ip: string } | { anonymous: true };
 
 /** The parts of a store key. */
 export interface StorageKeyParts {
@@ -33,20 +36,23 @@ function encodeSegment(value: string): string {
 }
 
 /**
- * The store key `<prefix>:<user>:<handler>:<key>`, where `<user>` is the encoded user id, or
- * `ip:<encoded address>` for an anonymous client.
+ * The store key `<prefix>:<user>:<handler>:<key>`, where `<user>` is the encoded user id,
+ * `ip:<encoded address>` for an anonymous client keyed by address, or `anon:` for the shared
+ * namespace of anonymous clients.
  *
  * No two different (user, handler, key) triples give the same string, whatever they hold
  * (':', '{', '}', '%', unicode, empty strings):
  * - each segment is percent-encoded (`encodeURIComponent` escapes ':', '{', '}' and '%'), so an
  *   encoded segment never contains ':' and decodes back to exactly one value;
  * - after the prefix, the key therefore splits on ':' into 3 parts for a user id and 4 for an
- *   address (`ip`, then the address, whose IPv6 colons are encoded too). The part count tells
- *   the two forms apart: user id `ip:1.2.3.4` is `ip%3A1.2.3.4`, never the client at 1.2.3.4.
+ *   address (`ip`, then the address, whose IPv6 colons are encoded too) or the anonymous
+ *   namespace (`anon`, then an empty part). The part count tells a user id from the other two,
+ *   and the tag tells those apart: user id `ip:1.2.3.4` is `ip%3A1.2.3.4`, never the client at
+ *   1.2.3.4, and user id `anon` is never the anonymous namespace.
  * The guarantee holds for one prefix, as a prefix is one deployment's namespace. Encoding also
  * keeps callers from injecting a Redis Cluster `{hash tag}` to pick a slot.
  */
 export function buildStorageKey({ prefix, user, handler, key }: StorageKeyParts): string {
-  const owner = 'id' in user ? encodeSegment(user.id) : `ip:${encodeSegment(user.ip)}`;
+  const owner = 'id' in user ? encodeSegment(user.id) : 'ip' in user ? `ip:${encodeSegment(user.ip)}` : 'anon:';
   return `${prefix}:${owner}:${encodeSegment(handler)}:${encodeSegment(key)}`;
 }

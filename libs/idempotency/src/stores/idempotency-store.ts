@@ -4,9 +4,26 @@ export interface SavedResponse {
   statusCode: number;
   /** Allowlisted response headers, lower-case names. Never request headers or cookies. */
   headers: Record<string, string>;
-  /** The handler's return value as JSON text; absent when the handler returned undefined. */
+  /**
+   * The body the first client received: its bytes as UTF-8 text, or as base64 when `encoding`
+   * says so (bytes that are not UTF-8, or hold a NUL). For RPC handlers, the result as JSON text.
+   * Absent when there was no body.
+   */
   body?: string;
+  /** `base64` when `body` holds base64 of the bytes; absent for UTF-8 text. */
+  encoding?: 'base64';
+  /**
+   * Set when the handler ran to success but its answer was not kept for replay: a duplicate then
+   * gets 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE`, never a second run. `too_large`: the body
+   * was over `maxResponseBytes`; `not_delivered`: the first client got another answer (an outer
+   * timeout answered before the handler settled); `server_error`: the app answered 5xx after
+   * the handler succeeded.
+   */
+  unreplayable?: UnreplayableReason;
 }
+
+/** Why a completed record holds no replayable answer (see `SavedResponse.unreplayable`). */
+export type UnreplayableReason = 'too_large' | 'not_delivered' | 'server_error';
 
 /** What a claim found; expected outcomes are values, not exceptions. */
 export type ClaimResult =
