@@ -41,6 +41,7 @@ describe('isRetryableAnswer', () => {
     [409, null, { code: 'IDEMPOTENCY_IN_PROGRESS' }, true],
     [409, '1', undefined, true],
     [409, null, { code: 'ORDER_EXISTS' }, false],
+    [409, null, { code: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE' }, false],
     [400, null, { code: 'IDEMPOTENCY_KEY_MISSING' }, false],
     [422, null, { code: 'IDEMPOTENCY_KEY_REUSED' }, false],
     [429, '1', undefined, false],

@@ -41,10 +41,12 @@ export function parseRetryAfterMs(value: string | null, now: number = Date.now()
 
 /**
  * Whether an answer is worth another attempt with the same key:
- * - 5xx: the server failed; the guard never saves a 5xx, so the retry runs again or gets the replay;
+ * - 5xx: the server failed; the retry runs again (the handler failed, so the key was released) or
+ *   gets the first answer (a 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE` when that was the 5xx);
  * - 409 with `Retry-After` or the code `IDEMPOTENCY_IN_PROGRESS`: the first attempt is still
- *   running; the retry gets its replay once it completes. A 409 without either is a business
- *   conflict (e.g. the demo's `ORDER_EXISTS`) and final.
+ *   running; the retry gets its replay once it completes. A 409 without either is final: a
+ *   business conflict (e.g. the demo's `ORDER_EXISTS`), or `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE`
+ *   (the operation completed but its answer was not kept: read the resource instead).
  * Every other answer is final: 2xx, 400 (missing or invalid key, invalid payload: fix the
  * request), 422 (the key was used with another payload: a new operation needs a new key), and
  * the other 4xx.
