@@ -4,7 +4,7 @@ import { createPrometheusSink } from './metrics/prometheus-metrics.js';
 import { documentDecoratedRoutes } from './openapi/idempotency-openapi.js';
 
 const IDEMPOTENCY_OPENAPI = Symbol('IDEMPOTENCY_OPENAPI');
-import { IDEMPOTENCY_RESOLVED_OPTIONS, resolveOptions } from './idempotency.config.js';
+import { IDEMPOTENCY_RESOLVED_OPTIONS, resolveOptions, type ResolvedIdempotencyOptions } from './idempotency.config.js';
 import { ConfigurableIdempotencyModule, IDEMPOTENCY_MODULE_OPTIONS } from './idempotency.module-definition.js';
 import type { IdempotencyModuleOptions } from './idempotency.options.js';
 import { createStore } from './stores/create-store.js';
@@ -37,7 +37,8 @@ import { IdempotencyStore } from './stores/idempotency-store.js';
       // Documents decorated routes in OpenAPI when @nestjs/swagger is installed; resolved while
       // the app is created, so before SwaggerModule.createDocument().
       provide: IDEMPOTENCY_OPENAPI,
-      useFactory: documentDecoratedRoutes,
+      inject: [IDEMPOTENCY_RESOLVED_OPTIONS],
+      useFactory: (options: ResolvedIdempotencyOptions) => documentDecoratedRoutes(options),
     },
   ],
   exports: [IDEMPOTENCY_RESOLVED_OPTIONS, IdempotencyStore, IdempotencyCounters],

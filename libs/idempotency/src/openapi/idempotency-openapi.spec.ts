@@ -1,27 +1,272 @@
 import { describe, expect, it } from '@jest/globals';
-import { Controller, Post } from '@nestjs/common';
-import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
+import { Controller, Get, HttpCode, Post } from '@nestjs/common';
+import {
+  ApiConflictResponse,
+  ApiCreatedResponse,
+  ApiHeader,
+  ApiProperty,
+  ApiResponse,
+  DocumentBuilder,
+  SwaggerModule,
+  type OpenAPIObject,
+} from '@nestjs/swagger';
 import { Test } from '@nestjs/testing';
 import { NoRepeatSubmit } from '../decorators/no-repeat-submit.decorator.js';
+import { IdempotencyErrorCode } from '../errors/idempotency-http.exceptions.js';
 import { IdempotencyModule } from '../idempotency.module.js';
 import { MemoryIdempotencyStore } from '../stores/memory/memory-idempotency.store.js';
+import { documentDecoratedRoutes } from './idempotency-openapi.js';
+
+class OrderDto {
+  @ApiProperty()
+  orderNo!: string;
+}
+
+class OrderTakenDto {
+  @ApiProperty()
+  takenBy!: string;
+}
+
+@Controller('orders')
+class OrdersController {
+  @Post()
+  @NoRepeatSubmit()
+  create() {}
+
+  @Post('above')
+  @ApiCreatedResponse({ type: OrderDto, description: 'The order' })
+  @NoRepeatSubmit()
+  createAbove() {}
+
+  @Post('below')
+  @NoRepeatSubmit()
+  @ApiCreatedResponse({ type: OrderDto, description: 'The order' })
+  createBelow() {}
+
+  @Post('confirm')
+  @HttpCode(200)
+  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
+  confirm() {}
+
+  @Post('fingerprinted')
+  @NoRepeatSubmit({ useRequestFingerprint: true, failMode: 'open' })
+  fingerprinted() {}
+
+  @Post('taken')
+  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
+  @ApiConflictResponse({ type: OrderTakenDto, description: 'The order number belongs to another user' })
+  taken() {}
+
+  @Post('own-header')
+  @ApiHeader({ name: 'Idempotency-Key', description: 'Our own words', required: true })
+  @NoRepeatSubmit()
+  ownHeader() {}
+
+  @Get(':orderNo')
+  findOne() {}
+}
 
 @Controller('payments')
+@ApiResponse({ status: 403, description: 'Not your account' })
+@NoRepeatSubmit({ idempotentKey: '#body.ref' })
 class PaymentsController {
+  @Post()
+  pay() {}
+
+  @Get(':ref')
+  status() {}
+
+  @Post('refund')
+  @HttpCode(202)
+  @NoRepeatSubmit({ failMode: 'open' })
+  refund() {}
+}
+
+/** What the @nestjs/swagger CLI plugin adds to a compiled controller (the handler's return type). */
+@Controller('invoices')
+class InvoicesController {
+  static _OPENAPI_METADATA_FACTORY() {
+    return { create: { type: OrderDto } };
+  }
+
+  @Post()
+  @NoRepeatSubmit()
+  create() {}
+}
+
+@Controller('legacy')
+class LegacyController {
   @Post()
   @NoRepeatSubmit({ failMode: 'closed' })
   pay() {}
 }
 
+async function openApiDocument(...controllers: (new (...args: never[]) => unknown)[]): Promise<OpenAPIObject> {
+  const moduleRef = await Test.createTestingModule({
+    imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore(), failMode: 'closed' })],
+    controllers,
+  }).compile();
+  const app = moduleRef.createNestApplication({ logger: false });
+  try {
+    return SwaggerModule.createDocument(app, new DocumentBuilder().build());
+  } finally {
+    await app.close();
+  }
+}
+
+const codesOf = (response: any): string[] => [...response.content['application/json'].schema.properties.code.enum].sort();
+
+/** The guard's answers, per status, with every code each status can carry. */
+const GUARD_CODES: Record<string, string[]> = {
+  400: ['IDEMPOTENCY_KEY_INVALID', 'IDEMPOTENCY_KEY_MISSING', 'IDEMPOTENCY_PAYLOAD_UNSUPPORTED'],
+  409: ['IDEMPOTENCY_IN_PROGRESS', 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE'],
+  422: ['IDEMPOTENCY_KEY_REUSED'],
+  500: ['IDEMPOTENCY_USER_UNRESOLVED'],
+  503: ['IDEMPOTENCY_STORE_UNAVAILABLE'],
+};
+
+function expectGuardAnswers(responses: Record<string, any>, statuses = ['400', '409', '422', '500', '503']) {
+  for (const status of statuses) {
+    expect([status, codesOf(responses[status])]).toEqual([status, GUARD_CODES[status]]);
+    for (const code of GUARD_CODES[status]) expect(responses[status].description).toContain(code);
+  }
+  expect(responses['409'].headers).toHaveProperty('Retry-After');
+  expect(responses['409'].description).toMatch(/IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE[^\n]*do not retry/i);
+  if (statuses.includes('503')) expect(responses['503'].headers).toHaveProperty('Retry-After');
+}
+
 describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
+  it('keeps the default success response of a guarded POST with no swagger decorator (201)', async () => {
+    const document = await openApiDocument(OrdersController);
+    const responses = document.paths['/orders'].post!.responses as Record<string, any>;
+    expect(responses['201']).toEqual({ description: '' });
+    expectGuardAnswers(responses);
+  });
+
+  it('documents every code the guard has, each under the status its exception carries', async () => {
+    const document = await openApiDocument(OrdersController);
+    const responses = document.paths['/orders'].post!.responses as Record<string, any>;
+    const documentedCodes = Object.keys(GUARD_CODES).flatMap((status) => codesOf(responses[status]));
+    expect(documentedCodes.sort()).toEqual(Object.values(IdempotencyErrorCode).sort());
+    for (const status of Object.keys(GUARD_CODES)) {
+      expect(responses[status].content['application/json'].schema.properties.statusCode.enum).toEqual([Number(status)]);
+    }
+  });
+
+  it.each([
+    ['above', '/orders/above'],
+    ['below', '/orders/below'],
+  ])('keeps @ApiCreatedResponse({ type }) written %s @NoRepeatSubmit()', async (_, path) => {
+    const document = await openApiDocument(OrdersController);
+    const responses = document.paths[path].post!.responses as Record<string, any>;
+    expect(responses['201']).toMatchObject({
+      description: 'The order',
+      content: { 'application/json': { schema: { $ref: '#/components/schemas/OrderDto' } } },
+    });
+    expectGuardAnswers(responses);
+  });
+
+  it('keeps the @HttpCode status as the success response, and no 201', async () => {
+    const document = await openApiDocument(OrdersController);
+    const responses = document.paths['/orders/confirm'].post!.responses as Record<string, any>;
+    expect(responses['200']).toEqual({ description: '' });
+    expect(responses['201']).toBeUndefined();
+    expectGuardAnswers(responses);
+    expect(responses['400'].description).toContain('#body.orderNo');
+  });
+
+  it('documents every route of a class-level @NoRepeatSubmit controller, with its own success response', async () => {
+    const document = await openApiDocument(PaymentsController);
+    const pay = document.paths['/payments'].post!.responses as Record<string, any>;
+    expect(pay['201']).toEqual({ description: '' });
+    expect(pay['403']).toEqual({ description: 'Not your account' });
+    expectGuardAnswers(pay);
+    const status = document.paths['/payments/{ref}'].get!.responses as Record<string, any>;
+    expect(status['200']).toEqual({ description: '' });
+    expectGuardAnswers(status);
+    // A method's own @NoRepeatSubmit wins over the class's (its key, its fail mode).
+    const refund = document.paths['/payments/refund'].post!;
+    expect(refund.responses['202']).toEqual({ description: '' });
+    expect(refund.responses['503']).toBeUndefined();
+    expectGuardAnswers(refund.responses, ['400', '409', '422', '500']);
+    expect(refund.parameters).toContainEqual(expect.objectContaining({ name: 'Idempotency-Key', in: 'header' }));
+    expect(document.paths['/payments'].post!.parameters ?? []).not.toContainEqual(
+      expect.objectContaining({ name: 'Idempotency-Key' }),
+    );
+  });
+
+  it('keeps the success response the swagger CLI plugin infers from the return type', async () => {
+    const document = await openApiDocument(InvoicesController);
+    const responses = document.paths['/invoices'].post!.responses as Record<string, any>;
+    expect(responses['201']).toMatchObject({
+      content: { 'application/json': { schema: { $ref: '#/components/schemas/OrderDto' } } },
+    });
+    expectGuardAnswers(responses);
+  });
+
+  it("keeps the user's own answer for a status the guard also uses, and adds the guard's codes to it", async () => {
+    const document = await openApiDocument(OrdersController);
+    const conflict = (document.paths['/orders/taken'].post!.responses as Record<string, any>)['409'];
+    expect(conflict.content['application/json'].schema).toEqual({ $ref: '#/components/schemas/OrderTakenDto' });
+    expect(conflict.description).toMatch(/^The order number belongs to another user/);
+    expect(conflict.description).toContain('IDEMPOTENCY_IN_PROGRESS');
+    expect(conflict.description).toContain('IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE');
+    expect(conflict.headers).toHaveProperty('Retry-After');
+  });
+
+  it('documents the Idempotency-Key header only where the key is that header, keeping a user-written one', async () => {
+    const document = await openApiDocument(OrdersController);
+    const keyHeaders = (path: string) =>
+      (document.paths[path].post!.parameters ?? []).filter((p: any) => p.in === 'header' && /^idempotency-key$/i.test(p.name));
+    expect(keyHeaders('/orders')).toEqual([
+      expect.objectContaining({ name: 'Idempotency-Key', required: true, schema: expect.objectContaining({ maxLength: 255 }) }),
+    ]);
+    expect(keyHeaders('/orders/fingerprinted')).toEqual([expect.objectContaining({ required: false })]);
+    expect(keyHeaders('/orders/confirm')).toEqual([]);
+    expect(keyHeaders('/orders/own-header')).toEqual([expect.objectContaining({ description: 'Our own words' })]);
+  });
+
+  it('leaves 503 out where the route fails open, and unguarded routes alone', async () => {
+    const document = await openApiDocument(OrdersController);
+    const responses = document.paths['/orders/fingerprinted'].post!.responses as Record<string, any>;
+    expect(responses['503']).toBeUndefined();
+    expectGuardAnswers(responses, ['400', '409', '422', '500']);
+    expect(document.paths['/orders/{orderNo}'].get!.responses).toEqual({ '200': { description: '' } });
+  });
+
+  it("follows the module's fail mode for a route without its own, when the module passes it", async () => {
+    @Controller('closed-by-module')
+    class ClosedByModuleController {
+      @Post()
+      @NoRepeatSubmit()
+      create() {}
+
+      @Post('open')
+      @NoRepeatSubmit({ failMode: 'open' })
+      open() {}
+    }
+    await documentDecoratedRoutes({ failMode: 'closed' });
+    @Controller('open-by-module')
+    class OpenByModuleController {
+      @Post()
+      @NoRepeatSubmit()
+      create() {}
+
+      @Post('closed')
+      @NoRepeatSubmit({ failMode: 'closed' })
+      closed() {}
+    }
+    await documentDecoratedRoutes({ failMode: 'open' });
+    const document = await openApiDocument(ClosedByModuleController, OpenByModuleController);
+    expect(document.paths['/closed-by-module'].post!.responses['503']).toBeDefined();
+    expect(document.paths['/closed-by-module/open'].post!.responses['503']).toBeUndefined();
+    expect(document.paths['/open-by-module'].post!.responses['503']).toBeUndefined();
+    expect(document.paths['/open-by-module/closed'].post!.responses['503']).toBeDefined();
+  });
+
   it('adds the Idempotency-Key header and the 400/409/422/503 answers', async () => {
-    const moduleRef = await Test.createTestingModule({
-      imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore() })],
-      controllers: [PaymentsController],
-    }).compile();
-    const app = moduleRef.createNestApplication({ logger: false });
-    const document = SwaggerModule.createDocument(app, new DocumentBuilder().build());
-    const operation = document.paths['/payments'].post!;
+    const document = await openApiDocument(LegacyController);
+    const operation = document.paths['/legacy'].post!;
     expect(operation.parameters).toContainEqual(
       expect.objectContaining({
         name: 'Idempotency-Key',
@@ -30,7 +275,6 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
         schema: expect.objectContaining({ maxLength: 255 }),
       }),
     );
-    expect(Object.keys(operation.responses)).toEqual(expect.arrayContaining(['400', '409', '422', '503']));
-    await app.close();
+    expect(Object.keys(operation.responses)).toEqual(expect.arrayContaining(['201', '400', '409', '422', '503']));
   });
 });

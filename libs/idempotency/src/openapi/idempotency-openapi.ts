@@ -1,6 +1,20 @@
+import { HttpStatus, RequestMethod } from '@nestjs/common';
+import { HTTP_CODE_METADATA, METHOD_METADATA, PATH_METADATA } from '@nestjs/common/constants.js';
 import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.decorator.js';
-import { IdempotencyErrorCode } from '../errors/idempotency-http.exceptions.js';
-import { MAX_KEY_LENGTH, REPLAYED_HEADER } from '../idempotency.constants.js';
+import {
+  IdempotencyErrorCode,
+  inProgress,
+  keyInvalid,
+  keyMissing,
+  keyReused,
+  payloadUnsupported,
+  responseNotReplayable,
+  storeUnavailable,
+  userUnresolved,
+  type IdempotencyHttpException,
+} from '../errors/idempotency-http.exceptions.js';
+import { IDEMPOTENCY_KEY_HEADER, MAX_KEY_LENGTH, NO_REPEAT_SUBMIT_METADATA, REPLAYED_HEADER } from '../idempotency.constants.js';
+import type { FailMode } from '../idempotency.options.js';
 
 /** A place `@NoRepeatSubmit()` decorated: a method (with its descriptor) or a controller class. */
 interface DecoratedPlace {
@@ -18,58 +32,174 @@ export function rememberDecoratedPlace(place: DecoratedPlace): void {
   places.push(place);
 }
 
-const errorSchema = (code: string) => ({
-  type: 'object',
-  properties: {
-    statusCode: { type: 'integer' },
-    error: { type: 'string' },
-    message: { type: 'string' },
-    code: { type: 'string', enum: [code] },
+/** One answer of the guard as OpenAPI shows it: its code, its status, whether it sends Retry-After. */
+interface GuardAnswer {
+  code: IdempotencyErrorCode;
+  status: number;
+  retryAfter: boolean;
+  /** When the guard gives it (and what the client does next), given where the key comes from. */
+  when: (keySource: string) => string;
+}
+
+// Keyed by code so the compiler insists on every code; status and Retry-After are read from the
+// exception the guard really throws, so this list cannot drift from errors/.
+const ANSWERS: Record<IdempotencyErrorCode, { thrown: () => IdempotencyHttpException; when: GuardAnswer['when'] }> = {
+  [IdempotencyErrorCode.KEY_MISSING]: { thrown: () => keyMissing(''), when: (source) => `no key in ${source}` },
+  [IdempotencyErrorCode.KEY_INVALID]: { thrown: () => keyInvalid(''), when: () => `the key is not 1-${MAX_KEY_LENGTH} printable characters` },
+  [IdempotencyErrorCode.PAYLOAD_UNSUPPORTED]: { thrown: () => payloadUnsupported(''), when: () => 'the request cannot be fingerprinted (send a flatter payload)' },
+  [IdempotencyErrorCode.IN_PROGRESS]: { thrown: () => inProgress(1), when: () => 'a request with this key is still processing: retry after Retry-After seconds with the same key' },
+  [IdempotencyErrorCode.RESPONSE_NOT_REPLAYABLE]: {
+    thrown: () => responseNotReplayable(''),
+    when: () => 'a request with this key already completed, but its response could not be kept for replay: do not retry; read the current state instead',
   },
-});
+  [IdempotencyErrorCode.KEY_REUSED]: { thrown: () => keyReused(), when: () => 'the key was already used with another payload: send a new key for a new operation' },
+  [IdempotencyErrorCode.STORE_UNAVAILABLE]: { thrown: () => storeUnavailable(1), when: () => 'the idempotency store is unreachable and the route fails closed: retry after Retry-After seconds with the same key' },
+  [IdempotencyErrorCode.USER_UNRESOLVED]: { thrown: () => userUnresolved(), when: () => 'an authenticated request whose user id the guard cannot resolve (a server configuration error)' },
+};
+
+/** Every answer of the guard, grouped by HTTP status. */
+function guardAnswersByStatus(): Map<number, GuardAnswer[]> {
+  const byStatus = new Map<number, GuardAnswer[]>();
+  for (const [code, { thrown, when }] of Object.entries(ANSWERS) as [IdempotencyErrorCode, (typeof ANSWERS)[IdempotencyErrorCode]][]) {
+    const exception = thrown();
+    const answer = { code, status: exception.getStatus(), retryAfter: exception.retryAfterSeconds !== undefined, when };
+    byStatus.set(answer.status, [...(byStatus.get(answer.status) ?? []), answer]);
+  }
+  return byStatus;
+}
+
+/** An `@ApiResponse()` entry as @nestjs/swagger keeps it in metadata, keyed by status. */
+interface ResponseEntry {
+  description?: string;
+  headers?: Record<string, unknown>;
+  [option: string]: unknown;
+}
+
+function guardResponse(status: number, answers: GuardAnswer[], keySource: string): ResponseEntry {
+  const retrying = answers.filter((answer) => answer.retryAfter).map((answer) => answer.code);
+  return {
+    description: ['Refused by the idempotency guard; `code` says why:', ...answers.map((a) => `- ${a.code}: ${a.when(keySource)}`)].join('\n'),
+    ...(retrying.length > 0 && {
+      headers: { 'Retry-After': { description: `Seconds to wait before retrying with the same key (with ${retrying.join(', ')})`, schema: { type: 'integer', minimum: 1 } } },
+    }),
+    schema: {
+      type: 'object',
+      required: ['statusCode', 'error', 'message', 'code'],
+      properties: {
+        statusCode: { type: 'integer', enum: [status] },
+        error: { type: 'string' },
+        message: { type: 'string', description: 'What to do next' },
+        code: { type: 'string', enum: answers.map((answer) => answer.code) },
+      },
+    },
+  };
+}
 
 /**
- * Adds the key header and the guard's answers to the OpenAPI operations of every decorated
- * route, when `@nestjs/swagger` is installed; does nothing otherwise. Runs while the application
- * is created (before `SwaggerModule.createDocument()` reads the metadata).
+ * A status the user documents too keeps their entry (their schema, type and examples: rewriting
+ * a body they describe could break their clients); the guard's codes join its description and
+ * its Retry-After header joins their headers, so neither answer goes missing.
  */
-export async function documentDecoratedRoutes(): Promise<boolean> {
-  let swagger: typeof import('@nestjs/swagger');
+function mergeResponse(theirs: ResponseEntry, ours: ResponseEntry): ResponseEntry {
+  const headers = { ...ours.headers, ...theirs.headers };
+  return {
+    ...theirs,
+    description: [theirs.description, ours.description].filter(Boolean).join('\n\n'),
+    ...(Object.keys(headers).length > 0 && { headers }),
+  };
+}
+
+/** What the @nestjs/swagger CLI plugin defines on a compiled controller (`METADATA_FACTORY_NAME`). */
+const PLUGIN_METADATA_FACTORY = '_OPENAPI_METADATA_FACTORY';
+
+/**
+ * The success response the route has without the guard: the one the swagger CLI plugin infers,
+ * else Nest swagger's default (the @HttpCode status, else 201 for POST and 200 otherwise). Swagger
+ * adds either only to an operation with no `@ApiResponse()`, so the guard's answers would hide it.
+ */
+function defaultSuccess(prototype: object, key: string | symbol, handler: object): Record<string, unknown> {
+  const status: number =
+    Reflect.getMetadata(HTTP_CODE_METADATA, handler) ??
+    (Reflect.getMetadata(METHOD_METADATA, handler) === RequestMethod.POST ? HttpStatus.CREATED : HttpStatus.OK);
+  for (let proto = prototype; proto && proto !== Object.prototype; proto = Object.getPrototypeOf(proto)) {
+    const factory = (proto.constructor as unknown as Record<string, unknown> | undefined)?.[PLUGIN_METADATA_FACTORY];
+    if (typeof factory !== 'function') continue;
+    const { summary: _s, deprecated: _d, tags: _t, ...inferred } = (factory() as Record<string | symbol, Record<string, unknown> | undefined>)[key] ?? {};
+    if (Object.keys(inferred).length > 0) return { status, ...inferred };
+  }
+  return { status, description: '' };
+}
+
+/** What documenting one route needs besides the route: the library, the guard's answers, the module's fail mode. */
+interface Documenting {
+  swagger: typeof import('@nestjs/swagger');
+  answersByStatus: Map<number, GuardAnswer[]>;
+  defaults?: { failMode?: FailMode };
+}
+
+function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prototype: object, key: string | symbol, metadata: NoRepeatSubmitMetadata): void {
+  const descriptor = Object.getOwnPropertyDescriptor(prototype, key);
+  const handler: unknown = descriptor?.value;
+  if (typeof handler !== 'function' || Reflect.getMetadata(PATH_METADATA, handler) === undefined) return;
+  const { API_RESPONSE, API_PARAMETERS, API_HEADERS } = swagger.DECORATORS;
+  if (!Reflect.hasOwnMetadata(API_RESPONSE, handler)) swagger.ApiResponse(defaultSuccess(prototype, key, handler))(prototype, key, descriptor!);
+  const own: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, handler);
+  const onClass: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, prototype.constructor) ?? {};
+
+  const { options, key: keyFrom } = metadata;
+  const keySource = 'path' in keyFrom ? keyFrom.path.expression : 'header' in keyFrom ? 'the Idempotency-Key header' : 'the request';
+  const failsOpen = (options.failMode ?? defaults?.failMode) === 'open';
+  const responses = { ...own };
+  for (const [status, answers] of answersByStatus) {
+    if (status === HttpStatus.SERVICE_UNAVAILABLE && failsOpen) continue;
+    const ours = guardResponse(status, answers, keySource);
+    const theirs = own[status] ?? onClass[status];
+    responses[status] = theirs ? mergeResponse(theirs, ours) : ours;
+  }
+  Reflect.defineMetadata(API_RESPONSE, responses, handler);
+
+  const isKeyHeader = (p: { in?: string; name?: string }) => p.in === 'header' && p.name?.toLowerCase() === IDEMPOTENCY_KEY_HEADER;
+  const documentedByUser = [...(Reflect.getMetadata(API_PARAMETERS, handler) ?? []), ...(Reflect.getMetadata(API_HEADERS, prototype.constructor) ?? [])].some(isKeyHeader);
+  if ('header' in keyFrom && !documentedByUser) {
+    swagger.ApiHeader({
+      name: 'Idempotency-Key',
+      required: !options.useRequestFingerprint,
+      description: `One unique value per operation, reused on retries (1-${MAX_KEY_LENGTH} printable characters; "key" or key). A repeat gets the first answer again with ${REPLAYED_HEADER}: true.`,
+      schema: { type: 'string', minLength: 1, maxLength: MAX_KEY_LENGTH },
+    })(prototype, key, descriptor!);
+  }
+}
+
+/**
+ * Documents every decorated route in OpenAPI when `@nestjs/swagger` is installed (does nothing
+ * otherwise): the key header where the key is that header, and every answer of the guard per status,
+ * keeping the route's own responses (its success response and the user's `@ApiResponse()`s).
+ * Runs while the application is created, after every decorator, before
+ * `SwaggerModule.createDocument()` reads the metadata. `defaults.failMode` (the module's) tells
+ * whether a route without its own `failMode` can answer 503; unknown, 503 is documented.
+ */
+export async function documentDecoratedRoutes(defaults?: { failMode?: FailMode }): Promise<boolean> {
+  let swagger: Documenting['swagger'];
   try {
     swagger = await import('@nestjs/swagger');
   } catch {
     return false;
   }
-  const { ApiHeader, ApiResponse } = swagger;
+  const documenting: Documenting = { swagger, answersByStatus: guardAnswersByStatus(), defaults };
   for (const place of places) {
     if (documented.has(place)) continue;
     documented.add(place);
-    const { options, key } = place.metadata;
-    const decorators: (ClassDecorator & MethodDecorator)[] = [];
-    if ('header' in key) {
-      decorators.push(
-        ApiHeader({
-          name: 'Idempotency-Key',
-          required: !options.useRequestFingerprint,
-          description: `One unique value per operation, reused on retries (1-${MAX_KEY_LENGTH} printable characters; "key" or key). A repeat gets the first answer again with ${REPLAYED_HEADER}: true.`,
-          schema: { type: 'string', minLength: 1, maxLength: MAX_KEY_LENGTH },
-        }) as ClassDecorator & MethodDecorator,
-      );
+    if (place.propertyKey !== undefined) {
+      documentRoute(documenting, place.target, place.propertyKey, place.metadata);
+      continue;
     }
-    const source = 'path' in key ? key.path.expression : 'header' in key ? 'the Idempotency-Key header' : 'the request';
-    decorators.push(
-      ApiResponse({ status: 400, description: `No key in ${source}, or an invalid one (${IdempotencyErrorCode.KEY_MISSING}, ${IdempotencyErrorCode.KEY_INVALID})`, schema: errorSchema(IdempotencyErrorCode.KEY_INVALID) }),
-      ApiResponse({ status: 409, description: `A request with this key is still processing (${IdempotencyErrorCode.IN_PROGRESS}); retry after Retry-After seconds`, headers: { 'Retry-After': { schema: { type: 'integer' } } }, schema: errorSchema(IdempotencyErrorCode.IN_PROGRESS) }),
-      ApiResponse({ status: 422, description: `The key was used with another payload (${IdempotencyErrorCode.KEY_REUSED})`, schema: errorSchema(IdempotencyErrorCode.KEY_REUSED) }),
-    );
-    if (options.failMode === 'closed') {
-      decorators.push(
-        ApiResponse({ status: 503, description: `The idempotency store is unavailable (${IdempotencyErrorCode.STORE_UNAVAILABLE}); retry after Retry-After seconds`, headers: { 'Retry-After': { schema: { type: 'integer' } } }, schema: errorSchema(IdempotencyErrorCode.STORE_UNAVAILABLE) }) as ClassDecorator & MethodDecorator,
-      );
-    }
-    for (const decorate of decorators) {
-      if (place.propertyKey === undefined) (decorate as ClassDecorator)(place.target as () => void);
-      else (decorate as MethodDecorator)(place.target, place.propertyKey, place.descriptor!);
+    // A guarded controller: each of its routes gets its own success response; one with its own
+    // @NoRepeatSubmit() is documented by that (its options win, as in the interceptor).
+    const prototype = (place.target as { prototype: object }).prototype;
+    for (const key of Reflect.ownKeys(prototype)) {
+      const handler = Object.getOwnPropertyDescriptor(prototype, key)?.value;
+      if (key === 'constructor' || typeof handler !== 'function' || Reflect.hasOwnMetadata(NO_REPEAT_SUBMIT_METADATA, handler)) continue;
+      documentRoute(documenting, prototype, key, place.metadata);
     }
   }
   return true;
