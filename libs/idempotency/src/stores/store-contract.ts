@@ -1,6 +1,9 @@
 import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
-import type { IdempotencyStore, SavedResponse } from './idempotency-store.js';
+import { MAX_KEY_LENGTH } from '../idempotency.constants.js';
+import { validateKey } from '../keys/idempotency-key.js';
+import { buildStorageKey } from '../keys/storage-key.js';
+import type { IdempotencyStore, SavedResponse, UnreplayableReason } from './idempotency-store.js';
 
 /** How a store's test setup provides a fresh store and lets time pass. */
 export interface StoreHarness {
@@ -15,6 +18,26 @@ const response: SavedResponse = {
   headers: { location: '/orders/A-1', 'content-type': 'application/json; charset=utf-8' },
   body: '{"id":"1","orderNo":"A-1","note":"ü \\" :{}"}',
 };
+
+/** Bytes that are not UTF-8 (0x00 0xFF 0x0A 0x80), saved as base64. */
+const binary: SavedResponse = {
+  statusCode: 200,
+  headers: { 'content-type': 'application/octet-stream' },
+  body: Buffer.from([0x00, 0xff, 0x0a, 0x80]).toString('base64'),
+  encoding: 'base64',
+};
+
+/**
+ * The longest client key `validateKey` accepts, of 4-byte UTF-8 characters (12 characters each
+ * once percent-encoded), ending in `last`, under a user id of 1,000 such characters.
+ */
+function longestKey(prefix: string, last: string): string {
+  const clientKey = '\u{1F600}'.repeat(MAX_KEY_LENGTH - 1) + last;
+  if (validateKey(clientKey) !== undefined || validateKey(clientKey + last) === undefined) {
+    throw new Error('the contract\'s longest key is not the longest valid key any more');
+  }
+  return buildStorageKey({ prefix, user: { id: '\u{1F47E}'.repeat(1000) }, handler: 'OrdersController.create', key: clientKey });
+}
 
 async function isPending(promise: Promise<unknown>): Promise<boolean> {
   const pending = Symbol('pending');
@@ -61,6 +84,47 @@ export function describeStoreContract(name: string, makeHarness: () => Promise<S
       const empty: SavedResponse = { statusCode: 204, headers: {} };
       expect(await h.store.complete(key, 't1', empty, 60_000)).toBe(true);
       expect(await claim('t2')).toEqual({ status: 'completed', response: empty });
+    });
+
+    it('keeps a base64 body with its encoding, and sets neither flag on a response that has none', async () => {
+      await claim('t1');
+      expect(await h.store.complete(key, 't1', binary, 60_000)).toBe(true);
+      expect(await claim('t2')).toStrictEqual({ status: 'completed', response: binary });
+      expect((await h.store.get(key))?.response).toStrictEqual(binary);
+      const plain = `${key}:plain`;
+      await h.store.claim({ key: plain, token: 't1', fingerprint: 'fp-1', leaseMs });
+      await h.store.complete(plain, 't1', response, 60_000);
+      expect(await h.store.claim({ key: plain, token: 't2', fingerprint: 'fp-1', leaseMs })).toStrictEqual({ status: 'completed', response });
+    });
+
+    it('keeps a completed record that is not replayable, with its reason and no body', async () => {
+      for (const reason of ['too_large', 'not_delivered', 'server_error'] satisfies UnreplayableReason[]) {
+        const unreplayable = `${key}:${reason}`;
+        const saved: SavedResponse = { statusCode: 201, headers: {}, unreplayable: reason };
+        await h.store.claim({ key: unreplayable, token: 't1', fingerprint: 'fp-1', leaseMs });
+        expect(await h.store.complete(unreplayable, 't1', saved, 60_000)).toBe(true);
+        expect(await h.store.claim({ key: unreplayable, token: 't2', fingerprint: 'fp-1', leaseMs })).toStrictEqual({
+          status: 'completed',
+          response: saved,
+        });
+        expect(await h.store.get(unreplayable)).toMatchObject({ state: 'completed', token: 't1', response: saved });
+      }
+    });
+
+    it('takes the longest valid client key of 4-byte characters under a long user id, and keeps two such keys apart', async () => {
+      const [first, second] = [longestKey(key, '\u{1F600}'), longestKey(key, '\u{1F601}')];
+      const claimOf = (storageKey: string, token: string) => h.store.claim({ key: storageKey, token, fingerprint: 'fp-1', leaseMs: 60_000 });
+      expect(await claimOf(first, 'a1')).toEqual({ status: 'acquired', token: 'a1' });
+      expect(await claimOf(first, 'a2')).toMatchObject({ status: 'in_progress' });
+      expect(await claimOf(second, 'b1')).toEqual({ status: 'acquired', token: 'b1' });
+      expect(await h.store.release(second, 'b1')).toBe(true);
+      expect(await claimOf(second, 'b2')).toEqual({ status: 'acquired', token: 'b2' });
+      const other: SavedResponse = { ...response, body: '{"id":"2"}' };
+      expect(await h.store.complete(first, 'a1', response, 60_000)).toBe(true);
+      expect(await h.store.complete(second, 'b2', other, 60_000)).toBe(true);
+      expect(await claimOf(first, 'a3')).toEqual({ status: 'completed', response });
+      expect(await claimOf(second, 'b3')).toEqual({ status: 'completed', response: other });
+      expect(await h.store.get(first)).toMatchObject({ state: 'completed', token: 'a1', response });
     });
 
     it('reports a different fingerprint as a mismatch, while processing and after completion', async () => {

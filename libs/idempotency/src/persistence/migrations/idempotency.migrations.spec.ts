@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { DataSource } from 'typeorm';
+import { PostgresIdempotencyStore } from '../../stores/postgres/postgres-idempotency.store.js';
 import { IDEMPOTENCY_ENTITIES } from '../idempotency.entities.js';
 import { IDEMPOTENCY_MIGRATIONS } from './idempotency.migrations.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
@@ -32,6 +33,7 @@ describe('IDEMPOTENCY_MIGRATIONS (PostgreSQL, custom schema)', () => {
     expect(ran.map((row: { name: string }) => row.name)).toEqual([
       'IdempotencyRecords1764460800000',
       'IdempotencyConsumeLog1764460800001',
+      'IdempotencyResponseFlags1795996800000',
     ]);
   });
 
@@ -50,11 +52,33 @@ describe('IDEMPOTENCY_MIGRATIONS (PostgreSQL, custom schema)', () => {
     ]);
   });
 
+  it('adds the response flags to a table that holds records, which then read back without them', async () => {
+    const columns = async () =>
+      (
+        await dataSource.query(
+          `SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'idempotency_records'`,
+          [schema],
+        )
+      ).map((row: { column_name: string }) => row.column_name);
+    await dataSource.undoLastMigration();
+    expect(await columns()).not.toContain('body_encoding');
+    await dataSource.query(
+      `INSERT INTO "${schema}".idempotency_records (key, state, token, fingerprint, status_code, headers, body, has_body, expires_at)
+       VALUES ('before', 'completed', 't', 'fp', 201, '{}', '{"id":1}', true, now() + interval '1 hour')`,
+    );
+    expect(await dataSource.runMigrations()).toHaveLength(1);
+    expect(await columns()).toEqual(expect.arrayContaining(['body_encoding', 'unreplayable']));
+    const store = new PostgresIdempotencyStore(dataSource);
+    expect((await store.get('before'))?.response).toStrictEqual({ statusCode: 201, headers: {}, body: '{"id":1}' });
+    await dataSource.query(`DELETE FROM "${schema}".idempotency_records`);
+  });
+
   it('drops the tables on the way down, and creates them again on the way up', async () => {
     await dataSource.undoLastMigration();
     await dataSource.undoLastMigration();
+    await dataSource.undoLastMigration();
     expect(await tablesInSchema()).toEqual(['migrations']);
-    expect(await dataSource.runMigrations()).toHaveLength(2);
+    expect(await dataSource.runMigrations()).toHaveLength(3);
     expect(await tablesInSchema()).toEqual(['idempotency_consume_log', 'idempotency_records', 'migrations']);
   });
 });

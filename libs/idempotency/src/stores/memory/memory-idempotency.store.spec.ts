@@ -1,6 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
+import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import { describeStoreContract } from '../store-contract.js';
 import { MemoryIdempotencyStore } from './memory-idempotency.store.js';
 
@@ -17,62 +18,91 @@ describe('MemoryIdempotencyStore', () => {
     elapse: async (ms) => void jest.advanceTimersByTime(ms),
   }));
 
-  it('stays within maxEntries by dropping the oldest entries', async () => {
-    const store = new MemoryIdempotencyStore({ maxEntries: 3 });
-    await store.claim({ key: 'short', token: 't', fingerprint: '', leaseMs: 100 });
-    await store.claim({ key: 'a', token: 't', fingerprint: '', leaseMs: 60_000 });
-    await store.claim({ key: 'b', token: 't', fingerprint: '', leaseMs: 60_000 });
-    jest.advanceTimersByTime(200);
-    await store.claim({ key: 'c', token: 't', fingerprint: '', leaseMs: 60_000 });
-    expect(store.size).toBe(3);
-    expect(await store.get('a')).toBeDefined();
-    await store.claim({ key: 'd', token: 't', fingerprint: '', leaseMs: 60_000 });
-    expect(store.size).toBe(3);
-    expect(await store.get('a')).toBeUndefined();
-    expect(await store.get('d')).toBeDefined();
+  const claimIn = (store: MemoryIdempotencyStore, key: string, leaseMs = 60_000) =>
+    store.claim({ key, token: `t-${key}`, fingerprint: 'fp', leaseMs });
+  const held = async (store: MemoryIdempotencyStore, keys: string[]) =>
+    Promise.all(keys.map(async (key) => (await store.get(key)) !== undefined));
+
+  it('keeps an in-flight claim through a flood of 1,000 other keys: its duplicate is in progress, the flood is refused', async () => {
+    const store = new MemoryIdempotencyStore({ maxEntries: 100 });
+    await claimIn(store, 'in-flight', 30_000);
+    await claimIn(store, 'done');
+    await store.complete('done', 't-done', { statusCode: 201, headers: {}, body: '1' }, 60_000);
+    const flood = await Promise.all(
+      Array.from({ length: 1000 }, (_, i) => claimIn(store, `flood-${i}`).catch((error: unknown) => error)),
+    );
+    // The duplicate of the in-flight request must not run its handler a second time.
+    expect(await store.claim({ key: 'in-flight', token: 'dup', fingerprint: 'fp', leaseMs: 30_000 })).toMatchObject({
+      status: 'in_progress',
+    });
+    expect(flood.slice(0, 98).every((r) => (r as { status?: string }).status === 'acquired')).toBe(true);
+    const refused = flood.slice(98);
+    expect(refused.every((r) => r instanceof IdempotencyStoreError)).toBe(true);
+    expect((refused[0] as Error).message).toBe('memory store full: 100 live records; raise memoryMaxEntries or use Redis');
+    expect(store.size).toBe(100);
+    // Keys it holds still answer as usual while it is full.
+    expect(await store.claim({ key: 'in-flight', token: 'dup', fingerprint: 'other', leaseMs: 30_000 })).toEqual({ status: 'mismatch' });
+    expect(await store.claim({ key: 'done', token: 'dup', fingerprint: 'fp', leaseMs: 30_000 })).toMatchObject({ status: 'completed' });
+    expect(await store.complete('in-flight', 't-in-flight', { statusCode: 200, headers: {} }, 60_000)).toBe(true);
+    expect(await store.claim({ key: 'in-flight', token: 'dup', fingerprint: 'fp', leaseMs: 30_000 })).toMatchObject({
+      status: 'completed',
+    });
   });
 
-  it('keeps dropping the oldest entry first over many rounds, past released and re-claimed keys', async () => {
-    const store = new MemoryIdempotencyStore({ maxEntries: 3 });
-    const claim = (key: string) => store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
-    for (const key of ['a', 'b', 'c']) await claim(key);
-    await store.release('b', 't');
-    await claim('d'); // room left by b
-    await claim('e'); // drops a
-    await claim('b'); // claimed again: now the newest; drops c
-    expect(await Promise.all(['a', 'b', 'c', 'd', 'e'].map(async (key) => (await store.get(key)) !== undefined))).toEqual([
-      false,
-      true,
-      false,
-      true,
-      true,
-    ]);
-    for (let i = 0; i < 10; i++) await claim(`x${i}`); // many evictions past stale slots
-    expect(store.size).toBe(3);
-    expect(await Promise.all(['x7', 'x8', 'x9'].map(async (key) => (await store.get(key)) !== undefined))).toEqual([true, true, true]);
-  });
-
-  it('counts a key released and claimed again as new: it is not dropped in place of older ones', async () => {
-    const store = new MemoryIdempotencyStore({ maxEntries: 3 });
-    const claim = (key: string) => store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
-    for (const key of ['a', 'b', 'c']) await claim(key);
-    await store.release('a', 't');
-    await claim('a'); // the newest now
-    await claim('d'); // drops b, the oldest
-    expect(await Promise.all(['a', 'b', 'c', 'd'].map(async (key) => (await store.get(key)) !== undefined))).toEqual([
-      true,
-      false,
-      true,
-      true,
-    ]);
-  });
-
-  it('holds no more than maxEntries when flooded with unique keys', async () => {
-    const store = new MemoryIdempotencyStore({ maxEntries: 1000 });
-    for (let i = 0; i < 10_000; i++) {
-      await store.claim({ key: `k${i}`, token: 't', fingerprint: '', leaseMs: 60_000 });
+  it('makes room in a full store by dropping expired entries only, however old the live ones are', async () => {
+    const store = new MemoryIdempotencyStore({ maxEntries: 10 });
+    const live = ['live-0', 'live-1', 'live-2', 'live-3', 'live-4', 'live-5'];
+    // The live records are the oldest claims: an oldest-first bound would drop them.
+    for (const key of live.slice(0, 3)) await claimIn(store, key);
+    for (const key of live.slice(3)) {
+      await claimIn(store, key, 100);
+      await store.complete(key, `t-${key}`, { statusCode: 200, headers: {} }, 60_000);
     }
-    expect(store.size).toBe(1000);
+    await claimIn(store, 'lease-0', 100);
+    await claimIn(store, 'lease-1', 100);
+    for (const key of ['kept-0', 'kept-1']) {
+      await claimIn(store, key, 100);
+      await store.complete(key, `t-${key}`, { statusCode: 200, headers: {} }, 150);
+    }
+    jest.advanceTimersByTime(200);
+    for (let i = 0; i < 4; i++) expect(await claimIn(store, `new-${i}`)).toMatchObject({ status: 'acquired' });
+    expect(store.size).toBe(10);
+    expect(await held(store, live)).toEqual(live.map(() => true));
+    await expect(claimIn(store, 'one-more')).rejects.toThrow(IdempotencyStoreError);
+    expect(await held(store, live)).toEqual(live.map(() => true));
+  });
+
+  it('is not fooled by the stale expiry of a key released and claimed again, or of a claim since completed', async () => {
+    const store = new MemoryIdempotencyStore({ maxEntries: 4 });
+    await claimIn(store, 'again', 100);
+    await store.release('again', 't-again');
+    await claimIn(store, 'again'); // now held for 60 s; its first claim's expiry passes below
+    await claimIn(store, 'completed', 100);
+    await store.complete('completed', 't-completed', { statusCode: 200, headers: {} }, 60_000);
+    await claimIn(store, 'a');
+    await claimIn(store, 'b');
+    jest.advanceTimersByTime(200);
+    await expect(claimIn(store, 'c')).rejects.toThrow('memory store full: 4 live records');
+    expect(await held(store, ['again', 'completed', 'a', 'b'])).toEqual([true, true, true, true]);
+    expect((await store.get('completed'))?.state).toBe('completed');
+  });
+
+  it('stays within maxEntries over many rounds of expiring keys, past released and completed ones', async () => {
+    const store = new MemoryIdempotencyStore({ maxEntries: 1000 });
+    let refused = 0;
+    let largest = 0;
+    for (let i = 0; i < 10_000; i++) {
+      jest.advanceTimersByTime(1);
+      const key = `k${i}`;
+      const claimed = await claimIn(store, key, 1_000).catch(() => undefined);
+      if (!claimed) refused++;
+      else if (i % 3 === 0) await store.release(key, `t-${key}`);
+      else if (i % 3 === 1) await store.complete(key, `t-${key}`, { statusCode: 200, headers: {} }, 1_000);
+      largest = Math.max(largest, store.size);
+    }
+    expect(largest).toBeLessThanOrEqual(1000);
+    expect(largest).toBeGreaterThan(600);
+    expect(refused).toBe(0);
   });
 });
 
@@ -87,19 +117,34 @@ describe('MemoryIdempotencyStore under a flood of unique keys', () => {
     return process.memoryUsage().heapUsed;
   };
 
-  it('stays within its bound: 100,000 keys into a 10,000-entry store, heap measured before and after', async () => {
+  beforeEach(() => {
+    jest.useFakeTimers({ doNotFake: ['hrtime'] });
+  });
+  afterEach(() => {
+    jest.useRealTimers();
+  });
+
+  it('stays within its bound: 100,000 keys into a 10,000-entry store as they expire, heap measured before and after', async () => {
     const store = new MemoryIdempotencyStore({ maxEntries: 10_000 });
     const response = { statusCode: 201, headers: { location: '/orders/x' }, body: JSON.stringify({ id: 'x'.repeat(36), amount: 12.5 }) };
     const before = heapAfterGc();
+    const start = Date.now();
+    const started = process.hrtime.bigint();
     for (let i = 0; i < 100_000; i++) {
+      // One key per millisecond, each kept 10 s: the store holds exactly its bound of live records.
+      jest.setSystemTime(start + i + 1);
       const key = `no_repeat:user-${i % 97}:OrdersController.create:ORD-${i}`;
       await store.claim({ key, token: `t${i}`, fingerprint: 'f'.repeat(64), leaseMs: 30_000 });
-      await store.complete(key, `t${i}`, response, 86_400_000);
+      await store.complete(key, `t${i}`, response, 10_000);
     }
+    const micros = Number(process.hrtime.bigint() - started) / 1000 / 100_000;
     const grownBytes = heapAfterGc() - before;
-    console.log(`memory store: ${store.size} entries after 100,000 keys, heap +${(grownBytes / 1e6).toFixed(1)} MB, ~${Math.round(grownBytes / store.size)} B per entry`);
+    console.log(
+      `memory store: ${store.size} entries after 100,000 keys, heap +${(grownBytes / 1e6).toFixed(1)} MB, ` +
+        `~${Math.round(grownBytes / store.size)} B per entry, ${micros.toFixed(2)} us per claim + complete`,
+    );
     expect(store.size).toBe(10_000);
-    // A leak of the 90,000 dropped entries would add well over 2 KB per kept entry.
+    // A leak of the 90,000 expired entries (or of stale heap slots) would add well over 2 KB per kept entry.
     expect(grownBytes / store.size).toBeLessThan(2048);
   });
 });

@@ -1,3 +1,4 @@
+import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import {
   IdempotencyStore,
   type ClaimInput,
@@ -7,6 +8,7 @@ import {
   type StoredRecord,
 } from '../idempotency-store.js';
 import { SettleWatchers } from '../settle-watchers.js';
+import { ExpiryHeap } from './expiry-heap.js';
 
 interface Entry {
   key: string;
@@ -19,25 +21,31 @@ interface Entry {
 }
 
 export interface MemoryIdempotencyStoreOptions {
-  /** Most entries kept; the oldest are dropped beyond it. Default 100,000. */
+  /**
+   * Most records held. Expired records make room first; when every record is live, a claim of a
+   * new key fails with `IdempotencyStoreError` (the route's outage policy applies). Default 100,000.
+   */
   maxEntries?: number;
 }
 
 /**
  * In-process store with the same semantics as the Redis store. One process only: two instances
  * of an app each have their own, so duplicates that reach different instances both run.
- * Bounded: past `maxEntries` the oldest entries go (expired ones also go as soon as they are read).
+ *
+ * Bounded by `maxEntries`, and it never drops a live record (a claim in progress, or a response
+ * within its retention): expired records go as soon as a claim passes them, and when it is full
+ * of live records, a claim of a new key throws `IdempotencyStoreError` ("memory store full")
+ * rather than forget a key whose duplicate would then run again. Claims of keys it holds still
+ * answer as usual. Expiry order is kept in a min-heap, so a claim costs O(log n).
  */
 export class MemoryIdempotencyStore extends IdempotencyStore {
   private readonly entries = new Map<string, Entry>();
   /**
-   * Entries in claim order, oldest at `head`, for eviction. A slot whose entry is no longer the
-   * map's (released, expired, claimed again) is stale and skipped. Iterating the map itself
-   * would walk past every slot deleted since it last compacted (~100 µs per insert once full),
-   * and an iterator kept between evictions holds on to every table the map has outgrown.
+   * Every entry by expiry, soonest first. A slot is stale, and skipped, when its entry is no
+   * longer the map's (released, expired and read, claimed again) or has another expiry since
+   * (completed): stale slots are never taken for live entries.
    */
-  private order: Entry[] = [];
-  private head = 0;
+  private readonly expiries = new ExpiryHeap<Entry>();
   private readonly watchers = new SettleWatchers();
   readonly maxEntries: number;
 
@@ -55,7 +63,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     const now = Date.now();
     const entry = this.live(key, now);
     if (!entry) {
-      this.insert({ key, state: 'processing', token, fingerprint, expiresAt: now + leaseMs });
+      this.insert({ key, state: 'processing', token, fingerprint, expiresAt: now + leaseMs }, now);
       return { status: 'acquired', token };
     }
     if (fingerprint !== '' && entry.fingerprint !== '' && entry.fingerprint !== fingerprint) {
@@ -72,6 +80,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     entry.state = 'completed';
     entry.response = response;
     entry.expiresAt = now + ttlMs;
+    this.schedule(entry);
     this.watchers.notify(key);
     return true;
   }
@@ -105,27 +114,36 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     return entry;
   }
 
-  private insert(entry: Entry): void {
-    if (this.entries.size >= this.maxEntries) this.evict();
+  /** Adds a record for a key it does not hold; throws when every record it holds is live. */
+  private insert(entry: Entry, now: number): void {
+    this.dropExpired(now);
+    if (this.entries.size >= this.maxEntries) {
+      throw new IdempotencyStoreError(
+        `memory store full: ${this.entries.size} live records; raise memoryMaxEntries or use Redis`,
+      );
+    }
     this.entries.set(entry.key, entry);
-    this.order.push(entry);
-    // Stale slots pile up when keys are released or expire below the bound: rebuild the queue
-    // from the map (which keeps claim order) once they outnumber the entries.
-    if (this.order.length - this.head > 2 * this.entries.size + 1024) {
-      this.order = [...this.entries.values()];
-      this.head = 0;
+    this.schedule(entry);
+  }
+
+  /** Gives the entry a heap slot for its (new) expiry. */
+  private schedule(entry: Entry): void {
+    this.expiries.push(entry, entry.expiresAt);
+    // Stale slots pile up when keys are released or completed: rebuild the heap from the map
+    // once they outnumber the entries (O(n) after at least n pushes, so O(1) per push).
+    if (this.expiries.length > 2 * this.entries.size + 1024) {
+      this.expiries.rebuild(this.entries.values(), (live) => live.expiresAt);
     }
   }
 
-  /** Drops the oldest entries (first claimed) until there is room. */
-  private evict(): void {
-    while (this.entries.size >= this.maxEntries && this.head < this.order.length) {
-      const oldest = this.order[this.head++];
-      if (this.entries.get(oldest.key) === oldest) this.entries.delete(oldest.key);
-    }
-    if (this.head > 1024 && this.head * 2 > this.order.length) {
-      this.order = this.order.slice(this.head);
-      this.head = 0;
+  /** Pops stale slots and expired entries off the top of the heap, deleting the expired ones. */
+  private dropExpired(now: number): void {
+    for (let top = this.expiries.peek(); top !== undefined; top = this.expiries.peek()) {
+      const at = this.expiries.peekTime();
+      const current = this.entries.get(top.key) === top && top.expiresAt === at;
+      if (current && at > now) return;
+      this.expiries.pop();
+      if (current) this.entries.delete(top.key);
     }
   }
 }

@@ -1,6 +1,9 @@
 import { Column, Entity, Index, PrimaryColumn } from 'typeorm';
 
-/** Table of `PostgresIdempotencyStore`, as `IdempotencyRecords1764460800000` creates it. */
+/**
+ * Table of `PostgresIdempotencyStore`, as `IdempotencyRecords1764460800000` creates it and
+ * `IdempotencyResponseFlags1795996800000` extends it.
+ */
 export const IDEMPOTENCY_RECORDS_TABLE = 'idempotency_records';
 
 /**
@@ -10,6 +13,7 @@ export const IDEMPOTENCY_RECORDS_TABLE = 'idempotency_records';
 @Entity({ name: IDEMPOTENCY_RECORDS_TABLE })
 @Index('idx_idempotency_records_expires_at', ['expiresAt'])
 export class IdempotencyRecordEntity {
+  /** The store key, or for one over 1,020 UTF-8 bytes its digest form (`recordKey`). */
   @PrimaryColumn({ type: 'varchar', length: 1024, primaryKeyConstraintName: 'pk_idempotency_records' })
   key!: string;
 
@@ -31,12 +35,20 @@ export class IdempotencyRecordEntity {
   @Column({ type: 'jsonb', nullable: true })
   headers!: Record<string, string> | null;
 
-  /** The handler's return value as JSON text. */
+  /** The saved body: UTF-8 text, or base64 when `bodyEncoding` says so. */
   @Column({ type: 'text', nullable: true })
   body!: string | null;
 
   @Column({ name: 'has_body', type: 'boolean', default: false })
   hasBody!: boolean;
+
+  /** `base64` when `body` holds base64 of the bytes; NULL for text (`SavedResponse.encoding`). */
+  @Column({ name: 'body_encoding', type: 'varchar', length: 16, nullable: true })
+  bodyEncoding!: 'base64' | null;
+
+  /** Why a completed record holds no replayable answer, or NULL (`SavedResponse.unreplayable`). */
+  @Column({ type: 'varchar', length: 32, nullable: true })
+  unreplayable!: 'too_large' | 'not_delivered' | 'server_error' | null;
 
   /** End of the lease (processing) or of the retention (completed), by the database clock. */
   @Column({ name: 'expires_at', type: 'timestamptz' })

@@ -1,6 +1,7 @@
 /**
  * The statements of `PostgresIdempotencyStore`, one per operation, each a single round trip.
- * `table` is the quoted (optionally schema-qualified) table name. Every time is taken from the
+ * `table` is the quoted (optionally schema-qualified) table name; `$1` key is the column's value
+ * (`recordKey`), not the store key itself. Every time is taken from the
  * database clock (`now()`), never from the client's. Durations are milliseconds.
  */
 
@@ -27,25 +28,29 @@ const REMAINING_MS = `ceil(extract(epoch FROM r.expires_at - now()) * 1000)::flo
  */
 export const claimSql = (table: string) => `
 WITH live AS (
-  SELECT r."state", r."fingerprint", r."status_code", r."headers", r."body", r."has_body", ${REMAINING_MS} AS remaining_ms
+  SELECT r."state", r."fingerprint", r."status_code", r."headers", r."body", r."has_body", r."body_encoding", r."unreplayable",
+         ${REMAINING_MS} AS remaining_ms
     FROM ${table} AS r
    WHERE r."key" = $1 AND r."expires_at" > now()
 ), claimed AS (
-  INSERT INTO ${table} AS r ("key", "state", "token", "fingerprint", "status_code", "headers", "body", "has_body", "expires_at")
-  SELECT $1, 'processing', $2, $3, NULL, NULL, NULL, false, now() + $4::float8 * ${MS}
+  INSERT INTO ${table} AS r ("key", "state", "token", "fingerprint", "status_code", "headers", "body", "has_body",
+                            "body_encoding", "unreplayable", "expires_at")
+  SELECT $1, 'processing', $2, $3, NULL, NULL, NULL, false, NULL, NULL, now() + $4::float8 * ${MS}
    WHERE NOT EXISTS (SELECT 1 FROM live)
   ON CONFLICT ("key") DO UPDATE
     SET "state" = 'processing', "token" = excluded."token", "fingerprint" = excluded."fingerprint",
         "status_code" = NULL, "headers" = NULL, "body" = NULL, "has_body" = false,
-        "expires_at" = excluded."expires_at"
+        "body_encoding" = NULL, "unreplayable" = NULL, "expires_at" = excluded."expires_at"
     WHERE r."expires_at" <= now()
   RETURNING true AS acquired
 )
 SELECT acquired, NULL::varchar AS state, NULL::varchar AS fingerprint, NULL::int AS status_code,
-       NULL::jsonb AS headers, NULL::text AS body, NULL::boolean AS has_body, NULL::float8 AS remaining_ms
+       NULL::jsonb AS headers, NULL::text AS body, NULL::boolean AS has_body, NULL::varchar AS body_encoding,
+       NULL::varchar AS unreplayable, NULL::float8 AS remaining_ms
   FROM claimed
 UNION ALL
-SELECT false, l."state", l."fingerprint", l."status_code", l."headers", l."body", l."has_body", l.remaining_ms
+SELECT false, l."state", l."fingerprint", l."status_code", l."headers", l."body", l."has_body", l."body_encoding",
+       l."unreplayable", l.remaining_ms
   FROM live AS l
  WHERE NOT EXISTS (SELECT 1 FROM claimed)`;
 
@@ -54,12 +59,13 @@ SELECT false, l."state", l."fingerprint", l."status_code", l."headers", l."body"
  * whose lease ran out is refused even when nobody claimed the key again).
  *
  * $1 key, $2 owner token, $3 status code, $4 headers (JSON), $5 body or NULL, $6 has body,
- * $7 retention (ms). Affects 1 row when saved, 0 when refused.
+ * $7 retention (ms), $8 body encoding or NULL, $9 unreplayable reason or NULL. Affects 1 row when
+ * saved, 0 when refused.
  */
 export const completeSql = (table: string) => `
 UPDATE ${table} AS r
    SET "state" = 'completed', "status_code" = $3, "headers" = $4::jsonb, "body" = $5, "has_body" = $6,
-       "expires_at" = now() + $7::float8 * ${MS}
+       "body_encoding" = $8, "unreplayable" = $9, "expires_at" = now() + $7::float8 * ${MS}
  WHERE r."key" = $1 AND r."token" = $2 AND r."state" = 'processing' AND r."expires_at" > now()`;
 
 /**
@@ -74,7 +80,7 @@ DELETE FROM ${table} AS r
 /** Read a live record. $1 key. Returns its row with `ttl_ms`, or no row. */
 export const getSql = (table: string) => `
 SELECT r."state", r."token", r."fingerprint", r."status_code", r."headers", r."body", r."has_body",
-       ${REMAINING_MS} AS ttl_ms
+       r."body_encoding", r."unreplayable", ${REMAINING_MS} AS ttl_ms
   FROM ${table} AS r
  WHERE r."key" = $1 AND r."expires_at" > now()`;
 

@@ -9,6 +9,7 @@ import { IDEMPOTENCY_ENTITIES } from '../../persistence/idempotency.entities.js'
 import { IDEMPOTENCY_MIGRATIONS } from '../../persistence/migrations/idempotency.migrations.js';
 import { describeStoreContract } from '../store-contract.js';
 import { PostgresIdempotencyStore } from './postgres-idempotency.store.js';
+import { recordKey } from './record-key.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
@@ -99,11 +100,25 @@ describe('PostgresIdempotencyStore', () => {
   it('takes over an expired completed record with a new claim and a clean slate', async () => {
     const key = `takeover:${randomUUID()}`;
     await store.claim({ key, token: 't1', fingerprint: 'fp-old', leaseMs: 60_000 });
-    await store.complete(key, 't1', { statusCode: 201, headers: { etag: '"1"' }, body: '{}' }, 60_000);
+    const saved = { statusCode: 201, headers: { etag: '"1"' }, body: 'e30=', encoding: 'base64', unreplayable: 'not_delivered' } as const;
+    await store.complete(key, 't1', saved, 60_000);
     await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 second' WHERE key = $1`, [key]);
     expect(await store.claim({ key, token: 't2', fingerprint: 'fp-new', leaseMs: 60_000 })).toEqual({ status: 'acquired', token: 't2' });
     const [row] = await rows(`SELECT * FROM "${schema}".idempotency_records WHERE key = $1`, [key]);
     expect(row).toMatchObject({ state: 'processing', token: 't2', fingerprint: 'fp-new', status_code: null, headers: null, body: null, has_body: false });
+    expect(row).toMatchObject({ body_encoding: null, unreplayable: null });
+  });
+
+  it('stores a key over the bound as one row in its digest form, which every operation finds', async () => {
+    const key = `long:${randomUUID()}:${'%F0%9F%98%80'.repeat(255)}`;
+    await store.claim({ key, token: 't1', fingerprint: '', leaseMs: 60_000 });
+    await store.complete(key, 't1', { statusCode: 201, headers: {} }, 60_000);
+    const stored = await rows(`SELECT key FROM "${schema}".idempotency_records WHERE key LIKE $1`, [`${key.slice(0, 41)}%`]);
+    expect(stored).toEqual([{ key: recordKey(key) }]);
+    expect(stored[0].key).toMatch(/#sha256:[0-9a-f]{64}$/);
+    expect(await store.get(key)).toMatchObject({ state: 'completed', token: 't1' });
+    await store.claim({ key: `${key}x`, token: 't2', fingerprint: '', leaseMs: 60_000 });
+    expect(await store.release(`${key}x`, 't2')).toBe(true);
   });
 
   it('answers from the latest record, not from its snapshot of an expired one (READ COMMITTED)', async () => {

@@ -7,9 +7,11 @@ import {
   type ClaimResult,
   type SavedResponse,
   type StoredRecord,
+  type UnreplayableReason,
 } from '../idempotency-store.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
 import { claimSql, completeSql, getSql, purgeSql, releaseSql } from './postgres-idempotency.sql.js';
+import { recordKey } from './record-key.js';
 import { PurgeSchedule, purgeInBatches } from '../../persistence/purge-schedule.js';
 
 export interface PostgresIdempotencyStoreOptions {
@@ -36,6 +38,8 @@ interface ClaimRow {
   headers: Record<string, string> | null;
   body: string | null;
   has_body: boolean | null;
+  body_encoding: string | null;
+  unreplayable: string | null;
   remaining_ms: number | null;
 }
 
@@ -51,7 +55,8 @@ const CLAIM_ATTEMPTS = 5;
  * PostgreSQL store on a logged table: survives restarts and needs no Redis. Each operation is one
  * SQL statement (one round trip) on the DataSource's pool, each time taken from the database
  * clock, so application servers with skewed clocks agree. Create the table with
- * `IDEMPOTENCY_MIGRATIONS`.
+ * `IDEMPOTENCY_MIGRATIONS`. Keys of any length work: one over 1,020 UTF-8 bytes is stored as a
+ * readable head and its SHA-256 (`recordKey`).
  */
 export class PostgresIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
@@ -78,7 +83,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
 
   async claim({ key, token, fingerprint, leaseMs }: ClaimInput): Promise<ClaimResult> {
     for (let attempt = 1; attempt <= CLAIM_ATTEMPTS; attempt++) {
-      const [row] = (await this.run(this.sql.claim, [key, token, fingerprint, leaseMs])).records as ClaimRow[];
+      const [row] = (await this.run(this.sql.claim, [recordKey(key), token, fingerprint, leaseMs])).records as ClaimRow[];
       if (!row) continue;
       if (row.acquired) return { status: 'acquired', token };
       if (fingerprint !== '' && row.fingerprint !== '' && row.fingerprint !== fingerprint) return { status: 'mismatch' };
@@ -89,17 +94,28 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 
   async complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean> {
-    const hasBody = response.body !== undefined;
-    const params = [key, token, response.statusCode, JSON.stringify(response.headers), hasBody ? response.body : null, hasBody, ttlMs];
+    const { statusCode, headers, body, encoding, unreplayable } = response;
+    const hasBody = body !== undefined;
+    const params = [
+      recordKey(key),
+      token,
+      statusCode,
+      JSON.stringify(headers),
+      hasBody ? body : null,
+      hasBody,
+      ttlMs,
+      encoding ?? null,
+      unreplayable ?? null,
+    ];
     return (await this.run(this.sql.complete, params)).affected === 1;
   }
 
   async release(key: string, token: string): Promise<boolean> {
-    return (await this.run(this.sql.release, [key, token])).affected === 1;
+    return (await this.run(this.sql.release, [recordKey(key), token])).affected === 1;
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {
-    const [row] = (await this.run(this.sql.get, [key])).records as RecordRow[];
+    const [row] = (await this.run(this.sql.get, [recordKey(key)])).records as RecordRow[];
     if (!row) return undefined;
     const state = row.state === 'completed' ? 'completed' : 'processing';
     return {
@@ -140,9 +156,14 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 }
 
-function toSaved(row: Pick<ClaimRow, 'status_code' | 'headers' | 'body' | 'has_body'>): SavedResponse {
+type ResponseColumns = 'status_code' | 'headers' | 'body' | 'has_body' | 'body_encoding' | 'unreplayable';
+
+function toSaved(row: Pick<ClaimRow, ResponseColumns>): SavedResponse {
   const response: SavedResponse = { statusCode: row.status_code ?? 0, headers: row.headers ?? {} };
   if (row.has_body) response.body = row.body ?? '';
+  // Absent stays absent: a NULL column sets no field.
+  if (row.body_encoding !== null) response.encoding = row.body_encoding as 'base64';
+  if (row.unreplayable !== null) response.unreplayable = row.unreplayable as UnreplayableReason;
   return response;
 }
 

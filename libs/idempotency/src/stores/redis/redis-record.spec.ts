@@ -29,6 +29,34 @@ describe('Redis record encoding', () => {
     expect(decodeRecord(completedFrom(processing, { statusCode: 200, headers: {}, body: '' }))).toHaveProperty('response.body', '');
   });
 
+  it('keeps a base64 body and an unreplayable reason, and leaves them absent when unset', () => {
+    const processing = encodeProcessing('t', 'f', 1);
+    const binary = { statusCode: 200, headers: { 'content-type': 'image/png' }, body: 'AP8KgA==', encoding: 'base64' as const };
+    const tooLarge = { statusCode: 201, headers: {}, unreplayable: 'too_large' as const };
+    const both = { statusCode: 200, headers: {}, body: '', encoding: 'base64' as const, unreplayable: 'not_delivered' as const };
+    for (const response of [binary, tooLarge, both]) {
+      expect(decodeRecord(completedFrom(processing, response))).toStrictEqual({ state: 'completed', token: 't', fingerprint: 'f', response });
+    }
+    const plain = decodeRecord(completedFrom(processing, { statusCode: 200, headers: {}, body: 'x' }));
+    expect(plain).toStrictEqual({ state: 'completed', token: 't', fingerprint: 'f', response: { statusCode: 200, headers: {}, body: 'x' } });
+  });
+
+  it('writes a plain response as before (two-element meta), so older readers and records agree', () => {
+    const headers = { 'content-type': 'application/json' };
+    expect(encodeResponse({ statusCode: 201, headers, body: '{"a":1}' })).toBe(`${JSON.stringify([201, headers])}\n{"a":1}`);
+    expect(encodeResponse({ statusCode: 204, headers: {} })).toBe('[204,{}]');
+    expect(encodeResponse({ statusCode: 201, headers: {}, unreplayable: 'server_error' })).toBe(
+      '[201,{},{"unreplayable":"server_error"}]',
+    );
+    // A record as the format before the flags wrote it.
+    expect(decodeRecord('C["t","f",1]\n[201,{"location":"/a"}]\nbody')).toStrictEqual({
+      state: 'completed',
+      token: 't',
+      fingerprint: 'f',
+      response: { statusCode: 201, headers: { location: '/a' }, body: 'body' },
+    });
+  });
+
   it('starts a head with its own token only: no token is a prefix match for another', () => {
     const head = encodeProcessing('ab', 'f', 1).slice(1);
     expect(head.startsWith(tokenPrefix('ab'))).toBe(true);

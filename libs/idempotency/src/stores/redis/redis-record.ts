@@ -6,9 +6,12 @@ import type { SavedResponse, StoredRecord } from '../idempotency-store.js';
  *
  * - processing: `P` + the head `[token, fingerprint, leaseEndMs]` (JSON). `W` instead of `P`
  *   once a waiting duplicate marked it (`claim-wait.lua`): complete and release then publish.
- * - completed: `C` + the same head + `\n` + `[statusCode, headers]` (JSON), then, when the
- *   handler returned a value, `\n` and the body text as saved. The complete script writes it
- *   from the processing record's head and the caller's {@link encodeResponse}.
+ * - completed: `C` + the same head + `\n` + the meta `[statusCode, headers]` (JSON), then, when
+ *   the response has a body, `\n` and the body text as saved. The meta has a third element,
+ *   `{ encoding?, unreplayable? }`, only when the response sets one of them, so a plain response
+ *   is written as before and a record written before that element existed still decodes. The
+ *   complete script writes the record from the processing record's head and the caller's
+ *   {@link encodeResponse}.
  *
  * `JSON.stringify` never writes a raw newline, so the first two `\n` end the JSON parts. The
  * scripts compare the head's first element with the caller's token ({@link tokenPrefix}) and
@@ -19,6 +22,10 @@ export type DecodedRecord =
   | { state: 'completed'; token: string; fingerprint: string; response: SavedResponse };
 
 type Head = [token: string, fingerprint: string, leaseEndMs: number];
+
+/** The optional fields of a `SavedResponse`, as the meta's optional third element. */
+type Flags = Pick<SavedResponse, 'encoding' | 'unreplayable'>;
+type Meta = [statusCode: number, headers: Record<string, string>, flags?: Flags];
 
 const COMPLETED = 'C'.charCodeAt(0);
 const PROCESSING = 'P'.charCodeAt(0);
@@ -33,9 +40,17 @@ export function encodeProcessing(token: string, fingerprint: string, leaseEndMs:
   return `P[${quoted(token)},${quoted(fingerprint)},${JSON.stringify(leaseEndMs)}]`;
 }
 
-/** The part of a completed record after the head: `[statusCode, headers]`, then `\n` + body. */
+/**
+ * The part of a completed record after the head: `[statusCode, headers]` (plus the flags, when
+ * set), then `\n` + body.
+ */
 export function encodeResponse(response: SavedResponse): string {
-  const meta = JSON.stringify([response.statusCode, response.headers]);
+  const { statusCode, headers, encoding, unreplayable } = response;
+  const meta = JSON.stringify(
+    encoding === undefined && unreplayable === undefined
+      ? [statusCode, headers]
+      : [statusCode, headers, { encoding, unreplayable }],
+  );
   return response.body === undefined ? meta : `${meta}\n${response.body}`;
 }
 
@@ -54,12 +69,11 @@ export function decodeRecord(value: string): DecodedRecord {
   const headEnd = value.indexOf('\n');
   const metaEnd = value.indexOf('\n', headEnd + 1);
   const [token, fingerprint] = JSON.parse(value.slice(1, headEnd)) as Head;
-  const [statusCode, headers] = JSON.parse(value.slice(headEnd + 1, metaEnd === -1 ? undefined : metaEnd)) as [
-    number,
-    Record<string, string>,
-  ];
+  const [statusCode, headers, flags] = JSON.parse(value.slice(headEnd + 1, metaEnd === -1 ? undefined : metaEnd)) as Meta;
   const response: SavedResponse = { statusCode, headers };
   if (metaEnd !== -1) response.body = value.slice(metaEnd + 1);
+  if (flags?.encoding !== undefined) response.encoding = flags.encoding;
+  if (flags?.unreplayable !== undefined) response.unreplayable = flags.unreplayable;
   return { state: 'completed', token, fingerprint, response };
 }
 

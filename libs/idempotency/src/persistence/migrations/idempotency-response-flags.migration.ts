@@ -1,0 +1,24 @@
+import type { MigrationInterface, QueryRunner } from 'typeorm';
+import { IDEMPOTENCY_RECORDS_TABLE } from '../../stores/postgres/idempotency-record.entity.js';
+import { tableIn } from './migration-table.js';
+
+/**
+ * Adds `body_encoding` and `unreplayable` to `idempotency_records` (`SavedResponse.encoding` and
+ * `.unreplayable`). Nullable and without a default, so PostgreSQL adds them without rewriting the
+ * table; rows written before read back with neither field set.
+ */
+export class IdempotencyResponseFlags1795996800000 implements MigrationInterface {
+  readonly name = 'IdempotencyResponseFlags1795996800000';
+
+  async up(queryRunner: QueryRunner): Promise<void> {
+    await queryRunner.query(`ALTER TABLE ${tableIn(queryRunner, IDEMPOTENCY_RECORDS_TABLE)}
+      ADD COLUMN "body_encoding" character varying(16),
+      ADD COLUMN "unreplayable" character varying(32)`);
+  }
+
+  async down(queryRunner: QueryRunner): Promise<void> {
+    await queryRunner.query(`ALTER TABLE ${tableIn(queryRunner, IDEMPOTENCY_RECORDS_TABLE)}
+      DROP COLUMN "unreplayable",
+      DROP COLUMN "body_encoding"`);
+  }
+}
