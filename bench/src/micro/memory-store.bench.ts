@@ -6,7 +6,10 @@ import { ownerToken } from '../../../libs/idempotency/src/interceptors/owner-tok
 /**
  * The memory store's footprint: heap bytes per entry and process RSS after 100k and 1M keys, each
  * a completed record as the bench endpoint leaves it (a UUID key under the usual prefix, an owner
- * token, a SHA-256 fingerprint, status, content-type and a 70-byte body). Run with `--expose-gc`:
+ * token, a SHA-256 fingerprint, status, content-type and a 70-byte body). The store never drops
+ * a live record, so the bench runs on a clock of its own: one millisecond passes per insert and
+ * each record is kept `maxEntries - 1` ms, so once full every insert finds one expired record to
+ * drop (the steady state of a store sized for its traffic). Run with `--expose-gc`:
  * `node --expose-gc dist/bench/src/micro/memory-store.bench.js [maxEntries] [--json]`.
  */
 
@@ -36,6 +39,9 @@ function settle(): void {
 
 export async function runMemoryBench(maxEntries: number, checkpoints = [100_000, 1_000_000]): Promise<MemoryOutcome> {
   const store = new MemoryIdempotencyStore({ maxEntries });
+  let now = Date.now();
+  Date.now = () => now;
+  const retentionMs = maxEntries - 1;
   settle();
   const baseHeap = process.memoryUsage().heapUsed;
   const points: MemoryPoint[] = [];
@@ -55,8 +61,9 @@ export async function runMemoryBench(maxEntries: number, checkpoints = [100_000,
         headers: { 'content-type': 'application/json; charset=utf-8' },
         body: JSON.stringify({ id: inserted, orderNo: `ORD-${inserted}`, amount: 12.5, status: 'PENDING' }),
       };
-      await store.complete(key, token, response, 86_400_000);
+      await store.complete(key, token, response, retentionMs);
       inserted++;
+      now++;
       if (store.size > maxEntries) withinBound = false;
     }
     const microsPerInsert = Number(process.hrtime.bigint() - started) / 1000 / (inserted - from);
