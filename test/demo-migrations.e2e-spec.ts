@@ -18,6 +18,7 @@ const MIGRATIONS = [
   'IdempotencyOutcomes1764547200000',
   'DemoOrders1795996800000',
   'DemoInvoices1795996800001',
+  'IdempotencyResponseFlags1795996800002',
   'DemoXmlUploads1796083200000',
 ];
 

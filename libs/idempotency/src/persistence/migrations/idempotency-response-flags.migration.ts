@@ -7,8 +7,8 @@ import { tableIn } from './migration-table.js';
  * `.unreplayable`). Nullable and without a default, so PostgreSQL adds them without rewriting the
  * table; rows written before read back with neither field set.
  */
-export class IdempotencyResponseFlags1795996800000 implements MigrationInterface {
-  readonly name = 'IdempotencyResponseFlags1795996800000';
+export class IdempotencyResponseFlags1795996800002 implements MigrationInterface {
+  readonly name = 'IdempotencyResponseFlags1795996800002';
 
   async up(queryRunner: QueryRunner): Promise<void> {
     await queryRunner.query(`ALTER TABLE ${tableIn(queryRunner, IDEMPOTENCY_RECORDS_TABLE)}

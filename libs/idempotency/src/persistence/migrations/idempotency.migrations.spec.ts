@@ -33,7 +33,7 @@ describe('IDEMPOTENCY_MIGRATIONS (PostgreSQL, custom schema)', () => {
     expect(ran.map((row: { name: string }) => row.name)).toEqual([
       'IdempotencyRecords1764460800000',
       'IdempotencyConsumeLog1764460800001',
-      'IdempotencyResponseFlags1795996800000',
+      'IdempotencyResponseFlags1795996800002',
     ]);
   });
 

@@ -2,7 +2,7 @@ import { Column, Entity, Index, PrimaryColumn } from 'typeorm';
 
 /**
  * Table of `PostgresIdempotencyStore`, as `IdempotencyRecords1764460800000` creates it and
- * `IdempotencyResponseFlags1795996800000` extends it.
+ * `IdempotencyResponseFlags1795996800002` extends it.
  */
 export const IDEMPOTENCY_RECORDS_TABLE = 'idempotency_records';
 
