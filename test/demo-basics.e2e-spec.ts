@@ -122,9 +122,9 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('demo basics (%s)', (adap
     expect(count).toBe(0);
   });
 
-  it('answers 400 VALIDATION_FAILED, not a 5xx, for an array of 480,000 items just under 1 MiB', async () => {
+  it('answers 413 PAYLOAD_TOO_COMPLEX, not a 5xx, for an array of 480,000 items just under 1 MiB', async () => {
     const res = await post({ orderNo: newOrderNo(), amount: 1, items: new Array(480_000).fill(0) });
-    expect([res.status, res.body.code]).toEqual([400, 'VALIDATION_FAILED']);
+    expect([res.status, res.body.code]).toEqual([413, 'PAYLOAD_TOO_COMPLEX']);
   });
 
   it('answers 400 INVALID_JSON for malformed JSON', async () => {

@@ -115,6 +115,10 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('payment callback and can
     ['an empty transactionId', { transactionId: '', paidAt: '2026-11-30T10:00:00Z' }],
     ['a transactionId of 129 characters', { transactionId: 'T'.repeat(129), paidAt: '2026-11-30T10:00:00Z' }],
     ['a numeric transactionId', { transactionId: 42, paidAt: '2026-11-30T10:00:00Z' }],
+    // PostgreSQL refuses a NUL ("invalid byte sequence"): a 500 before it was validated.
+    ['a NUL in the transactionId', { transactionId: 'a\u0000b', paidAt: '2026-11-30T10:00:00Z' }],
+    // Not UTF-8: the driver would have stored U+FFFD in its place.
+    ['an unpaired surrogate in the transactionId', { transactionId: 'a\ud800b', paidAt: '2026-11-30T10:00:00Z' }],
     ['no paidAt', { transactionId: 'tx' }],
     ['a paidAt that is not a date', { transactionId: 'tx', paidAt: 'yesterday' }],
     ['an impossible paidAt', { transactionId: 'tx', paidAt: '2026-02-30T10:00:00Z' }],

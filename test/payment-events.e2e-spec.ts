@@ -1,5 +1,5 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
-import type { INestApplication } from '@nestjs/common';
+import type { INestApplication, LoggerService } from '@nestjs/common';
 import { connect, type ChannelModel, type ConfirmChannel, type Options } from 'amqplib';
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
@@ -13,6 +13,25 @@ import { DATABASE_URL, RABBITMQ_URL } from './support/services.js';
 
 const CONSUMER = 'orders.payment-succeeded';
 
+/** A Nest logger that keeps every line (`<level> <message> <context>`) for the test to read. */
+class CapturingLogger implements LoggerService {
+  readonly lines: string[] = [];
+  private keep = (level: string) => (...args: unknown[]) => void this.lines.push(`${level} ${args.map(String).join(' ')}`);
+  log = this.keep('log');
+  error = this.keep('error');
+  warn = this.keep('warn');
+  debug = this.keep('debug');
+  verbose = this.keep('verbose');
+  fatal = this.keep('fatal');
+}
+
+interface StartOptions {
+  faults?: PaymentEventsFaults;
+  deadLetters?: boolean;
+  maxAttempts?: number;
+  logger?: LoggerService;
+}
+
 /**
  * The `payment.succeeded` consumer: consumeOnce (consume log row + order change in one
  * transaction) makes every redelivery of a message id a no-op, and ack after commit makes every
@@ -23,6 +42,7 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('payment.succeeded consum
   let publisher: ConfirmChannel;
   let app: INestApplication | undefined;
   let queue: string;
+  let deadLetterQueue: string | undefined;
 
   beforeAll(async () => {
     try {
@@ -37,20 +57,38 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('payment.succeeded consum
     await app?.close();
     app = undefined;
     await publisher.deleteQueue(queue);
+    if (deadLetterQueue) await publisher.deleteQueue(deadLetterQueue);
+    deadLetterQueue = undefined;
   });
 
-  const start = async (faults?: PaymentEventsFaults) => {
+  const start = async (faults?: PaymentEventsFaults) => startWith({ faults });
+  const startWith = async ({ faults, deadLetters, maxAttempts, logger }: StartOptions) => {
     queue = `payment.succeeded.${randomUUID()}`;
+    if (deadLetters) deadLetterQueue = `${queue}.dead`;
     app = await createDemoApp({
       adapter,
       databaseUrl: DATABASE_URL,
       keyPrefix: `events-${randomUUID()}`,
       rabbitmqUrl: RABBITMQ_URL,
       paymentQueue: queue,
+      paymentDeadLetterQueue: deadLetterQueue,
+      paymentMaxAttempts: maxAttempts,
+      paymentRequeueDelayMs: maxAttempts === undefined ? undefined : 50,
       paymentEventsFaults: faults,
-      logger: false,
+      logger: logger ?? false,
     });
     return app.get(PaymentEventsConsumer).stats;
+  };
+  /** The message ids in the dead-letter queue, once it holds `count` messages. */
+  const deadLettered = async (count: number): Promise<string[]> => {
+    await eventually(async () => (await publisher.checkQueue(deadLetterQueue!)).messageCount === count, {
+      describe: () => `(${deadLetterQueue} should hold ${count})`,
+    });
+    const ids: string[] = [];
+    for (let message = await publisher.get(deadLetterQueue!, { noAck: true }); message; message = await publisher.get(deadLetterQueue!, { noAck: true })) {
+      ids.push(message.properties.messageId as string);
+    }
+    return ids;
   };
   const newOrder = async (): Promise<string> => {
     const orderNo = `EVT-${randomUUID()}`;
@@ -115,6 +153,8 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('payment.succeeded consum
     await publish({ orderNo, transactionId: 'tx-retry', paidAt: '2026-11-30T10:00:00Z' }, { messageId });
 
     await eventually(async () => (await order(orderNo)).status === 'PAID', { describe: () => JSON.stringify(stats) });
+    // The count follows the commit by a moment.
+    await eventually(() => stats.processed === 1, { describe: () => JSON.stringify(stats) });
     // Had the log row survived the failed attempt, the redelivery would have been skipped.
     expect(stats).toMatchObject({ processed: 1, duplicates: 0, requeued: 1, redelivered: 1 });
     expect(await order(orderNo)).toEqual({ status: 'PAID', transaction_id: 'tx-retry', version: 2 });
@@ -139,6 +179,75 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('payment.succeeded consum
     await eventually(() => stats.dropped === 5, { describe: () => JSON.stringify(stats) });
     expect(stats).toMatchObject({ processed: 1, dropped: 5, requeued: 0, redelivered: 0 });
     expect(await order(orderNo)).toEqual({ status: 'PAID', transaction_id: 'tx-valid', version: 2 });
+    expect(await messagesLeftAfterClose()).toBe(0);
+  });
+
+  it('dead-letters at once a message PostgreSQL could not store (a NUL in its messageId or a field), logs it, and carries on', async () => {
+    const logger = new CapturingLogger();
+    const stats = await startWith({ deadLetters: true, logger });
+    const orderNo = await newOrder();
+    const valid = { orderNo, transactionId: 'tx-valid', paidAt: '2026-11-30T10:00:00Z' };
+    const nulInTransaction = randomUUID();
+    const nulInOrderNo = randomUUID();
+    await publish(valid, { messageId: 'pay\u0000ment' });
+    await publish({ ...valid, transactionId: 'tx\u0000' }, { messageId: nulInTransaction });
+    await publish({ ...valid, orderNo: `${orderNo}\u0000` }, { messageId: nulInOrderNo });
+    const messageId = randomUUID();
+    await publish(valid, { messageId });
+
+    await eventually(async () => (await logRows(messageId)) === 1, { describe: () => JSON.stringify(stats) });
+    await eventually(() => stats.dropped === 3, { describe: () => JSON.stringify(stats) });
+    expect(stats).toMatchObject({ processed: 1, dropped: 3, requeued: 0, failed: 0 });
+    expect(await order(orderNo)).toEqual({ status: 'PAID', transaction_id: 'tx-valid', version: 2 });
+    expect((await deadLettered(3)).sort()).toEqual(['pay\u0000ment', nulInTransaction, nulInOrderNo].sort());
+    const rejections = logger.lines.filter((line) => line.startsWith('warn Rejected'));
+    expect(rejections).toEqual([
+      expect.stringMatching(/messageId "pay\\u0000ment" cannot be recorded/),
+      expect.stringContaining(`message ${nulInTransaction}: transactionId must not contain control characters`),
+      expect.stringContaining(`message ${nulInOrderNo}: orderNo must be`),
+    ]);
+    expect(await messagesLeftAfterClose()).toBe(0);
+  });
+
+  it('gives up on a message that fails every time after maxAttempts: dead-lettered, logged, and the next message is processed', async () => {
+    const logger = new CapturingLogger();
+    const poisonId = randomUUID();
+    const stats = await startWith({ deadLetters: true, logger, maxAttempts: 3, faults: { alwaysFailMessageIds: [poisonId] } });
+    const poisoned = await newOrder();
+    const orderNo = await newOrder();
+    await publish({ orderNo: poisoned, transactionId: 'tx-poison', paidAt: '2026-11-30T10:00:00Z' }, { messageId: poisonId });
+    const messageId = randomUUID();
+    await publish({ orderNo, transactionId: 'tx-next', paidAt: '2026-11-30T10:00:00Z' }, { messageId });
+
+    await eventually(() => stats.failed === 1, { describe: () => JSON.stringify(stats) });
+    await eventually(async () => (await logRows(messageId)) === 1, { describe: () => JSON.stringify(stats) });
+    expect(stats).toMatchObject({ processed: 1, failed: 1, requeued: 2, dropped: 0 });
+    expect(await deadLettered(1)).toEqual([poisonId]);
+    expect(await order(poisoned)).toEqual({ status: 'PENDING', transaction_id: null, version: 1 });
+    expect(await logRows(poisonId)).toBe(0);
+    expect(await order(orderNo)).toEqual({ status: 'PAID', transaction_id: 'tx-next', version: 2 });
+    expect(logger.lines.filter((line) => line.includes(poisonId))).toEqual([
+      expect.stringMatching(/^warn Message .* failed \(attempt 1 of 3\) and is put back/),
+      expect.stringMatching(/^warn Message .* failed \(attempt 2 of 3\) and is put back/),
+      expect.stringMatching(new RegExp(`^error Gave up on message ${poisonId} after 3 failed attempts .*rejected without requeue, dead-lettered to ${deadLetterQueue}`)),
+    ]);
+    expect(await messagesLeftAfterClose()).toBe(0);
+  });
+
+  it('dead-letters on its first failure a message whose data PostgreSQL refuses (a validation gap): no retry can fix it', async () => {
+    const logger = new CapturingLogger();
+    const refusedId = randomUUID();
+    const stats = await startWith({ deadLetters: true, logger, faults: { refusedByPostgresMessageIds: [refusedId] } });
+    const refused = await newOrder();
+    await publish({ orderNo: refused, transactionId: 'tx-refused', paidAt: '2026-11-30T10:00:00Z' }, { messageId: refusedId });
+
+    await eventually(() => stats.failed === 1, { describe: () => JSON.stringify(stats) });
+    expect(stats).toMatchObject({ processed: 0, failed: 1, requeued: 0 });
+    expect(await deadLettered(1)).toEqual([refusedId]);
+    expect(await order(refused)).toEqual({ status: 'PENDING', transaction_id: null, version: 1 });
+    expect(logger.lines.filter((line) => line.includes(refusedId))).toEqual([
+      expect.stringMatching(new RegExp(`^error Gave up on message ${refusedId} after PostgreSQL refused its data \\(invalid byte sequence`)),
+    ]);
     expect(await messagesLeftAfterClose()).toBe(0);
   });
 

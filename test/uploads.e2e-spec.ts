@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from '@jest/globals';
 import type { INestApplication } from '@nestjs/common';
 import { createHash, randomUUID } from 'node:crypto';
+import { request as httpRequest } from 'node:http';
 import { DataSource } from 'typeorm';
 import type { HttpAdapterName } from '../apps/demo/src/demo-app.factory.js';
 import { listenDemo } from './support/demo-server.js';
@@ -21,6 +22,27 @@ interface Answer {
 async function post(baseUrl: string, body: string | Buffer, headers: Record<string, string> = {}): Promise<Answer> {
   const res = await fetch(`${baseUrl}/uploads/xml`, { method: 'POST', headers: { 'content-type': 'application/xml', ...headers }, body });
   return { status: res.status, headers: res.headers, body: (await res.json()) as Answer['body'] };
+}
+
+/**
+ * POST /uploads/xml without X-User-Id from the loopback address `localAddress`: each address of
+ * 127.0.0.0/8 is another anonymous client to the server (`request.ip`).
+ */
+function postAnonymously(baseUrl: string, localAddress: string, body: string, headers: Record<string, string> = {}): Promise<Answer> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(`${baseUrl}/uploads/xml`, { method: 'POST', localAddress, headers: { 'content-type': 'application/xml', ...headers } }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (chunk: string) => (text += chunk));
+      res.on('end', () => {
+        const answerHeaders = new Headers();
+        for (const [name, value] of Object.entries(res.headers)) if (typeof value === 'string') answerHeaders.set(name, value);
+        resolve({ status: res.statusCode!, headers: answerHeaders, body: JSON.parse(text) as Answer['body'] });
+      });
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
 }
 
 const replayedBy = (answer: Answer) => [answer.headers.get('idempotent-replayed'), answer.headers.get('idempotent-matched-by')];
@@ -196,6 +218,41 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('POST /uploads/xml (%s)',
     const theirs = await post(baseUrl, xml, { 'x-user-id': `${user}-other`, 'x-request-id': 'r' });
     expect([theirs.status, replayedBy(theirs)[0]]).toEqual([201, null]);
     expect(theirs.body.uploadId).not.toBe(mine.body.uploadId);
+  });
+
+  it('keeps anonymous clients apart by their address: one can neither replay nor block the upload of another', async () => {
+    const xml = receipt(newNo());
+    const requestId = `anon-${randomUUID()}`;
+    const first = await postAnonymously(baseUrl, '127.0.0.2', xml, { 'x-request-id': requestId });
+    expect([first.status, replayedBy(first)[0]]).toEqual([201, null]);
+    // The same client again: its own upload, replayed.
+    const again = await postAnonymously(baseUrl, '127.0.0.2', xml);
+    expect([again.status, again.body.uploadId, replayedBy(again)]).toEqual([201, first.body.uploadId, ['true', 'content-hash']]);
+
+    // Another anonymous client: the same bytes are its own upload, and the same request id is free for other bytes.
+    const sameBytes = await postAnonymously(baseUrl, '127.0.0.3', xml);
+    expect([sameBytes.status, replayedBy(sameBytes)[0]]).toEqual([201, null]);
+    expect(sameBytes.body.uploadId).not.toBe(first.body.uploadId);
+    const sameRequestId = await postAnonymously(baseUrl, '127.0.0.4', receipt(newNo()), { 'x-request-id': requestId });
+    expect([sameRequestId.status, sameRequestId.body.code, replayedBy(sameRequestId)[0]]).toEqual([201, undefined, null]);
+
+    const scopes = await query(`select scope from idempotency_outcomes where request_id = $1 order by scope`, [requestId]);
+    expect(scopes).toEqual([{ scope: 'uploads.xml:anonymous:127.0.0.2' }, { scope: 'uploads.xml:anonymous:127.0.0.4' }]);
+  });
+
+  it.each([
+    ['a root element name of 500,000 characters', 'INVALID_RECEIPT', `<${'r'.repeat(500_000)}><no>A</no></${'r'.repeat(500_000)}>`],
+    ['an invalid tag name of 1,000,000 characters', 'INVALID_XML', `<receipt><9${'x'.repeat(1_000_000)}/></receipt>`],
+  ])('answers and records a refusal quoting %s in at most 500 characters', async (_what, code, xml) => {
+    const refused = await upload(xml, { 'x-request-id': randomUUID() });
+    expect([refused.status, refused.body.code]).toEqual([400, code]);
+    expect(String(refused.body.message).length).toBeLessThanOrEqual(500);
+    const [record] = await records();
+    expect(record).toMatchObject({ state: 'FAILED', status_code: 400 });
+    const stored = JSON.parse(record.body as string) as { code: string; message: string };
+    expect(stored.code).toBe(code);
+    expect(stored.message.length).toBeLessThanOrEqual(500);
+    expect((record.body as string).length).toBeLessThan(1000);
   });
 
   it.each([

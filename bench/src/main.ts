@@ -12,6 +12,7 @@ import { fingerprintTable, type FingerprintResult } from './micro/fingerprint.be
 import { interceptorTable, type InterceptorResult } from './micro/interceptor.bench.js';
 import type { MemoryOutcome } from './micro/memory-store.bench.js';
 import { DIST_BENCH, PROJECT_ROOT, RESULTS_DIR } from './paths.js';
+import { BAD_INPUT_CASES, badInputPhase, badInputTable, type BadInputResult } from './phases/bad-input.js';
 import { crashPhase, type CrashResult } from './phases/crash.js';
 import { stormPhase, type StormResult } from './phases/storm.js';
 import { slotsOf, throughputPhase, type Sample } from './phases/throughput.js';
@@ -31,7 +32,9 @@ const settings = {
   warmupSeconds: Number(setting('warmup-seconds', '1')),
   connections: Number(setting('connections', '50')),
   crashLeaseSeconds: Number(setting('crash-lease-seconds', '3')),
-  phases: new Set(list(setting('phases', 'fingerprint,interceptor,memory,throughput,storm,crash'))),
+  phases: new Set(list(setting('phases', 'fingerprint,interceptor,memory,throughput,storm,crash,bad-input'))),
+  /** How many times the bad-input phase sends each body. */
+  badInputRepeats: Number(setting('bad-input-repeats', '3')),
   adapters: list(setting('adapters', ADAPTERS.join(','))) as AdapterName[],
   arms: list(setting('arms', DEFAULT_ARMS.join(','))),
   databaseUrl: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
@@ -140,6 +143,7 @@ async function main(): Promise<void> {
   progress.plan(has('storm') ? stormArms.length * settings.adapters.length * 2 : 0, 1.5);
   progress.plan(has('crash') ? 1 : 0, settings.crashLeaseSeconds + 8);
   progress.plan(has('memory') ? 1 : 0, 10);
+  progress.plan(has('bad-input') ? BAD_INPUT_CASES * settings.adapters.length : 0, settings.badInputRepeats * 0.5);
 
   let samples: Sample[] = [];
   if (has('throughput')) samples = await throughputPhase(first, redis, settings, progress);
@@ -174,6 +178,11 @@ async function main(): Promise<void> {
       const survivors = new Map([...(second.get('express') ?? new Map<ArmName, ArmProcess>())].filter(([arm]) => arm !== 'bare'));
       crash = await crashPhase(survivors, env, redis, progress);
     }
+  }
+  let badInput: BadInputResult[] = [];
+  if (has('bad-input')) {
+    await redis.flushall();
+    badInput = await badInputPhase(settings.adapters, env, settings.badInputRepeats, progress);
   }
   progress.show('memory store: 100k and 1M keys');
   const memoryOutcome = memory ? await memory : undefined;
@@ -222,10 +231,11 @@ async function main(): Promise<void> {
   }
   if (storm.length > 0) sections.push('', '## Storm: 500 identical requests, 200 at a time', '', stormTable(storm));
   if (crash.length > 0) sections.push('', '## Crash: the first process is killed mid-request, the same request is retried', '', crashTable(crash, settings.crashLeaseSeconds));
+  if (badInput.length > 0) sections.push('', '## Bad input: hostile bodies to the demo app, and the event loop meanwhile', '', badInputTable(badInput, settings.badInputRepeats));
   const markdown = `${sections.join('\n')}\n`;
 
   await mkdir(RESULTS_DIR, { recursive: true });
-  const json = { startedAt, loadAverage: { before: loadBefore, after: loadAfter }, settings: { ...settings, phases: [...settings.phases] }, node: process.version, cores: cpus().length, rows, checks, samples, fingerprint, interceptor, memory: memoryOutcome, storm, crash, unavailable: Object.fromEntries(unavailable) };
+  const json = { startedAt, loadAverage: { before: loadBefore, after: loadAfter }, settings: { ...settings, phases: [...settings.phases] }, node: process.version, cores: cpus().length, rows, checks, samples, fingerprint, interceptor, memory: memoryOutcome, storm, crash, badInput, unavailable: Object.fromEntries(unavailable) };
   await writeFile(join(RESULTS_DIR, `${settings.out}.json`), `${JSON.stringify(json, null, 2)}\n`);
   await writeFile(join(RESULTS_DIR, `${settings.out}.md`), markdown);
   process.stdout.write(`\n${markdown}\nWritten: bench/results/${settings.out}.md, bench/results/${settings.out}.json\n`);

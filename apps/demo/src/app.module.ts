@@ -33,6 +33,12 @@ export interface AppModuleOptions {
   rabbitmqUrl?: string;
   /** Queue of `payment.succeeded` messages. Default `payment.succeeded`. */
   paymentQueue?: string;
+  /** Queue rejected payment messages are dead-lettered to (see `PaymentEventsOptions.deadLetterQueue`). Default none. */
+  paymentDeadLetterQueue?: string;
+  /** Failed attempts after which a payment message is rejected (see `PaymentEventsOptions.maxAttempts`). Default 5. */
+  paymentMaxAttempts?: number;
+  /** Wait before a failed payment message is put back, ms. Default 1000. */
+  paymentRequeueDelayMs?: number;
   /** FOR TESTS ONLY: faults the payment consumer injects once each (see `PaymentEventsFaults`). */
   paymentEventsFaults?: PaymentEventsFaults;
   /** XML uploads: body limit, lease, retention, purge interval (see `UploadsOptions`). */
@@ -56,6 +62,9 @@ export class AppModule {
           PaymentEventsModule.register({
             url: options.rabbitmqUrl,
             queue: options.paymentQueue,
+            deadLetterQueue: options.paymentDeadLetterQueue,
+            maxAttempts: options.paymentMaxAttempts,
+            requeueDelayMs: options.paymentRequeueDelayMs,
             faults: options.paymentEventsFaults,
           }),
         ]

@@ -62,6 +62,28 @@ const bodyErrorOf = (exception: unknown): BodyError | undefined => {
   return undefined;
 };
 
+/**
+ * PostgreSQL's refusals of a value (SQLSTATE class 22, "data exception") that a request can
+ * cause: the backstop behind the DTO validators and pipes, which should refuse these first.
+ */
+const REFUSED_VALUES = new Map<string, string>([
+  ['22021', 'a text value holds a character that cannot be stored (such as NUL)'],
+  ['22P05', 'a text value holds a character that cannot be stored (such as NUL)'],
+  ['22001', 'a text value is too long'],
+  ['22003', 'a number is out of range'],
+  ['22007', 'a date or time has the wrong format'],
+  ['22008', 'a date or time is out of range'],
+  ['22P02', 'a value has the wrong format'],
+]);
+
+/** The SQLSTATE of a PostgreSQL error: TypeORM's `QueryFailedError` keeps the driver's in `driverError`. */
+const sqlStateOf = (exception: unknown): string | undefined => {
+  if (typeof exception !== 'object' || exception === null) return undefined;
+  const { driverError, code } = exception as { driverError?: { code?: unknown }; code?: unknown };
+  const state = driverError?.code ?? code;
+  return typeof state === 'string' ? state : undefined;
+};
+
 /** `NOT_FOUND`, `BAD_REQUEST`...: the name of the status in Nest's `HttpStatus`. */
 const codeOfStatus = (status: number): string => HttpStatus[status] ?? `HTTP_${status}`;
 
@@ -73,6 +95,8 @@ const hasCode = (response: unknown): response is ErrorBody =>
  * - body parser errors: 400 `INVALID_JSON`, 413 `PAYLOAD_TOO_LARGE`, 415 `UNSUPPORTED_MEDIA_TYPE`;
  * - an HttpException whose body has a `code` (the idempotency guard's, the app's own) as is;
  * - any other HttpException: its body plus a `code` named after its status (`NOT_FOUND`);
+ * - a value PostgreSQL refused (a NUL, too long, out of range): 400 `VALIDATION_FAILED`, logged
+ *   as a warning (validation at the edge missed it);
  * - anything else: 500 `INTERNAL_ERROR`, logged, with no detail sent to the client.
  * Headers already set on the response (`Retry-After` from the idempotency guard) are kept.
  */
@@ -128,6 +152,13 @@ export class DemoExceptionFilter implements ExceptionFilter {
         ...fields,
         code: codeOfStatus(statusCode),
       };
+    }
+
+    const sqlState = sqlStateOf(exception);
+    const refused = sqlState === undefined ? undefined : REFUSED_VALUES.get(sqlState);
+    if (refused) {
+      this.logger.warn(`PostgreSQL refused a value of a request (${sqlState}): validate it before the query. ${(exception as Error).message}`);
+      return { statusCode: 400, error: 'Bad Request', code: 'VALIDATION_FAILED', message: [`The request cannot be stored: ${refused}.`] };
     }
 
     this.logger.error(

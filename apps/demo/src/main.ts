@@ -19,7 +19,8 @@ const adapterFromEnv = (): HttpAdapterName => {
  * `HTTP_ADAPTER` (`express` | `fastify`), `DATABASE_URL` (default: an embedded PostgreSQL in
  * `.data/pg`), `REDIS_URL` (default: the memory store; with it the demo also serves the
  * `orders.create` message pattern over the Redis transport), `RABBITMQ_URL` (default: no
- * `payment.succeeded` consumer), `PAYMENT_QUEUE` (default `payment.succeeded`) and
+ * `payment.succeeded` consumer), `PAYMENT_QUEUE` (default `payment.succeeded`),
+ * `PAYMENT_DEAD_LETTER_QUEUE` (default: none; rejected payment messages go there) and
  * `IDEMPOTENCY_LEASE_SECONDS` (default: the library's).
  */
 async function bootstrap(): Promise<void> {
@@ -31,6 +32,7 @@ async function bootstrap(): Promise<void> {
   const redisUrl = process.env.REDIS_URL || undefined;
   const rabbitmqUrl = process.env.RABBITMQ_URL || undefined;
   const paymentQueue = process.env.PAYMENT_QUEUE || undefined;
+  const paymentDeadLetterQueue = process.env.PAYMENT_DEAD_LETTER_QUEUE || undefined;
   const leaseSeconds = process.env.IDEMPOTENCY_LEASE_SECONDS ? Number(process.env.IDEMPOTENCY_LEASE_SECONDS) : undefined;
 
   let embedded: EmbeddedDatabase | undefined;
@@ -69,7 +71,7 @@ async function bootstrap(): Promise<void> {
   }
 
   try {
-    app = await createDemoApp({ adapter, databaseUrl, redisUrl, rpcRedisUrl: redisUrl, rabbitmqUrl, paymentQueue, leaseSeconds });
+    app = await createDemoApp({ adapter, databaseUrl, redisUrl, rpcRedisUrl: redisUrl, rabbitmqUrl, paymentQueue, paymentDeadLetterQueue, leaseSeconds });
     // HOST: e.g. 0.0.0.0 in a container (Fastify listens on localhost by default).
     await (process.env.HOST ? app.listen(port, process.env.HOST) : app.listen(port));
   } catch (error) {

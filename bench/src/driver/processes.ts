@@ -191,6 +191,44 @@ export async function startArm(
   return { ...proc, arm, adapter, port, url: `http://127.0.0.1:${port}` };
 }
 
+export interface DemoProcess extends Started {
+  adapter: AdapterName;
+  url: string;
+  /** Sends `message` over IPC and resolves with the next message of type `answerType`. */
+  ask<T>(message: { type: string }, answerType: string): Promise<T>;
+}
+
+/** Starts the demo app (`arms/demo-server.ts`) as its own process, with an IPC channel, and waits until it listens. */
+export async function startDemo(adapter: AdapterName, env: ArmEnvironment, keyPrefix: string): Promise<DemoProcess> {
+  const port = await freePort();
+  const child = spawn(process.execPath, [...env.nodeFlags, join(DIST_BENCH, 'arms', 'demo-server.js')], {
+    cwd: PROJECT_ROOT,
+    stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
+    env: {
+      ...process.env,
+      ADAPTER: adapter,
+      PORT: String(port),
+      REDIS_URL: env.redisUrl,
+      DATABASE_URL: env.databaseUrl,
+      KEY_PREFIX: keyPrefix,
+      NODE_ENV: 'production',
+    },
+  });
+  const proc = track(child, `demo/${adapter}`);
+  await waitForLine(proc, /READY \d+/, 30_000, `the demo app on ${adapter}`);
+  const ask = <T>(message: { type: string }, answerType: string) =>
+    new Promise<T>((resolve) => {
+      const onMessage = (answer: { type?: string }) => {
+        if (answer.type !== answerType) return;
+        child.off('message', onMessage);
+        resolve(answer as T);
+      };
+      child.on('message', onMessage);
+      child.send(message);
+    });
+  return { ...proc, adapter, url: `http://127.0.0.1:${port}`, ask };
+}
+
 export interface HandlerRunCounts {
   pid: number;
   /** CPU time the arm process used so far (user + system), microseconds. */

@@ -1,11 +1,12 @@
 import { IsNumber, IsString, Length, Matches, Max, Min } from 'class-validator';
+import { ORDER_NO_CHARACTERS, ORDER_NO_MAX_LENGTH } from './order-no.js';
 
 /** Body of `POST /orders`. */
 export class CreateOrderDto {
   /** The client's own order number: also the idempotency key of the request. */
   @IsString()
-  @Length(1, 64)
-  @Matches(/^[A-Za-z0-9_.:-]+$/, {
+  @Length(1, ORDER_NO_MAX_LENGTH)
+  @Matches(ORDER_NO_CHARACTERS, {
     message: 'orderNo may only contain letters, digits and _ . : -',
   })
   orderNo!: string;

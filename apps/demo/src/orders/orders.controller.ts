@@ -5,6 +5,7 @@ import type { DemoUser } from '../demo-user.js';
 import { createdOrExisting, type StatusSetter } from '../http-response.js';
 import { JsonBodyGuard } from '../json-body.guard.js';
 import { CreateOrderDto } from './create-order.dto.js';
+import { OrderNoPipe } from './order-no.pipe.js';
 import type { OrderView } from './order.view.js';
 import { OrdersService, type OrderChange } from './orders.service.js';
 import { PaymentCallbackDto } from './payment-callback.dto.js';
@@ -35,7 +36,7 @@ export class OrdersController {
   }
 
   @Get(':orderNo')
-  findOne(@Param('orderNo') orderNo: string): Promise<OrderView> {
+  findOne(@Param('orderNo', OrderNoPipe) orderNo: string): Promise<OrderView> {
     return this.orders.findByOrderNo(orderNo);
   }
 
@@ -45,14 +46,14 @@ export class OrdersController {
    */
   @Post(':orderNo/payment-callback')
   @HttpCode(HttpStatus.OK)
-  paymentCallback(@Param('orderNo') orderNo: string, @Body() dto: PaymentCallbackDto): Promise<OrderChange> {
+  paymentCallback(@Param('orderNo', OrderNoPipe) orderNo: string, @Body() dto: PaymentCallbackDto): Promise<OrderChange> {
     return this.orders.pay(orderNo, { transactionId: dto.transactionId, paidAt: new Date(dto.paidAt) });
   }
 
   /** PENDING → CANCELLED: 200 `{ changed, order }`, like the payment callback. */
   @Post(':orderNo/cancel')
   @HttpCode(HttpStatus.OK)
-  cancel(@Param('orderNo') orderNo: string): Promise<OrderChange> {
+  cancel(@Param('orderNo', OrderNoPipe) orderNo: string): Promise<OrderChange> {
     return this.orders.cancel(orderNo);
   }
 }

@@ -11,7 +11,10 @@ import { DataSource, type Repository } from 'typeorm';
 import { consumeOnce } from '../../../../libs/idempotency/src/typeorm.js';
 import { Order } from '../orders/order.entity.js';
 import { markPaid } from '../orders/order-transitions.js';
+import { STORABLE_TEXT } from '../storable-text.js';
+import { FailedAttempts, isDataException } from './failed-attempts.js';
 import {
+  DEFAULT_MAX_ATTEMPTS,
   PAYMENT_EVENTS_OPTIONS,
   PAYMENT_SUCCEEDED_CONSUMER,
   type PaymentEventsFaults,
@@ -30,9 +33,17 @@ export interface PaymentEventsStats {
   dropped: number;
   /** Processing failed and rolled back: put back on the queue. */
   requeued: number;
+  /**
+   * Processing failed for good (`maxAttempts` times, or on data PostgreSQL refuses): rejected
+   * without requeue, so dead-lettered (or dropped when the queue has no dead-letter route).
+   */
+  failed: number;
   /** Deliveries the broker flagged as redelivered. */
   redelivered: number;
 }
+
+/** The consume log's `message_id` column is 255 characters wide (AMQP's own limit is 255 bytes). */
+const MAX_MESSAGE_ID_LENGTH = 255;
 
 /**
  * Consumes `payment.succeeded` messages and marks their orders paid, exactly once per AMQP
@@ -41,23 +52,28 @@ export interface PaymentEventsStats {
  * broker lost the ack, the process died between commit and ack, a publisher sent it twice) finds
  * the consume log row and is acknowledged without effect.
  *
- * - no `messageId`, or a body that is not a valid event: logged and rejected without requeue,
- *   so it goes to the queue's dead-letter exchange when a policy sets one, else it is dropped;
+ * - no `messageId`, one PostgreSQL could not store (over 255 characters, a NUL), or a body that
+ *   is not a valid event: logged and rejected without requeue, so it goes to the dead-letter
+ *   queue (`deadLetterQueue`, or the dead-letter exchange a policy sets), else it is dropped;
  * - the order is unknown, already paid, or cancelled: logged, recorded as handled, acknowledged;
- * - processing fails (database down): rolled back, then nacked with requeue after `requeueDelayMs`.
+ * - processing fails: rolled back, then nacked with requeue after `requeueDelayMs`; a message
+ *   that fails `maxAttempts` times (while the database answers), or whose data PostgreSQL
+ *   refuses, is logged as an error and rejected without requeue: a poison message does not
+ *   circle forever, and the messages behind it are processed.
  *
  * amqplib's connection recovery reconnects and consumes again after a broker restart; unacked
  * deliveries of the lost channel come back as redeliveries.
  */
 @Injectable()
 export class PaymentEventsConsumer implements OnApplicationBootstrap, BeforeApplicationShutdown {
-  readonly stats: PaymentEventsStats = { processed: 0, duplicates: 0, dropped: 0, requeued: 0, redelivered: 0 };
+  readonly stats: PaymentEventsStats = { processed: 0, duplicates: 0, dropped: 0, requeued: 0, failed: 0, redelivered: 0 };
   private readonly logger = new Logger('PaymentEvents');
   private readonly queue: string;
   private readonly faults: PaymentEventsFaults;
   private connection?: RecoveringChannelModel;
   private current?: { channel: Channel; consumerTag: string };
   private readonly inFlight = new Set<Promise<void>>();
+  private readonly failures = new FailedAttempts();
   private stopping = false;
 
   constructor(
@@ -111,7 +127,12 @@ export class PaymentEventsConsumer implements OnApplicationBootstrap, BeforeAppl
     channel.on('close', () => {
       if (!this.stopping) void model.close().catch(() => undefined);
     });
-    await channel.assertQueue(this.queue, { durable: true });
+    const deadLetterQueue = this.options.deadLetterQueue;
+    if (deadLetterQueue) await channel.assertQueue(deadLetterQueue, { durable: true });
+    await channel.assertQueue(this.queue, {
+      durable: true,
+      ...(deadLetterQueue ? { deadLetterExchange: '', deadLetterRoutingKey: deadLetterQueue } : {}),
+    });
     await channel.prefetch(this.options.prefetch ?? 10);
     const { consumerTag } = await channel.consume(this.queue, (message) => {
       if (message === null) {
@@ -133,6 +154,14 @@ export class PaymentEventsConsumer implements OnApplicationBootstrap, BeforeAppl
     if (typeof messageId !== 'string' || messageId === '') {
       return this.drop(channel, message, 'it has no messageId, so a redelivery could not be told from a new payment');
     }
+    if (messageId.length > MAX_MESSAGE_ID_LENGTH || !STORABLE_TEXT.test(messageId)) {
+      return this.drop(
+        channel,
+        message,
+        `its messageId ${JSON.stringify(messageId.slice(0, 64))}${messageId.length > 64 ? '…' : ''} cannot be recorded: ` +
+          `it must be 1 to ${MAX_MESSAGE_ID_LENGTH} characters without control characters (such as NUL)`,
+      );
+    }
     const parsed = parsePaymentSucceeded(message.content);
     if ('error' in parsed) return this.drop(channel, message, `message ${messageId}: ${parsed.error}`);
 
@@ -142,11 +171,9 @@ export class PaymentEventsConsumer implements OnApplicationBootstrap, BeforeAppl
         this.markPaid(manager.getRepository(Order), parsed.event, messageId),
       );
     } catch (error) {
-      this.stats.requeued++;
-      this.logger.warn(`Message ${messageId} failed and is put back: ${(error as Error).message}`);
-      if (!this.stopping) await sleep(this.options.requeueDelayMs ?? 1000);
-      return this.settle(channel, message, 'requeue');
+      return this.failed(channel, message, messageId, error);
     }
+    this.failures.forget(messageId);
 
     if (outcome.status === 'duplicate') {
       this.stats.duplicates++;
@@ -171,11 +198,51 @@ export class PaymentEventsConsumer implements OnApplicationBootstrap, BeforeAppl
       this.faults.failInTransactionOnce = false;
       throw new Error('simulated failure inside the transaction (test fault)');
     }
+    if (this.faults.alwaysFailMessageIds?.includes(messageId)) {
+      throw new Error('simulated poison message (test fault)');
+    }
+    if (this.faults.refusedByPostgresMessageIds?.includes(messageId)) {
+      await orders.query('SELECT $1::text', ['\u0000']);
+    }
     if (!result.changed && result.reason !== 'already_done') {
       // A payment for an order that does not exist or was cancelled needs a person (a refund).
       this.logger.error(`Message ${messageId}: order ${event.orderNo} is ${result.entity?.status ?? 'unknown'}; payment ${event.transactionId} not applied`);
     }
     return result.changed ? 'paid' : result.reason;
+  }
+
+  /**
+   * Puts a failed message back after `requeueDelayMs`, or rejects it for good: at once when
+   * PostgreSQL refused its data, after `maxAttempts` failures otherwise. A failure while the
+   * database does not answer is an outage, not the message's fault: it does not count.
+   */
+  private async failed(channel: Channel, message: ConsumeMessage, messageId: string, error: unknown): Promise<void> {
+    const reason = (error as Error).message;
+    const maxAttempts = this.options.maxAttempts ?? DEFAULT_MAX_ATTEMPTS;
+    const refused = isDataException(error);
+    const attempts = refused ? maxAttempts : (await this.databaseAnswers()) ? this.failures.add(messageId) : undefined;
+    if (attempts !== undefined && attempts >= maxAttempts) {
+      this.failures.forget(messageId);
+      this.stats.failed++;
+      const where = this.options.deadLetterQueue ? `dead-lettered to ${this.options.deadLetterQueue}` : 'dead-lettered if the queue has a dead-letter exchange, else dropped';
+      this.logger.error(
+        `Gave up on message ${messageId} after ${refused ? 'PostgreSQL refused its data' : `${attempts} failed attempts`} ` +
+          `(${reason}): rejected without requeue, ${where}`,
+      );
+      return this.settle(channel, message, 'reject');
+    }
+    this.stats.requeued++;
+    const counted = attempts === undefined ? 'not counted: the database does not answer' : `attempt ${attempts} of ${maxAttempts}`;
+    this.logger.warn(`Message ${messageId} failed (${counted}) and is put back: ${reason}`);
+    if (!this.stopping) await sleep(this.options.requeueDelayMs ?? 1000);
+    return this.settle(channel, message, 'requeue');
+  }
+
+  private databaseAnswers(): Promise<boolean> {
+    return this.dataSource.query('SELECT 1').then(
+      () => true,
+      () => false,
+    );
   }
 
   private drop(channel: Channel, message: ConsumeMessage, reason: string): void {

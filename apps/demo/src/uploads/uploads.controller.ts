@@ -33,7 +33,7 @@ export class UploadsController {
   @UseGuards(XmlBodyGuard)
   async upload(
     @ContentHash() contentHash: string,
-    @Req() req: DemoRequest & { rawBody?: Buffer },
+    @Req() req: DemoRequest & { rawBody?: Buffer; ip?: string },
     @CurrentUser() user: DemoUser | undefined,
     @Res({ passthrough: true }) res: unknown,
   ): Promise<unknown> {
@@ -44,6 +44,7 @@ export class UploadsController {
       contentHash,
       requestId: requestId?.requestId,
       userId: user?.id,
+      clientAddress: req.ip,
     });
     const { httpAdapter } = this.adapterHost;
     httpAdapter.status(res, answer.statusCode);

@@ -12,12 +12,23 @@ class RetryLaterException extends HttpException {
   }
 }
 
+/** Longest reason an answer quotes: the parser's messages quote names from the document, of any length. */
+export const MAX_REASON_LENGTH = 200;
+
+/** `text` cut to at most `max` characters (an ellipsis marks the cut), never inside a surrogate pair. */
+export const clipText = (text: string, max: number): string => {
+  if (text.length <= max) return text;
+  let end = max - 1;
+  if (/[\uD800-\uDBFF]/.test(text[end - 1] ?? '')) end--;
+  return `${text.slice(0, end)}…`;
+};
+
 export const invalidXml = (reason: string) =>
   new BadRequestException({
     statusCode: 400,
     error: 'Bad Request',
     code: 'INVALID_XML',
-    message: `The document is not acceptable XML: ${reason}. Fix it and send it again (the same request id may be reused).`,
+    message: `The document is not acceptable XML: ${clipText(reason, MAX_REASON_LENGTH)}. Fix it and send it again (the same request id may be reused).`,
   });
 
 export const invalidReceipt = (reason: string) =>
@@ -25,7 +36,7 @@ export const invalidReceipt = (reason: string) =>
     statusCode: 400,
     error: 'Bad Request',
     code: 'INVALID_RECEIPT',
-    message: `The document is not a receipt this service accepts: ${reason}. Expected <receipt><no>R-1001</no><amount>12.50</amount></receipt>.`,
+    message: `The document is not a receipt this service accepts: ${clipText(reason, MAX_REASON_LENGTH)}. Expected <receipt><no>R-1001</no><amount>12.50</amount></receipt>.`,
   });
 
 export const xmlMediaTypeRequired = () =>

@@ -1,4 +1,5 @@
 import { HttpException, Inject, Injectable, Logger } from '@nestjs/common';
+import { createHash } from 'node:crypto';
 import { InjectRepository } from '@nestjs/typeorm';
 import type { Repository } from 'typeorm';
 import {
@@ -10,7 +11,7 @@ import {
 import { parseReceipt } from './receipt-xml.js';
 import { toUploadView } from './upload.view.js';
 import { UPLOADS_OPTIONS, type UploadsOptions } from './uploads.options.js';
-import { requestIdReused, uploadInProgress, uploadNotFound, uploadSuperseded } from './uploads.exceptions.js';
+import { clipText, requestIdReused, uploadInProgress, uploadNotFound, uploadSuperseded } from './uploads.exceptions.js';
 import { XmlUpload } from './xml-upload.entity.js';
 
 /** An upload as it arrived: its raw bytes, their SHA-256, and who sent it under which request id. */
@@ -19,6 +20,8 @@ export interface UploadInput {
   contentHash: string;
   requestId?: string;
   userId?: string;
+  /** The client's address as the HTTP adapter trusts it (`request.ip`): the scope of an anonymous upload. */
+  clientAddress?: string;
 }
 
 /** The answer to an upload: processed now, or the first upload's answer (`matchedBy` says how). */
@@ -28,8 +31,44 @@ export interface UploadAnswer extends RecordedOutcome {
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
-/** Outcome records are kept per uploader: one user's upload is never replayed to another. */
-const scopeOf = (userId: string | undefined) => (userId ? `uploads.xml:user:${userId}` : 'uploads.xml:anonymous');
+/**
+ * Outcome records are kept per uploader, so one uploader's upload is never replayed to (or held
+ * in progress against) another: per user, else per client address. Behind a proxy, configure the
+ * adapter to trust it (Express `trust proxy`, Fastify `trustProxy`), or every anonymous client
+ * has the proxy's address.
+ */
+const scopeOf = ({ userId, clientAddress = 'unknown' }: UploadInput) => {
+  if (userId) return `uploads.xml:user:${userId}`;
+  // An address taken from a trusted proxy's header can be any text: a long one is hashed, to fit the column.
+  const address = clientAddress.length <= 64 ? clientAddress : createHash('sha256').update(clientAddress).digest('hex');
+  return `uploads.xml:anonymous:${address}`;
+};
+
+/** Longest message a FAILED record keeps (it is kept for the retention, 7 days by default). */
+export const MAX_STORED_MESSAGE_LENGTH = 500;
+
+/**
+ * What a FAILED record keeps of a refusal: status, code and message, the message cut to
+ * {@link MAX_STORED_MESSAGE_LENGTH} (a parser's message may quote the document). FAILED records
+ * are never replayed; they say why the last attempt failed.
+ */
+const failureOutcome = (error: unknown): RecordedOutcome => {
+  if (!(error instanceof HttpException)) return { statusCode: 500, body: { code: 'INTERNAL_ERROR' } };
+  const response = error.getResponse();
+  const { code, message } = (typeof response === 'object' && response !== null ? response : { message: response }) as {
+    code?: unknown;
+    message?: unknown;
+  };
+  const text = Array.isArray(message) ? message.join('; ') : String(message ?? error.message);
+  return {
+    statusCode: error.getStatus(),
+    body: {
+      statusCode: error.getStatus(),
+      ...(typeof code === 'string' ? { code: clipText(code, 64) } : {}),
+      message: clipText(text, MAX_STORED_MESSAGE_LENGTH),
+    },
+  };
+};
 
 @Injectable()
 export class UploadsService {
@@ -48,7 +87,7 @@ export class UploadsService {
    * processed here.
    */
   async upload(input: UploadInput): Promise<UploadAnswer> {
-    const claim = await this.recorder.claim({ scope: scopeOf(input.userId), requestId: input.requestId, contentHash: input.contentHash });
+    const claim = await this.recorder.claim({ scope: scopeOf(input), requestId: input.requestId, contentHash: input.contentHash });
     switch (claim.status) {
       case 'success':
         return { ...claim.outcome, matchedBy: claim.matchedBy };
@@ -99,12 +138,8 @@ export class UploadsService {
   }
 
   private async recordFailure(held: HeldOutcome, error: unknown): Promise<void> {
-    const outcome: RecordedOutcome =
-      error instanceof HttpException
-        ? { statusCode: error.getStatus(), body: error.getResponse() }
-        : { statusCode: 500, body: { code: 'INTERNAL_ERROR' } };
     try {
-      if (!(await this.recorder.fail(held, outcome))) this.logger.warn('An upload failed after its record was taken over');
+      if (!(await this.recorder.fail(held, failureOutcome(error)))) this.logger.warn('An upload failed after its record was taken over');
     } catch (failure) {
       // The record stays PROCESSING until its lease ends; then a retry takes it over.
       this.logger.error(`Could not record a failed upload: ${(failure as Error).message}`);
