@@ -5,15 +5,16 @@ import { tableIn } from './migration-table.js';
 /**
  * Adds `body_encoding` and `unreplayable` to `idempotency_records` (`SavedResponse.encoding` and
  * `.unreplayable`). Nullable and without a default, so PostgreSQL adds them without rewriting the
- * table; rows written before read back with neither field set.
+ * table; rows written before read back with neither field set. `IF NOT EXISTS`: a database that
+ * ran a pre-release of this migration under another name upgrades cleanly.
  */
 export class IdempotencyResponseFlags1795996800002 implements MigrationInterface {
   readonly name = 'IdempotencyResponseFlags1795996800002';
 
   async up(queryRunner: QueryRunner): Promise<void> {
     await queryRunner.query(`ALTER TABLE ${tableIn(queryRunner, IDEMPOTENCY_RECORDS_TABLE)}
-      ADD COLUMN "body_encoding" character varying(16),
-      ADD COLUMN "unreplayable" character varying(32)`);
+      ADD COLUMN IF NOT EXISTS "body_encoding" character varying(16),
+      ADD COLUMN IF NOT EXISTS "unreplayable" character varying(32)`);
   }
 
   async down(queryRunner: QueryRunner): Promise<void> {
