@@ -20,12 +20,13 @@ export interface ResolvedIdempotencyOptions {
 export const IDEMPOTENCY_RESOLVED_OPTIONS = Symbol('IDEMPOTENCY_RESOLVED_OPTIONS');
 
 /**
- * `request.user.id`, else `request.user.sub` (Nest's JWT recipe). The first argument by index:
- * `switchToHttp()` would add closures on every call.
+ * `request.user.id`, else `request.user.sub` (Nest's JWT recipe); an empty id counts as none.
+ * The first argument by index: `switchToHttp()` would add closures on every call.
  */
 const defaultGetUser = (ctx: ExecutionContext): string | number | undefined => {
   const user = ctx.getArgByIndex<{ user?: { id?: string | number; sub?: string | number } } | undefined>(0)?.user;
-  return user?.id ?? user?.sub;
+  const id = user?.id;
+  return id === undefined || id === null || id === '' ? user?.sub : id;
 };
 
 export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdempotencyOptions {

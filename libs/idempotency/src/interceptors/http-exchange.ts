@@ -70,13 +70,15 @@ export class HttpExchange implements GuardExchange {
   }
 
   run(next: CallHandler, owned: OwnedKey): Observable<unknown> {
-    const capture = new ResponseCapture(this.raw, this.replayHeaders, this.route.maxResponseBytes, (sent) =>
+    const { maxResponseBytes, sendsOwnResponse } = this.route;
+    const capture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, sendsOwnResponse, (sent) =>
       owned.save(toSaved(sent, this.raw.statusCode)),
     );
     return runOwned(
       next.handle(),
       {
         succeeded: async (_value, cut) => {
+          // Cut off first: the client got another answer (the capture let it through).
           if (cut) return owned.save(toSaved(undefined, this.raw.statusCode));
           capture.succeed();
         },

@@ -7,7 +7,7 @@ import {
   type NestInterceptor,
 } from '@nestjs/common';
 import { HttpAdapterHost, Reflector } from '@nestjs/core';
-import type { Observable } from 'rxjs';
+import { Observable, type Subscription } from 'rxjs';
 import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.decorator.js';
 import { keyInvalid, userUnresolved } from '../errors/idempotency-http.exceptions.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
@@ -46,16 +46,41 @@ export class IdempotencyInterceptor implements NestInterceptor {
     @Inject(IDEMPOTENCY_RESOLVED_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
   ) {}
 
-  async intercept(ctx: ExecutionContext, next: CallHandler): Promise<Observable<unknown>> {
+  intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
     const config = this.routeOf(ctx);
     if (!config) return next.handle();
+    // The claim happens once the caller subscribes, and a caller gone before the run starts (an
+    // outer timeout during the claim) gets the key released: the handler never ran.
+    return new Observable<unknown>((subscriber) => {
+      let gone = false;
+      let run: Subscription | undefined;
+      this.guard(ctx, next, config).then(
+        ({ result, release }) => {
+          if (gone) void release?.();
+          else run = result.subscribe(subscriber);
+        },
+        (error: unknown) => subscriber.error(error),
+      );
+      return () => {
+        gone = true;
+        run?.unsubscribe();
+      };
+    });
+  }
+
+  /** Claims the key and says what answers the call; `release` frees a key it holds, unused. */
+  private async guard(
+    ctx: ExecutionContext,
+    next: CallHandler,
+    config: GuardedRoute,
+  ): Promise<{ result: Observable<unknown>; release?: () => Promise<void> }> {
     const exchange = await this.exchangeOf(ctx, config);
-    if (!exchange) return next.handle();
+    if (!exchange) return { result: next.handle() };
 
     // Anonymous callers share one namespace, so only a key they chose may key them.
     const fingerprintKey = config.useFingerprint && !('anonymous' in exchange.owner) ? exchange.fingerprint : undefined;
     const clientKey = exchange.clientKey ?? fingerprintKey;
-    if (clientKey === undefined) return exchange.refuse({ reason: 'key_missing', source: config.keySource });
+    if (clientKey === undefined) return { result: exchange.refuse({ reason: 'key_missing', source: config.keySource }) };
     const key = buildStorageKey({ prefix: this.options.keyPrefix, user: exchange.owner, handler: config.handler, key: clientKey });
     const input: ClaimInput = { key, token: ownerToken(), fingerprint: exchange.fingerprint, leaseMs: config.leaseMs };
 
@@ -74,28 +99,32 @@ export class IdempotencyInterceptor implements NestInterceptor {
       const message = `${config.handler}: idempotency store unavailable, ${(error as Error).message}`;
       if (config.failMode === 'closed') {
         this.logger.warn(`${message}; refusing`);
-        return exchange.refuse({ reason: 'store_unavailable' });
+        return { result: exchange.refuse({ reason: 'store_unavailable' }) };
       }
       this.counters.count('failOpen', config.handler);
       this.logger.warn(`${message}; running unguarded`);
       // A claim that timed out may still land when the store recovers: run as its possible
       // owner, so that the answer completes it or a failure releases it, never a stranded key.
-      return exchange.run(next, this.owned(input, config, true));
+      return this.runAs(exchange, next, this.owned(input, config, true));
     }
     switch (claim.status) {
       case 'in_progress':
         this.counters.count('inProgress', config.handler);
-        return exchange.refuse({ reason: 'in_progress', retryAfterMs: claim.retryAfterMs });
+        return { result: exchange.refuse({ reason: 'in_progress', retryAfterMs: claim.retryAfterMs }) };
       case 'mismatch':
         this.counters.count('mismatched', config.handler);
-        return exchange.refuse({ reason: 'key_reused' });
+        return { result: exchange.refuse({ reason: 'key_reused' }) };
       case 'completed':
         this.counters.count('replayed', config.handler);
-        return exchange.replay(claim.response);
+        return { result: exchange.replay(claim.response) };
       case 'acquired':
         this.counters.count('acquired', config.handler);
-        return exchange.run(next, this.owned(input, config, false));
+        return this.runAs(exchange, next, this.owned(input, config, false));
     }
+  }
+
+  private runAs(exchange: GuardExchange, next: CallHandler, owned: OwnedKey) {
+    return { result: exchange.run(next, owned), release: owned.release };
   }
 
   /** The user segment of the key. Default: the module's `getUser` (`request.user.id`, else `.sub`). */
@@ -156,14 +185,15 @@ export class IdempotencyInterceptor implements NestInterceptor {
    * keyed by address, which many users can share); an anonymous one follows `anonymous`.
    */
   private ownerOf(ctx: ExecutionContext, req: HttpRequest, config: GuardedRoute): KeyOwner {
-    const id = this.getUser(ctx);
-    if (id !== undefined && id !== null && id !== '') return { id: String(id) };
-    if (req.user) {
+    const id: unknown = this.getUser(ctx);
+    const text = idText(id);
+    if (text !== undefined) return { id: text };
+    if (req.user || (id !== undefined && id !== null && id !== '')) {
       if (!this.unresolvedUsers.has(config.handler)) {
         this.unresolvedUsers.add(config.handler);
         this.logger.error(
-          `${config.handler}: request.user has no id or sub, so the guard cannot tell users apart and refuses the call (500). ` +
-            'Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape.',
+          `${config.handler}: the request's user has no usable id (a non-empty string or a number; request.user.id, else .sub), ` +
+            'so the guard cannot tell users apart and refuses the call (500). Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape.',
         );
       }
       throw userUnresolved();
@@ -252,4 +282,15 @@ export class IdempotencyInterceptor implements NestInterceptor {
     }
     return config;
   }
+}
+
+/**
+ * A user id as its key segment: a non-empty string, a finite number or a bigint. Anything else
+ * (an object, a Buffer, an array) has no text that tells every user apart, so it is refused.
+ */
+function idText(id: unknown): string | undefined {
+  if (typeof id === 'string') return id === '' ? undefined : id;
+  if (typeof id === 'number') return Number.isFinite(id) ? String(id) : undefined;
+  if (typeof id === 'bigint') return String(id);
+  return undefined;
 }

@@ -3,118 +3,169 @@ import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 /** The answer as it left for the first client. */
 export interface CapturedResponse {
   statusCode: number;
-  /** The allowlisted headers, lower-case names. */
+  /** The allowlisted headers (and `content-encoding`, which the bytes need), lower-case names. */
   headers: Record<string, string>;
   /** The body bytes; undefined when they were over the bound (not kept). */
   body: Buffer | undefined;
 }
 
-/** What a capture saves: the answer sent, or `undefined` when the client never got one. */
+/** What a capture saves: the answer sent, or `undefined` when the client never got the handler's. */
 export type SaveCaptured = (response: CapturedResponse | undefined) => Promise<void>;
 
-type WriteArgs = [chunk: unknown, encoding?: unknown, callback?: unknown];
+type Args = unknown[];
+const callbackOf = (args: Args) => args.find((arg) => typeof arg === 'function') as ((error?: Error) => void) | undefined;
+const withoutCallback = (args: Args) => args.filter((arg) => typeof arg !== 'function');
 
 /**
  * Sits on the Node.js response of a guarded request (Express's `res`, Fastify's `reply.raw`) and
  * sees the answer exactly as it leaves: after every interceptor, serializer, exception filter
- * and adapter of the app. The body is held back (up to `maxBytes`) until the transport decides:
- * - `succeed()`: the handler succeeded, so the answer is the handler's: it is saved (`save`)
- *   before the client gets its last byte, so an immediate retry is replayed, not refused;
- * - `passThrough()`: the answer is not the handler's (it failed, or the run was cut off): it goes
- *   out unsaved.
- * An answer that ends before the decision waits for it (a handler writing through `@Res()`).
- * When the response closes after `succeed()` with no answer sent (the client went away and the
- * app sent nothing), `save(undefined)` records that the handler's answer was never delivered.
+ * and adapter of the app. The body is held back (up to `maxBytes`; past it, it flows and is not
+ * kept) until the answer is known to be the handler's and saved, so that an immediate retry is
+ * replayed, never refused. While it holds bytes the response reports its head as sent (and,
+ * after `end()`, itself as ended), as it would without the guard: an app that then fails, such
+ * as a stream erroring mid-way, destroys the response instead of writing a second answer.
+ *
+ * Whose answer an `end()` is: the handler's once `succeed()` was called, and on routes where the
+ * handler sends its own (`@Res()`) any `end()` while it runs; otherwise an `end()` while the
+ * handler runs is someone else's (a timeout middleware's): it goes out at once, and the
+ * handler's success is then recorded as never delivered. After `passThrough()` (the handler
+ * failed, or the run was cut off) everything goes out unsaved. A response that closes without
+ * an `end()` after the handler succeeded (the client left, the app destroyed it) is also
+ * recorded as never delivered: held bytes are never saved as a whole answer.
  */
 export class ResponseCapture {
-  private mode: 'pending' | 'save' | 'pass' = 'pending';
-  private held: WriteArgs[] = [];
+  private mode: 'pending' | 'save' | 'pass' | 'foreign' = 'pending';
+  private state: 'open' | 'ending' | 'ended' = 'open';
+  private held: Args[] = [];
   private chunks: Buffer[] = [];
   private bytes = 0;
   private overflowed = false;
   private head: OutgoingHttpHeaders | undefined;
-  private ending: (() => void) | undefined;
-  private ended = false;
+  private reported = '';
+  private readonly names: readonly string[];
   private readonly write: ServerResponse['write'];
   private readonly end: ServerResponse['end'];
   private readonly writeHead: ServerResponse['writeHead'];
 
   constructor(
     private readonly raw: ServerResponse,
-    private readonly headerNames: readonly string[],
+    headerNames: readonly string[],
     private readonly maxBytes: number,
+    private readonly handlerAnswers: boolean,
     private readonly save: SaveCaptured,
   ) {
+    this.names = headerNames.includes('content-encoding') ? headerNames : [...headerNames, 'content-encoding'];
     this.write = raw.write;
     this.end = raw.end;
     this.writeHead = raw.writeHead;
     const capture = this;
-    raw.writeHead = function (this: ServerResponse, ...args: unknown[]) {
+    raw.writeHead = function (this: ServerResponse, ...args: Args) {
       const headers = args.find((arg) => typeof arg === 'object' && arg !== null && !Array.isArray(arg));
       if (headers) capture.head = headers as OutgoingHttpHeaders;
-      return (capture.writeHead as (...a: unknown[]) => ServerResponse).apply(this, args);
+      return (capture.writeHead as (...a: Args) => ServerResponse).apply(this, args);
     } as ServerResponse['writeHead'];
-    raw.write = function (this: ServerResponse, ...args: WriteArgs) {
+    raw.write = function (this: ServerResponse, ...args: Args) {
       return capture.onWrite(args);
     } as ServerResponse['write'];
-    raw.end = function (this: ServerResponse, ...args: WriteArgs) {
+    raw.end = function (this: ServerResponse, ...args: Args) {
       capture.onEnd(args);
       return this;
     } as ServerResponse['end'];
-    raw.once('close', () => {
-      if (this.mode === 'save' && !this.ending) {
-        this.ending = () => undefined;
-        void this.save(undefined);
-      }
-    });
+    raw.once('close', () => this.onClose());
   }
 
+  /** The handler succeeded: the answer (now or to come) is its own, and is saved before it ends. */
   succeed(): void {
-    if (this.mode !== 'pending') return;
-    this.mode = 'save';
-    this.ending?.();
+    if (this.mode === 'foreign') {
+      this.mode = 'pass';
+      void this.save(undefined);
+    }
+    if (this.mode === 'pending') this.mode = 'save';
   }
 
+  /** The answer is not the handler's (it failed, or the run was cut off): it goes out unsaved. */
   passThrough(): void {
-    if (this.mode !== 'pending') return;
+    if (this.mode !== 'pending' && this.mode !== 'foreign') return;
     this.mode = 'pass';
     this.flush();
-    this.ending?.();
   }
 
-  private onWrite(args: WriteArgs): boolean {
-    if (this.ended || this.mode === 'pass' || this.overflowed) return this.write.apply(this.raw, args as never);
+  private onWrite(args: Args): boolean {
+    const callback = callbackOf(args);
+    if (this.state !== 'open') {
+      // After end(): Node would fail the write; dropping it is what the client sees either way.
+      if (callback) process.nextTick(callback);
+      return false;
+    }
+    if (this.mode === 'pass' || this.mode === 'foreign' || this.overflowed) return this.write.apply(this.raw, args as never);
     this.record(args[0], args[1]);
     if (this.overflowed) {
       this.flush();
       return this.write.apply(this.raw, args as never);
     }
-    this.held.push(args);
+    this.held.push(withoutCallback(args));
+    if (callback) process.nextTick(callback);
+    this.report({ headersSent: true });
     return true;
   }
 
-  private onEnd(args: WriteArgs): void {
-    if (this.ended || this.ending) {
-      this.end.apply(this.raw, args as never);
+  private onEnd(args: Args): void {
+    if (this.state !== 'open') {
+      // A second end(): Node ignores it (its callback runs when the response finishes).
+      const callback = callbackOf(args);
+      if (callback) this.raw.once('finish', () => callback());
       return;
     }
+    this.state = 'ending';
     if (typeof args[0] !== 'function') this.record(args[0], args[1]);
-    this.ending = () => {
-      this.ending = () => undefined;
-      const sent = this.mode === 'save' ? this.save(this.captured()) : Promise.resolve();
-      void sent.then(() => {
-        this.ended = true;
+    // While the handler runs, Nest has not sent its answer (it waits for the handler's value):
+    // an end() then is the handler's own on `@Res()` routes, and someone else's otherwise.
+    if (this.mode === 'pending') this.mode = this.handlerAnswers ? 'save' : 'foreign';
+    this.finish(args);
+  }
+
+  private onClose(): void {
+    // Closed with no end(): the client left, or the app destroyed the response (a failed stream).
+    if (this.state === 'open' && this.mode === 'save') {
+      this.state = 'ended';
+      this.held = [];
+      void this.save(undefined);
+    }
+  }
+
+  /** Sends the held answer, after saving it when it is the handler's. */
+  private finish(args: Args): void {
+    this.report({ headersSent: true, writableEnded: true });
+    const saved = this.mode === 'save' ? this.save(this.captured()) : Promise.resolve();
+    void saved.then(() => {
+      this.state = 'ended';
+      this.report({});
+      if (this.raw.destroyed) return;
+      try {
         this.flush();
         this.end.apply(this.raw, args as never);
-      });
-    };
-    if (this.mode !== 'pending') this.ending();
+      } catch (error) {
+        this.raw.destroy(error as Error);
+      }
+    });
   }
 
   private flush(): void {
     const held = this.held;
     this.held = [];
+    this.report({});
     for (const args of held) this.write.apply(this.raw, args as never);
+  }
+
+  /** What the app sees of the response while bytes are held: what it did, not what left. */
+  private report(seen: { headersSent?: true; writableEnded?: true }): void {
+    const key = `${seen.headersSent ?? ''}${seen.writableEnded ?? ''}`;
+    if (key === this.reported) return;
+    this.reported = key;
+    for (const name of ['headersSent', 'writableEnded'] as const) {
+      if (seen[name]) Object.defineProperty(this.raw, name, { configurable: true, get: () => true });
+      else delete (this.raw as unknown as Record<string, unknown>)[name];
+    }
   }
 
   private record(chunk: unknown, encoding: unknown): void {
@@ -134,7 +185,7 @@ export class ResponseCapture {
 
   private captured(): CapturedResponse {
     const headers: Record<string, string> = {};
-    for (const name of this.headerNames) {
+    for (const name of this.names) {
       const value = this.headerOf(name);
       if (value !== undefined) headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
     }

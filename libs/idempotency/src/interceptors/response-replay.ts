@@ -2,8 +2,11 @@ import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { REPLAYED_HEADER } from '../idempotency.constants.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
 
-/** Headers that describe the body the app's pipeline made for a replay, which is not sent. */
-const BODY_HEADERS = ['content-type', 'content-length', 'transfer-encoding', 'etag', 'last-modified'];
+/**
+ * Headers that describe the body the app's pipeline made for a replay, which is not sent; the
+ * saved ones (`content-encoding` among them: the saved bytes may be compressed) take their place.
+ */
+const BODY_HEADERS = ['content-type', 'content-length', 'content-encoding', 'transfer-encoding', 'etag', 'last-modified'];
 /** Statuses whose responses carry no body. */
 const NO_BODY = new Set([204, 205, 304]);
 
