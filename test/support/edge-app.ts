@@ -31,8 +31,8 @@ export async function makeApp(
   };
   const app =
     adapter === 'fastify'
-      ? await NestFactory.create(module, new FastifyAdapter(), { logger: ['error'] as const })
-      : await NestFactory.create(module, new ExpressAdapter(), { logger: ['error'] as const });
+      ? await NestFactory.create(module, new FastifyAdapter(), { logger: ['error'] as const, abortOnError: false })
+      : await NestFactory.create(module, new ExpressAdapter(), { logger: ['error'] as const, abortOnError: false });
   await extra.setup?.(app);
   await app.listen(0, '127.0.0.1');
   const address = app.getHttpServer().address() as { port: number };

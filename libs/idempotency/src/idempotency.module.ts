@@ -1,14 +1,17 @@
 import { Module } from '@nestjs/common';
+import { ModulesContainer } from '@nestjs/core';
+import { placeGuards } from './interceptors/guard-placement.js';
 import { IdempotencyCounters } from './metrics/idempotency-counters.js';
 import { createPrometheusSink } from './metrics/prometheus-metrics.js';
 import { documentDecoratedRoutes } from './openapi/idempotency-openapi.js';
-
-const IDEMPOTENCY_OPENAPI = Symbol('IDEMPOTENCY_OPENAPI');
 import { IDEMPOTENCY_RESOLVED_OPTIONS, resolveOptions, type ResolvedIdempotencyOptions } from './idempotency.config.js';
 import { ConfigurableIdempotencyModule, IDEMPOTENCY_MODULE_OPTIONS } from './idempotency.module-definition.js';
 import type { IdempotencyModuleOptions } from './idempotency.options.js';
 import { createStore } from './stores/create-store.js';
 import { IdempotencyStore } from './stores/idempotency-store.js';
+
+const IDEMPOTENCY_OPENAPI = Symbol('IDEMPOTENCY_OPENAPI');
+const IDEMPOTENCY_PLACEMENT = Symbol('IDEMPOTENCY_PLACEMENT');
 
 /**
  * Registers the store and the interceptor behind `@NoRepeatSubmit()`. Global by default
@@ -32,6 +35,13 @@ import { IdempotencyStore } from './stores/idempotency-store.js';
       inject: [IDEMPOTENCY_MODULE_OPTIONS],
       useFactory: async ({ metrics }: IdempotencyModuleOptions) =>
         new IdempotencyCounters(metrics ? await createPrometheusSink(metrics === true ? {} : metrics) : undefined),
+    },
+    {
+      // Places the guard innermost on each guarded handler; runs while the app is created, so
+      // before its routes are built.
+      provide: IDEMPOTENCY_PLACEMENT,
+      inject: [ModulesContainer],
+      useFactory: placeGuards,
     },
     {
       // Documents decorated routes in OpenAPI when @nestjs/swagger is installed; resolved while

@@ -1,0 +1,64 @@
+import { Logger, type Type } from '@nestjs/common';
+import { MetadataScanner, type ModulesContainer } from '@nestjs/core';
+import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
+import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
+import { IdempotencyInterceptor } from './idempotency.interceptor.js';
+
+/** Metadata keys of `@nestjs/common` and `@nestjs/microservices` (stable across Nest 10-12). */
+const INTERCEPTORS_METADATA = '__interceptors__';
+const PATH_METADATA = 'path';
+const PATTERN_METADATA = 'microservices:pattern';
+const SSE_METADATA = '__sse__';
+
+type Interceptors = unknown[];
+const interceptorsOf = (target: object): Interceptors => Reflect.getMetadata(INTERCEPTORS_METADATA, target) ?? [];
+const withoutGuard = (list: Interceptors) => list.filter((item) => item !== IdempotencyInterceptor);
+
+/**
+ * Puts the guard where it sees the handler itself: last (innermost) among each guarded handler's
+ * interceptors. Nest runs class-level interceptors outside method-level ones, and a method's in
+ * the order their decorators apply (bottom-up), so a `@UseInterceptors(Timeout)` under a
+ * class-level `@NoRepeatSubmit`, or written above the method's, would run inside the guard: its
+ * 408 would look like the handler failing, and free the key while the handler still runs.
+ * Also, once per app, before the routes are built:
+ * - refuses two guarded handlers of different classes with one `Controller.method` name (their
+ *   keys would share records: one route would replay the other's answers);
+ * - leaves `@Sse()` routes of a guarded controller unguarded (a stream of events is no answer to
+ *   replay, and `EventSource` cannot send a key), with a warning.
+ */
+export function placeGuards(modules: ModulesContainer): void {
+  const logger = new Logger('IdempotencyModule');
+  const scanner = new MetadataScanner();
+  const names = new Map<string, Type>();
+  const seen = new Set<Type>();
+  for (const module of modules.values()) {
+    for (const wrapper of module.controllers.values()) {
+      const controller = wrapper.metatype as Type | null;
+      if (!controller || seen.has(controller)) continue;
+      seen.add(controller);
+      const classGuarded = Reflect.hasMetadata(NO_REPEAT_SUBMIT_METADATA, controller);
+      if (classGuarded) Reflect.defineMetadata(INTERCEPTORS_METADATA, withoutGuard(interceptorsOf(controller)), controller);
+      for (const method of scanner.getAllMethodNames(controller.prototype)) {
+        const handler = (controller.prototype as Record<string, object>)[method];
+        const isRoute = Reflect.hasMetadata(PATH_METADATA, handler) || Reflect.hasMetadata(PATTERN_METADATA, handler);
+        if (!isRoute || !(classGuarded || Reflect.hasOwnMetadata(NO_REPEAT_SUBMIT_METADATA, handler))) continue;
+        const others = withoutGuard(interceptorsOf(handler));
+        if (Reflect.getMetadata(SSE_METADATA, handler)) {
+          Reflect.defineMetadata(INTERCEPTORS_METADATA, others, handler);
+          logger.warn(`${controller.name}.${method} is an @Sse() route: @NoRepeatSubmit does not guard it`);
+          continue;
+        }
+        Reflect.defineMetadata(INTERCEPTORS_METADATA, [...others, IdempotencyInterceptor], handler);
+        const name = `${controller.name}.${method}`;
+        const other = names.get(name);
+        if (other && other !== controller) {
+          throw new IdempotencyConfigError(
+            `Two guarded handlers are named ${name} (two controller classes named ${controller.name}): their ` +
+              'idempotency keys would share records, and one route would replay the other\'s answers. Rename one class.',
+          );
+        }
+        names.set(name, controller);
+      }
+    }
+  }
+}
