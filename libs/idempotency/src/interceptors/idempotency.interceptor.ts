@@ -15,13 +15,14 @@ import { IDEMPOTENCY_KEY_HEADER, NO_REPEAT_SUBMIT_METADATA } from '../idempotenc
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
 import { evaluateKeyPath } from '../keys/key-expression.js';
 import { buildStorageKey, type KeyOwner } from '../keys/storage-key.js';
-import { IdempotencyCounters, type IdempotencyMetricsSink } from '../metrics/idempotency-counters.js';
-import { IdempotencyStore, type ClaimInput, type ClaimResult, type SavedResponse } from '../stores/idempotency-store.js';
+import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
+import { IdempotencyStore, type ClaimInput, type ClaimResult } from '../stores/idempotency-store.js';
 import { awaitSettled } from './await-settled.js';
 import type { GuardExchange, OwnedKey } from './guard-exchange.js';
 import { route, type GuardedRoute } from './guarded-route.js';
 import { HttpExchange, type HttpRequest, type HttpResponse } from './http-exchange.js';
 import { ownerToken } from './owner-token.js';
+import { StoreCalls } from './store-calls.js';
 import { RpcExchange } from './rpc-exchange.js';
 
 /** Marks a request the guard already handles (class and method decorators both apply it). */
@@ -37,6 +38,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
   private readonly routes = new WeakMap<object, GuardedRoute | null>();
   private readonly unresolvedUsers = new Set<string>();
+  private readonly calls: StoreCalls;
 
   constructor(
     private readonly reflector: Reflector,
@@ -44,7 +46,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
     private readonly store: IdempotencyStore,
     private readonly counters: IdempotencyCounters,
     @Inject(IDEMPOTENCY_RESOLVED_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
-  ) {}
+  ) {
+    this.calls = new StoreCalls(store, counters, this.logger);
+  }
 
   intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
     const config = this.routeOf(ctx);
@@ -86,7 +90,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
     let claim: ClaimResult;
     try {
-      claim = await this.timed('claim', () => this.store.claim(input));
+      claim = await this.calls.timed('claim', () => this.store.claim(input));
       if (claim.status === 'in_progress' && config.waitForResultMs > 0) {
         this.counters.count('waited', config.handler);
         claim = await awaitSettled(this.store, input, claim, config.waitForResultMs, (error) => {
@@ -105,7 +109,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       this.logger.warn(`${message}; running unguarded`);
       // A claim that timed out may still land when the store recovers: run as its possible
       // owner, so that the answer completes it or a failure releases it, never a stranded key.
-      return this.runAs(exchange, next, this.owned(input, config, true));
+      return this.runAs(exchange, next, this.calls.own(input, config, true));
     }
     switch (claim.status) {
       case 'in_progress':
@@ -119,7 +123,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
         return { result: exchange.replay(claim.response) };
       case 'acquired':
         this.counters.count('acquired', config.handler);
-        return this.runAs(exchange, next, this.owned(input, config, false));
+        return this.runAs(exchange, next, this.calls.own(input, config, false));
     }
   }
 
@@ -199,74 +203,6 @@ export class IdempotencyInterceptor implements NestInterceptor {
       throw userUnresolved();
     }
     return this.options.anonymous === 'address' ? { ip: req.ip ?? 'unknown' } : { anonymous: true };
-  }
-
-  /** The key this run holds (or may hold, after a failed claim: `uncertain`). */
-  private owned({ key, token }: ClaimInput, config: GuardedRoute, uncertain: boolean): OwnedKey {
-    const leaseEndsAt = Date.now() + config.leaseMs;
-    return {
-      leaseMs: config.leaseMs,
-      save: (response) => this.save(key, token, response, config, leaseEndsAt, uncertain),
-      release: () => this.release(key, token, config.handler),
-    };
-  }
-
-  /**
-   * Saves the answer. A save that fails is tried again in the background until the lease ends:
-   * the effect happened, and a key left processing would refuse retries, then run them again.
-   */
-  private async save(key: string, token: string, response: SavedResponse, config: GuardedRoute, leaseEndsAt: number, uncertain: boolean) {
-    try {
-      const saved = await this.timed('complete', () => this.store.complete(key, token, response, config.expireMs));
-      if (!saved && !uncertain) {
-        this.counters.count('lateCompletions', config.handler);
-        this.logger.warn(`${config.handler}: the lease ran out before the handler finished; its response was not saved`);
-      }
-    } catch (error) {
-      this.counters.count('storeErrors', config.handler);
-      this.logger.error(`${config.handler}: could not save the response (${(error as Error).message}); trying again until the lease ends`);
-      void this.saveLater(key, token, response, config, leaseEndsAt);
-    }
-  }
-
-  private async saveLater(key: string, token: string, response: SavedResponse, config: GuardedRoute, leaseEndsAt: number) {
-    for (let delayMs = 100; Date.now() + delayMs < leaseEndsAt; delayMs = Math.min(delayMs * 2, 2000)) {
-      await new Promise((resolve) => setTimeout(resolve, delayMs).unref());
-      try {
-        // false: a late copy of an earlier save (or of the claim's release) landed meanwhile.
-        if (await this.store.complete(key, token, response, config.expireMs)) {
-          this.logger.log(`${config.handler}: saved the response on a later try`);
-        }
-        return;
-      } catch {
-        this.counters.count('storeErrors', config.handler);
-      }
-    }
-    this.logger.error(`${config.handler}: gave up saving the response; the key frees when its lease ends`);
-  }
-
-  private async release(key: string, token: string, handler: string): Promise<void> {
-    try {
-      if (await this.timed('release', () => this.store.release(key, token))) this.counters.count('released', handler);
-    } catch (error) {
-      this.counters.count('storeErrors', handler);
-      this.logger.error(`Could not release an idempotency key (it frees when its lease ends): ${(error as Error).message}`);
-    }
-  }
-
-  /** Runs a store call, timing it when a metrics sink is configured (else the call's own promise). */
-  private timed<T>(operation: 'claim' | 'complete' | 'release', call: () => Promise<T>): Promise<T> {
-    const { sink } = this.counters;
-    return sink ? this.timedBy(sink, operation, call) : call();
-  }
-
-  private async timedBy<T>(sink: IdempotencyMetricsSink, operation: 'claim' | 'complete' | 'release', call: () => Promise<T>): Promise<T> {
-    const started = performance.now();
-    try {
-      return await call();
-    } finally {
-      sink.observeStore(operation, (performance.now() - started) / 1000);
-    }
   }
 
   private routeOf(ctx: ExecutionContext): GuardedRoute | null {

@@ -1,0 +1,97 @@
+import type { Logger } from '@nestjs/common';
+import type { IdempotencyCounters, IdempotencyMetricsSink } from '../metrics/idempotency-counters.js';
+import type { ClaimInput, IdempotencyStore, SavedResponse } from '../stores/idempotency-store.js';
+import type { OwnedKey } from './guard-exchange.js';
+import type { GuardedRoute } from './guarded-route.js';
+
+/**
+ * The guard's calls to its store, timed when a metrics sink is configured, with what each
+ * failure means for the key: counted, logged, and (for a save) tried again until the lease ends.
+ */
+export class StoreCalls {
+  constructor(
+    private readonly store: IdempotencyStore,
+    private readonly counters: IdempotencyCounters,
+    private readonly logger: Logger,
+  ) {}
+
+  /** The key this run holds (or may hold, after a failed claim: `uncertain`). */
+  own({ key, token }: ClaimInput, config: GuardedRoute, uncertain: boolean): OwnedKey {
+    const leaseEndsAt = Date.now() + config.leaseMs;
+    return {
+      leaseMs: config.leaseMs,
+      save: (response) => this.save(key, token, response, config, leaseEndsAt, uncertain),
+      release: () => this.release(key, token, config.handler),
+    };
+  }
+
+  /**
+   * Saves the answer. A save that fails is tried again in the background until the lease ends:
+   * the effect happened, and a key left processing would refuse retries, then run them again.
+   */
+  private async save(key: string, token: string, response: SavedResponse, config: GuardedRoute, leaseEndsAt: number, uncertain: boolean) {
+    try {
+      const saved = await this.timed('complete', () => this.store.complete(key, token, response, config.expireMs));
+      if (!saved && !uncertain) {
+        this.counters.count('lateCompletions', config.handler);
+        this.logger.warn(`${config.handler}: the lease ran out before the handler finished; its response was not saved`);
+      }
+    } catch (error) {
+      this.counters.count('storeErrors', config.handler);
+      const message = `${config.handler}: could not save the response (${(error as Error).message}); trying again until the lease ends`;
+      // After a failed claim (fail-open) the outage was logged already; the save may have no claim to complete.
+      if (uncertain) this.logger.debug(message);
+      else this.logger.error(message);
+      void this.saveLater(key, token, response, config, leaseEndsAt, uncertain);
+    }
+  }
+
+  private async saveLater(
+    key: string,
+    token: string,
+    response: SavedResponse,
+    config: GuardedRoute,
+    leaseEndsAt: number,
+    uncertain: boolean,
+  ) {
+    for (let delayMs = 100; Date.now() + delayMs < leaseEndsAt; delayMs = Math.min(delayMs * 2, 2000)) {
+      await new Promise((resolve) => setTimeout(resolve, delayMs).unref());
+      try {
+        // false: a late copy of an earlier save (or of the claim's release) landed meanwhile.
+        if (await this.store.complete(key, token, response, config.expireMs)) {
+          this.logger.log(`${config.handler}: saved the response on a later try`);
+        }
+        return;
+      } catch {
+        this.counters.count('storeErrors', config.handler);
+      }
+    }
+    const message = `${config.handler}: gave up saving the response; the key frees when its lease ends`;
+    if (uncertain) this.logger.debug(message);
+    else this.logger.error(message);
+  }
+
+  private async release(key: string, token: string, handler: string): Promise<void> {
+    try {
+      if (await this.timed('release', () => this.store.release(key, token))) this.counters.count('released', handler);
+    } catch (error) {
+      this.counters.count('storeErrors', handler);
+      this.logger.error(`Could not release an idempotency key (it frees when its lease ends): ${(error as Error).message}`);
+    }
+  }
+
+  /** Runs a store call, timing it when a metrics sink is configured (else the call's own promise). */
+  timed<T>(operation: 'claim' | 'complete' | 'release', call: () => Promise<T>): Promise<T> {
+    const { sink } = this.counters;
+    return sink ? this.timedBy(sink, operation, call) : call();
+  }
+
+  private async timedBy<T>(sink: IdempotencyMetricsSink, operation: 'claim' | 'complete' | 'release', call: () => Promise<T>): Promise<T> {
+    const started = performance.now();
+    try {
+      return await call();
+    } finally {
+      sink.observeStore(operation, (performance.now() - started) / 1000);
+    }
+  }
+}
