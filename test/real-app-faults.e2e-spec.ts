@@ -146,4 +146,27 @@ describe.each<AdapterName>(['express', 'fastify'])('a real app on a Redis that p
       runs: real.probe.runs('invite'),
     }).toEqual({ first: '201', answeredWithinPause: true, retry: '201 replayed', runs: 1 });
   });
+
+  it('saves the answer once Redis takes connections again when the save failed outright, instead of leaving the key in progress', async () => {
+    real.probe.hold();
+    const pending = start(real.url, '/api/v1/users/invitations', options).answer;
+    await until(() => real.probe.runs('invite') === 1, 3000, 'the handler starting');
+    // The app loses its connection and cannot make a new one (its client has no password), so
+    // the save fails at once: it never reaches Redis, unlike a save that timed out.
+    await admin.call('CONFIG', 'SET', 'requirepass', 'locked');
+    await admin.call('CLIENT', 'KILL', 'TYPE', 'normal', 'SKIPME', 'yes');
+    real.probe.release();
+    const first = await pending;
+    await admin.call('CONFIG', 'SET', 'requirepass', '');
+    // Completed, not left in progress for the lease (a retry before then would be refused, and
+    // after it would run the handler again). Records start with their state: C completed.
+    const record = real.storageKey('alice', 'invite', options.key!);
+    await until(async () => (await admin.get(record))?.startsWith('C') ?? false, 5000, 'the answer saved');
+    const retry = await send(real.url, '/api/v1/users/invitations', options);
+    expect({ first: outcome(first), retry: outcome(retry), runs: real.probe.runs('invite') }).toEqual({
+      first: '201',
+      retry: '201 replayed',
+      runs: 1,
+    });
+  });
 });
