@@ -38,6 +38,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
   private readonly routes = new WeakMap<object, GuardedRoute | null>();
   private readonly unresolvedUsers = new Set<string>();
+  private readonly unguardedTypes = new Set<string>();
   private readonly calls: StoreCalls;
 
   constructor(
@@ -180,6 +181,11 @@ export class IdempotencyInterceptor implements NestInterceptor {
       case 'rpc':
         return RpcExchange.create(ctx, config, () => this.getKey(ctx, config));
       default:
+        // GraphQL, WebSockets: not guarded; said once per handler rather than silently.
+        if (!this.unguardedTypes.has(config.handler)) {
+          this.unguardedTypes.add(config.handler);
+          this.logger.warn(`${config.handler}: @NoRepeatSubmit guards HTTP and RPC calls only; this ${ctx.getType()} call runs unguarded`);
+        }
         return undefined;
     }
   }
