@@ -36,12 +36,18 @@ export function placeGuards(modules: ModulesContainer): void {
       const controller = wrapper.metatype as Type | null;
       if (!controller || seen.has(controller)) continue;
       seen.add(controller);
+      // One guard per handler, innermost: none at class level, whoever put it there.
+      const classInterceptors = interceptorsOf(controller);
+      if (classInterceptors.includes(IdempotencyInterceptor)) {
+        Reflect.defineMetadata(INTERCEPTORS_METADATA, withoutGuard(classInterceptors), controller);
+      }
       const classGuarded = Reflect.hasMetadata(NO_REPEAT_SUBMIT_METADATA, controller);
-      if (classGuarded) Reflect.defineMetadata(INTERCEPTORS_METADATA, withoutGuard(interceptorsOf(controller)), controller);
       for (const method of scanner.getAllMethodNames(controller.prototype)) {
         const handler = (controller.prototype as Record<string, object>)[method];
         const isRoute = Reflect.hasMetadata(PATH_METADATA, handler) || Reflect.hasMetadata(PATTERN_METADATA, handler);
         if (!isRoute || !(classGuarded || Reflect.hasOwnMetadata(NO_REPEAT_SUBMIT_METADATA, handler))) continue;
+        // A handler a base class shares with other controllers gets the guard for all of them;
+        // the guard resolves each (controller, handler) on its own, so an unguarded one passes.
         const others = withoutGuard(interceptorsOf(handler));
         if (Reflect.getMetadata(SSE_METADATA, handler)) {
           Reflect.defineMetadata(INTERCEPTORS_METADATA, others, handler);

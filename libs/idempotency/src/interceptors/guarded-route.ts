@@ -28,9 +28,10 @@ export function route(
   defaults: ResolvedIdempotencyOptions,
 ): GuardedRoute {
   const { options, key } = metadata;
+  const method = methodName(ctx);
   return {
     metadata,
-    handler: `${ctx.getClass().name}.${ctx.getHandler().name}`,
+    handler: `${ctx.getClass().name}.${method}`,
     expireMs: Math.ceil((options.expireSeconds ?? defaults.expireSeconds) * 1000),
     leaseMs: Math.ceil((options.leaseSeconds ?? defaults.leaseSeconds) * 1000),
     waitForResultMs: options.waitForResultMs ?? 0,
@@ -39,8 +40,23 @@ export function route(
     ignoreFields: new Set([...defaults.ignoreFields, ...(options.ignoreFields ?? [])]),
     keySource: 'path' in key ? `${options.idempotentKey as string}` : 'header' in key ? 'the Idempotency-Key header' : 'the request',
     maxResponseBytes: options.maxResponseBytes ?? defaults.maxResponseBytes,
-    sendsOwnResponse: sendsOwnResponse(ctx),
+    sendsOwnResponse: sendsOwnResponse(ctx, method),
   };
+}
+
+/**
+ * The handler's property name on its controller, as Nest's router knows it: the function's own
+ * `name` is another when a method decorator wrapped it (often ''), which would give two handlers
+ * one key segment.
+ */
+function methodName(ctx: ExecutionContext): string {
+  const handler = ctx.getHandler();
+  for (let proto = ctx.getClass().prototype; proto && proto !== Object.prototype; proto = Object.getPrototypeOf(proto)) {
+    for (const name of Object.getOwnPropertyNames(proto)) {
+      if (name !== 'constructor' && Object.getOwnPropertyDescriptor(proto, name)?.value === handler) return name;
+    }
+  }
+  return handler.name;
 }
 
 /** `@nestjs/common`'s ROUTE_ARGS_METADATA and RouteParamtypes.RESPONSE / NEXT (stable since Nest 5). */
@@ -49,9 +65,9 @@ const RESPONSE_ARG = 1;
 const NEXT_ARG = 2;
 
 /** Whether Nest leaves the answer to the handler, as its router decides (`isResponseHandled`). */
-function sendsOwnResponse(ctx: ExecutionContext): boolean {
+function sendsOwnResponse(ctx: ExecutionContext, method: string): boolean {
   const args: Record<string, { data?: { passthrough?: boolean } }> =
-    Reflect.getMetadata(ROUTE_ARGS_METADATA, ctx.getClass(), ctx.getHandler().name) ?? {};
+    Reflect.getMetadata(ROUTE_ARGS_METADATA, ctx.getClass(), method) ?? {};
   return Object.entries(args).some(([slot, arg]) => {
     const type = Number(slot.split(':')[0]);
     return (type === RESPONSE_ARG || type === NEXT_ARG) && !arg.data?.passthrough;

@@ -25,9 +25,6 @@ import { ownerToken } from './owner-token.js';
 import { StoreCalls } from './store-calls.js';
 import { RpcExchange } from './rpc-exchange.js';
 
-/** Marks a request the guard already handles (class and method decorators both apply it). */
-const GUARDED = Symbol('idempotency.guarded');
-
 /**
  * The guard behind `@NoRepeatSubmit()`: claims the key (one store round trip), runs the handler,
  * saves its answer (one more), and answers duplicates from the store. HTTP requests and RPC
@@ -36,7 +33,8 @@ const GUARDED = Symbol('idempotency.guarded');
 @Injectable()
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
-  private readonly routes = new WeakMap<object, GuardedRoute | null>();
+  /** Per controller class, then handler: subclasses of one base share its handler functions. */
+  private readonly routes = new WeakMap<object, WeakMap<object, GuardedRoute | null>>();
   private readonly unresolvedUsers = new Set<string>();
   private readonly unguardedTypes = new Set<string>();
   private readonly calls: StoreCalls;
@@ -170,9 +168,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
       case 'http': {
         // The request and response by index: switchToHttp() adds three new closures to the
         // context on every call.
-        const req = ctx.getArgByIndex<HttpRequest & { [GUARDED]?: true }>(0);
-        if (req[GUARDED]) return undefined;
-        req[GUARDED] = true;
+        // A request subscribed again (an outer retry()) is guarded again: its claim finds the
+        // first run's, so it never runs the handler unguarded.
+        const req = ctx.getArgByIndex<HttpRequest>(0);
         const { httpAdapter } = this.adapterHost;
         const res = ctx.getArgByIndex<HttpResponse>(1);
         const owner = this.ownerOf(ctx, req, config);
@@ -213,17 +211,21 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
   private routeOf(ctx: ExecutionContext): GuardedRoute | null {
     const handler = ctx.getHandler();
-    let config = this.routes.get(handler);
+    const controller = ctx.getClass();
+    let routes = this.routes.get(controller);
+    if (!routes) this.routes.set(controller, (routes = new WeakMap()));
+    let config = routes.get(handler);
     if (config === undefined) {
       const metadata = this.reflector.getAllAndOverride<NoRepeatSubmitMetadata | undefined>(
         NO_REPEAT_SUBMIT_METADATA,
-        [handler, ctx.getClass()],
+        [handler, controller],
       );
       config = metadata ? route(metadata, ctx, this.options) : null;
-      this.routes.set(handler, config);
+      routes.set(handler, config);
     }
     return config;
   }
+
 }
 
 /**
