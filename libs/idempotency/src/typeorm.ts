@@ -15,6 +15,7 @@ export { IDEMPOTENCY_ENTITIES } from './persistence/idempotency.entities.js';
 export { IDEMPOTENCY_MIGRATIONS } from './persistence/migrations/idempotency.migrations.js';
 export { IdempotencyRecords1764460800000 } from './persistence/migrations/idempotency-records.migration.js';
 export { IdempotencyConsumeLog1764460800001 } from './persistence/migrations/idempotency-consume-log.migration.js';
+export { IdempotencyResponseFlags1795996800002 } from './persistence/migrations/idempotency-response-flags.migration.js';
 export {
   PostgresIdempotencyStore,
   type PostgresIdempotencyStoreOptions,

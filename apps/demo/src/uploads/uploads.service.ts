@@ -7,7 +7,7 @@ import {
   type HeldOutcome,
   type MatchedBy,
   type RecordedOutcome,
-} from '../../../../libs/idempotency/src/outcomes/index.js';
+} from '../../../../libs/idempotency/src/typeorm.js';
 import { parseReceipt } from './receipt-xml.js';
 import { toUploadView } from './upload.view.js';
 import { UPLOADS_OPTIONS, type UploadsOptions } from './uploads.options.js';

@@ -2,7 +2,8 @@ import { describe, expect, it } from '@jest/globals';
 import { Controller, Post } from '@nestjs/common';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
-import { NoRepeatSubmit, type NoRepeatSubmitMetadata } from './no-repeat-submit.decorator.js';
+import { NoRepeatSubmit } from './no-repeat-submit.decorator.js';
+import type { NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
 
 describe('@NoRepeatSubmit()', () => {
   it('records the parsed key path on the method', () => {

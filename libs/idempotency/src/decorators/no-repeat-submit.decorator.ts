@@ -1,19 +1,11 @@
 import { SetMetadata, UseInterceptors, applyDecorators } from '@nestjs/common';
 import { assertBytes, assertPositive } from '../idempotency.config.js';
 import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
-import type { KeyResolver, NoRepeatSubmitOptions } from '../idempotency.options.js';
+import type { NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { IdempotencyInterceptor } from '../interceptors/idempotency.interceptor.js';
-import { parseKeyExpression, type KeyPath } from '../keys/key-expression.js';
+import { parseKeyExpression } from '../keys/key-expression.js';
 import { rememberDecoratedPlace } from '../openapi/idempotency-openapi.js';
-
-/** What `@NoRepeatSubmit()` records on a handler or controller, checked when the class loads. */
-export interface NoRepeatSubmitMetadata {
-  options: NoRepeatSubmitOptions;
-  /** Where the key comes from: a parsed expression, a function, or the Idempotency-Key header. */
-  key: { path: KeyPath } | { resolve: KeyResolver } | { header: true };
-  /** `Controller.method` (or the controller's name on a class), for messages. */
-  where: string;
-}
+import type { NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
 
 /**
  * Guards a controller method (or every method of a controller) against duplicate submits:

@@ -1,5 +1,5 @@
 import type { ExecutionContext } from '@nestjs/common';
-import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.decorator.js';
+import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import type { ResolvedIdempotencyOptions } from '../idempotency.config.js';
 import type { FailMode } from '../idempotency.options.js';
 

@@ -8,7 +8,7 @@ import {
 } from '@nestjs/common';
 import { HttpAdapterHost, Reflector } from '@nestjs/core';
 import { Observable, type Subscription } from 'rxjs';
-import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.decorator.js';
+import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { keyInvalid, userUnresolved } from '../errors/idempotency-http.exceptions.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
 import { IDEMPOTENCY_KEY_HEADER, NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';

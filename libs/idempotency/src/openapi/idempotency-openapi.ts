@@ -1,6 +1,6 @@
 import { HttpStatus, RequestMethod } from '@nestjs/common';
 import { HTTP_CODE_METADATA, METHOD_METADATA, PATH_METADATA } from '@nestjs/common/constants.js';
-import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.decorator.js';
+import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import {
   IdempotencyErrorCode,
   inProgress,
