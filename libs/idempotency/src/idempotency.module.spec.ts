@@ -89,6 +89,12 @@ describe('IdempotencyModule', () => {
     expect(store.client.status).toBe('end');
   });
 
+  it.each([undefined, null, ''])('refuses an empty store.redis (%p) at start-up, instead of connecting to localhost', async (redis) => {
+    await expect(
+      Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ store: { redis: redis as string } })] }).compile(),
+    ).rejects.toThrow(/store\.redis is empty/);
+  });
+
   it.each([{ keyPrefix: 'a:b' }, { keyPrefix: '' }, { expireSeconds: 0 }, { leaseSeconds: -5 }])(
     'refuses %p at start-up',
     async (options) => {

@@ -1,3 +1,4 @@
+import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import type { Registry } from 'prom-client';
 import type { IdempotencyMetricsSink, IdempotencyOutcome } from './idempotency-counters.js';
 
@@ -26,7 +27,9 @@ const OUTCOME_LABELS: Record<IdempotencyOutcome, string> = {
  * bounded by the routes) and `<prefix>store_duration_seconds{operation}`.
  */
 export async function createPrometheusSink(options: PrometheusMetricsOptions = {}): Promise<IdempotencyMetricsSink> {
-  const prom = await import('prom-client');
+  const prom = await import('prom-client').catch((error: unknown) => {
+    throw new IdempotencyConfigError('IdempotencyModule: metrics needs the prom-client package: npm install prom-client', { cause: error });
+  });
   const registry = options.registry ?? prom.register;
   const prefix = options.prefix ?? 'idempotency_';
   // Reused when already registered: an app created twice in one process shares its metrics.

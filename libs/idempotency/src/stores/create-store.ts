@@ -34,6 +34,12 @@ export async function createStore(options: IdempotencyModuleOptions): Promise<Id
     return new MemoryIdempotencyStore({ maxEntries: options.memoryMaxEntries ?? DEFAULTS.memoryMaxEntries });
   }
   const { redis, waitForReplicas } = store;
+  if (!redis) {
+    // An unset REDIS_URL would otherwise connect to localhost:6379 without a word.
+    throw new IdempotencyConfigError(
+      `IdempotencyModule: store.redis is empty (${JSON.stringify(redis) ?? 'undefined'}): give a Redis URL, RedisOptions or a client (is REDIS_URL set?)`,
+    );
+  }
   if (isRedisClient(redis)) return new RedisIdempotencyStore(redis, { waitForReplicas });
   const RedisClient = await loadRedisClass();
   const client =
