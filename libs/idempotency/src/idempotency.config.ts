@@ -14,6 +14,7 @@ export interface ResolvedIdempotencyOptions {
   getUser: (ctx: ExecutionContext) => string | number | undefined;
   anonymous: AnonymousPolicy;
   maxResponseBytes: number;
+  required: boolean;
 }
 
 /** Token of the resolved options. */
@@ -42,6 +43,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     getUser: options.getUser ?? defaultGetUser,
     anonymous: options.anonymous ?? DEFAULTS.anonymous,
     maxResponseBytes: options.maxResponseBytes ?? DEFAULTS.maxResponseBytes,
+    required: options.required ?? DEFAULTS.required,
   };
   assertPositive('expireSeconds', resolved.expireSeconds);
   assertPositive('leaseSeconds', resolved.leaseSeconds);

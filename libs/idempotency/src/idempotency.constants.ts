@@ -1,6 +1,9 @@
 /** Metadata key under which `@NoRepeatSubmit()` stores its route options. */
 export const NO_REPEAT_SUBMIT_METADATA = 'idempotency:no-repeat-submit';
 
+/** Metadata key of `@SkipIdempotency()`. */
+export const SKIP_IDEMPOTENCY_METADATA = 'idempotency:skip';
+
 /** Header that marks a response replayed from the store (as Stripe does). */
 export const REPLAYED_HEADER = 'Idempotent-Replayed';
 
@@ -16,6 +19,7 @@ export const DEFAULTS = Object.freeze({
   expireSeconds: 3600,
   leaseSeconds: 30,
   failMode: 'open' as const,
+  required: true,
   anonymous: 'client-key' as const,
   maxResponseBytes: 1_048_576,
   replayHeaders: Object.freeze(['content-type', 'location', 'etag', 'content-location']),

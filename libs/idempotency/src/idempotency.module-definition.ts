@@ -1,4 +1,5 @@
-import { ConfigurableModuleBuilder } from '@nestjs/common';
+import { ConfigurableModuleBuilder, Inject } from '@nestjs/common';
+import { IdempotencyStore } from './stores/idempotency-store.js';
 import type { IdempotencyModuleOptions } from './idempotency.options.js';
 
 export const {
@@ -10,3 +11,14 @@ export const {
   .setClassMethodName('forRoot')
   .setExtras({ isGlobal: true }, (definition, extras) => ({ ...definition, global: extras.isGlobal }))
   .build();
+
+/**
+ * What `IdempotencyModule.forRootAsync({ useClass })` or `{ useExisting }` takes: a provider whose
+ * `create()` returns the module options.
+ */
+export interface IdempotencyOptionsFactory {
+  create(): IdempotencyModuleOptions | Promise<IdempotencyModuleOptions>;
+}
+
+/** Injects the module's store (`constructor(@InjectIdempotencyStore() store: IdempotencyStore)`). */
+export const InjectIdempotencyStore = (): PropertyDecorator & ParameterDecorator => Inject(IdempotencyStore);

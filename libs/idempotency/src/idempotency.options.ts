@@ -55,6 +55,11 @@ export interface IdempotencyModuleOptions {
    * Default 1,048,576 (1 MiB).
    */
   maxResponseBytes?: number;
+  /**
+   * Whether a call without a key is refused (400 `IDEMPOTENCY_KEY_MISSING`, default `true`) or
+   * runs unguarded (`false`: for routes where clients may send a key but need not).
+   */
+  required?: boolean;
   /** Store outage policy for routes that do not set their own. Default 'open'. */
   failMode?: FailMode;
   /**
@@ -93,6 +98,15 @@ export interface NoRepeatSubmitOptions {
   ignoreFields?: string[];
   /** Largest response body saved for replay, in bytes (see the module option). */
   maxResponseBytes?: number;
+  /** Whether a call without a key is refused (400) or runs unguarded (see the module option). */
+  required?: boolean;
+  /** Calls for which this returns true run unguarded (e.g. internal callers, dry runs). */
+  skipIf?: (ctx: ExecutionContext) => boolean;
+  /**
+   * On a controller: the HTTP methods of its routes that it guards. Default POST, PUT, PATCH,
+   * DELETE (reads are not guarded). Message handlers are guarded either way.
+   */
+  methods?: string[];
   /**
    * A duplicate that arrives while the first request is processing waits up to this many
    * milliseconds for its result (pushed by the store, no polling on Redis) and gets the replay

@@ -1,11 +1,18 @@
 export { IdempotencyModule } from './idempotency.module.js';
+export {
+  IDEMPOTENCY_MODULE_OPTIONS,
+  InjectIdempotencyStore,
+  type IdempotencyOptionsFactory,
+} from './idempotency.module-definition.js';
 export type {
+  AnonymousPolicy,
   FailMode,
   IdempotencyModuleOptions,
   KeyResolver,
   NoRepeatSubmitOptions,
 } from './idempotency.options.js';
-export { NoRepeatSubmit } from './decorators/no-repeat-submit.decorator.js';
+export { NoRepeatSubmit, SkipIdempotency } from './decorators/no-repeat-submit.decorator.js';
+export { UNSAFE_METHODS } from './decorators/no-repeat-submit.metadata.js';
 export { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
 export {
   IdempotencyCounters,

@@ -1,6 +1,7 @@
-import { SetMetadata, UseInterceptors, applyDecorators } from '@nestjs/common';
+import { RequestMethod, SetMetadata, UseInterceptors, applyDecorators } from '@nestjs/common';
+import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { assertBytes, assertPositive } from '../idempotency.config.js';
-import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
+import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import type { NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { IdempotencyInterceptor } from '../interceptors/idempotency.interceptor.js';
 import { parseKeyExpression } from '../keys/key-expression.js';
@@ -8,7 +9,14 @@ import { rememberDecoratedPlace } from '../openapi/idempotency-openapi.js';
 import type { NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
 
 /**
- * Guards a controller method (or every method of a controller) against duplicate submits:
+ * Leaves a route (or every route of a controller) unguarded, under a class-level
+ * `@NoRepeatSubmit()` or a method-level one alike.
+ */
+export const SkipIdempotency = (): ClassDecorator & MethodDecorator => SetMetadata(SKIP_IDEMPOTENCY_METADATA, true);
+
+/**
+ * Guards a controller method (or the POST, PUT, PATCH and DELETE routes and the message handlers
+ * of a controller: see `methods`) against duplicate submits:
  * the first request runs and its response is saved; duplicates get that response replayed
  * (`Idempotent-Replayed: true`), 409 while it runs, 422 when the key comes with another payload.
  *
@@ -18,7 +26,8 @@ import type { NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
  * @NoRepeatSubmit({ idempotentKey: '#body.orderNo', expireSeconds: 86400 })
  * create(@Body() dto: CreateOrderDto) { ... }
  * ```
- * A bad key expression or option throws an `IdempotencyConfigError` naming the method at start-up.
+ * A method's options merge over its controller's, which merge over the module's. A bad key
+ * expression or option throws an `IdempotencyConfigError` naming the method at start-up.
  */
 export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecorator & MethodDecorator {
   return (target: object, propertyKey?: string | symbol, descriptor?: PropertyDescriptor) => {
@@ -27,6 +36,8 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     assertPositive('expireSeconds', options.expireSeconds, where);
     assertPositive('leaseSeconds', options.leaseSeconds, where);
     assertBytes(options.maxResponseBytes, where);
+    const unknown = options.methods?.filter((method) => typeof RequestMethod[method as keyof typeof RequestMethod] !== 'number');
+    if (unknown?.length) throw new IdempotencyConfigError(`${where}: methods holds unknown HTTP methods (${unknown.join(', ')})`);
     const { idempotentKey } = options;
     const key: NoRepeatSubmitMetadata['key'] =
       typeof idempotentKey === 'function'

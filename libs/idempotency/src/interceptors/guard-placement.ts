@@ -1,7 +1,7 @@
 import { Logger, type Type } from '@nestjs/common';
 import { MetadataScanner, type ModulesContainer } from '@nestjs/core';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
-import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
+import { guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 
 /** Metadata keys of `@nestjs/common` and `@nestjs/microservices` (stable across Nest 10-12). */
@@ -41,11 +41,10 @@ export function placeGuards(modules: ModulesContainer): void {
       if (classInterceptors.includes(IdempotencyInterceptor)) {
         Reflect.defineMetadata(INTERCEPTORS_METADATA, withoutGuard(classInterceptors), controller);
       }
-      const classGuarded = Reflect.hasMetadata(NO_REPEAT_SUBMIT_METADATA, controller);
       for (const method of scanner.getAllMethodNames(controller.prototype)) {
         const handler = (controller.prototype as Record<string, object>)[method];
         const isRoute = Reflect.hasMetadata(PATH_METADATA, handler) || Reflect.hasMetadata(PATTERN_METADATA, handler);
-        if (!isRoute || !(classGuarded || Reflect.hasOwnMetadata(NO_REPEAT_SUBMIT_METADATA, handler))) continue;
+        if (!isRoute || !guardedRouteMetadata(controller, handler)) continue;
         // A handler a base class shares with other controllers gets the guard for all of them;
         // the guard resolves each (controller, handler) on its own, so an unguarded one passes.
         const others = withoutGuard(interceptorsOf(handler));

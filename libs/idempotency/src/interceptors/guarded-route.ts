@@ -20,6 +20,9 @@ export interface GuardedRoute {
   maxResponseBytes: number;
   /** The handler sends its own answer (`@Res()` / `@Next()` without passthrough): Nest sends none. */
   sendsOwnResponse: boolean;
+  /** A call without a key is refused (else it runs unguarded). */
+  required: boolean;
+  skipIf: ((ctx: ExecutionContext) => boolean) | undefined;
 }
 
 export function route(
@@ -41,6 +44,8 @@ export function route(
     keySource: 'path' in key ? `${options.idempotentKey as string}` : 'header' in key ? 'the Idempotency-Key header' : 'the request',
     maxResponseBytes: options.maxResponseBytes ?? defaults.maxResponseBytes,
     sendsOwnResponse: sendsOwnResponse(ctx, method),
+    required: options.required ?? defaults.required,
+    skipIf: options.skipIf,
   };
 }
 

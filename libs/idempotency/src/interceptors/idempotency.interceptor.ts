@@ -6,12 +6,12 @@ import {
   type ExecutionContext,
   type NestInterceptor,
 } from '@nestjs/common';
-import { HttpAdapterHost, Reflector } from '@nestjs/core';
+import { HttpAdapterHost } from '@nestjs/core';
 import { Observable, type Subscription } from 'rxjs';
-import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
+import { guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { keyInvalid, userUnresolved } from '../errors/idempotency-http.exceptions.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
-import { IDEMPOTENCY_KEY_HEADER, NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
+import { IDEMPOTENCY_KEY_HEADER } from '../idempotency.constants.js';
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
 import { evaluateKeyPath } from '../keys/key-expression.js';
 import { buildStorageKey, type KeyOwner } from '../keys/storage-key.js';
@@ -40,7 +40,6 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private readonly calls: StoreCalls;
 
   constructor(
-    private readonly reflector: Reflector,
     private readonly adapterHost: HttpAdapterHost,
     private readonly store: IdempotencyStore,
     private readonly counters: IdempotencyCounters,
@@ -51,7 +50,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
   intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
     const config = this.routeOf(ctx);
-    if (!config) return next.handle();
+    if (!config || config.skipIf?.(ctx)) return next.handle();
     // The claim happens once the caller subscribes, and a caller gone before the run starts (an
     // outer timeout during the claim) gets the key released: the handler never ran.
     return new Observable<unknown>((subscriber) => {
@@ -83,7 +82,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
     // Anonymous callers share one namespace, so only a key they chose may key them.
     const fingerprintKey = config.useFingerprint && !('anonymous' in exchange.owner) ? exchange.fingerprint : undefined;
     const clientKey = exchange.clientKey ?? fingerprintKey;
-    if (clientKey === undefined) return { result: exchange.refuse({ reason: 'key_missing', source: config.keySource }) };
+    if (clientKey === undefined) {
+      return { result: config.required ? exchange.refuse({ reason: 'key_missing', source: config.keySource }) : next.handle() };
+    }
     const key = buildStorageKey({ prefix: this.options.keyPrefix, user: exchange.owner, handler: config.handler, key: clientKey });
     const input: ClaimInput = { key, token: ownerToken(), fingerprint: exchange.fingerprint, leaseMs: config.leaseMs };
 
@@ -216,10 +217,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     if (!routes) this.routes.set(controller, (routes = new WeakMap()));
     let config = routes.get(handler);
     if (config === undefined) {
-      const metadata = this.reflector.getAllAndOverride<NoRepeatSubmitMetadata | undefined>(
-        NO_REPEAT_SUBMIT_METADATA,
-        [handler, controller],
-      );
+      const metadata = guardedRouteMetadata(controller, handler);
       config = metadata ? route(metadata, ctx, this.options) : null;
       routes.set(handler, config);
     }

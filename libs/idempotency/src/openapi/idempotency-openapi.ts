@@ -1,6 +1,6 @@
 import { HttpStatus, RequestMethod } from '@nestjs/common';
 import { HTTP_CODE_METADATA, METHOD_METADATA, PATH_METADATA } from '@nestjs/common/constants.js';
-import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
+import { guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import {
   IdempotencyErrorCode,
   inProgress,
@@ -189,17 +189,18 @@ export async function documentDecoratedRoutes(defaults?: { failMode?: FailMode }
   for (const place of places) {
     if (documented.has(place)) continue;
     documented.add(place);
-    if (place.propertyKey !== undefined) {
-      documentRoute(documenting, place.target, place.propertyKey, place.metadata);
-      continue;
-    }
-    // A guarded controller: each of its routes gets its own success response; one with its own
-    // @NoRepeatSubmit() is documented by that (its options win, as in the interceptor).
-    const prototype = (place.target as { prototype: object }).prototype;
-    for (const key of Reflect.ownKeys(prototype)) {
+    // As the guard resolves them: a method's options merged over its controller's; a guarded
+    // controller's writes (its `methods`) each with its own success response; no skipped route.
+    const onClass = place.propertyKey === undefined;
+    const controller = (onClass ? place.target : place.target.constructor) as { prototype: object };
+    const prototype = controller.prototype;
+    for (const key of onClass ? Reflect.ownKeys(prototype) : [place.propertyKey!]) {
       const handler = Object.getOwnPropertyDescriptor(prototype, key)?.value;
-      if (key === 'constructor' || typeof handler !== 'function' || Reflect.hasOwnMetadata(NO_REPEAT_SUBMIT_METADATA, handler)) continue;
-      documentRoute(documenting, prototype, key, place.metadata);
+      if (key === 'constructor' || typeof handler !== 'function') continue;
+      // A method with its own @NoRepeatSubmit() is documented from its own place.
+      if (onClass && Reflect.hasOwnMetadata(NO_REPEAT_SUBMIT_METADATA, handler)) continue;
+      const metadata = guardedRouteMetadata(controller, handler);
+      if (metadata) documentRoute(documenting, prototype, key, metadata);
     }
   }
   return true;
