@@ -158,3 +158,52 @@ describe.each(['express', 'fastify'] as const)('Nest conventions (%s)', (adapter
     expect(stored?.state).toBe('completed');
   });
 });
+
+@Controller('orders')
+class OrdersController {
+  @Post()
+  @NoRepeatSubmit()
+  create() {
+    return run('order');
+  }
+
+  @Post('legacy')
+  @NoRepeatSubmit({ keyHeader: 'X-Request-Id' })
+  legacy() {
+    return run('legacy');
+  }
+}
+
+describe.each(['express', 'fastify'] as const)('a renamed key header (%s)', (adapter) => {
+  let app: INestApplication;
+  const http = () => request(app.getHttpServer());
+
+  beforeAll(async () => {
+    @Module({
+      imports: [IdempotencyModule.forRoot({ keyPrefix: 'header', keyHeader: 'X-Idempotency-Token', getUser: () => 'u1' })],
+      controllers: [OrdersController],
+    })
+    class AppModule {}
+    app = await NestFactory.create(AppModule, adapter === 'fastify' ? new FastifyAdapter() : new ExpressAdapter(), { logger: ['error'] });
+    await app.init();
+    if (adapter === 'fastify') await (app.getHttpAdapter().getInstance() as { ready(): Promise<void> }).ready();
+  });
+  afterAll(async () => app.close());
+  beforeEach(() => {
+    for (const name of Object.keys(runs)) delete runs[name];
+  });
+
+  it('reads the key from the header the module or the route names, and names it when it is missing', async () => {
+    const missing = await http().post('/orders').set('Idempotency-Key', randomUUID());
+    expect([missing.status, missing.body.code]).toEqual([400, 'IDEMPOTENCY_KEY_MISSING']);
+    expect(missing.body.message).toContain('X-Idempotency-Token');
+    const token = randomUUID();
+    await http().post('/orders').set('X-Idempotency-Token', token);
+    expect((await http().post('/orders').set('x-idempotency-token', token)).headers['idempotent-replayed']).toBe('true');
+    const key = randomUUID();
+    await http().post('/orders/legacy').set('X-Request-Id', key);
+    const again = await http().post('/orders/legacy').set('x-request-id', key);
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect([runs.order, runs.legacy]).toEqual([1, 1]);
+  });
+});

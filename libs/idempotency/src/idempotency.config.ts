@@ -15,6 +15,8 @@ export interface ResolvedIdempotencyOptions {
   anonymous: AnonymousPolicy;
   maxResponseBytes: number;
   required: boolean;
+  /** As the user spelled it (messages, docs); compared case-insensitively. */
+  keyHeader: string;
 }
 
 /** Token of the resolved options. */
@@ -44,6 +46,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     anonymous: options.anonymous ?? DEFAULTS.anonymous,
     maxResponseBytes: options.maxResponseBytes ?? DEFAULTS.maxResponseBytes,
     required: options.required ?? DEFAULTS.required,
+    keyHeader: options.keyHeader ?? 'Idempotency-Key',
   };
   assertPositive('expireSeconds', resolved.expireSeconds);
   assertPositive('leaseSeconds', resolved.leaseSeconds);

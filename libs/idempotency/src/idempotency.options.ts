@@ -27,6 +27,8 @@ export interface IdempotencyModuleOptions {
   store?:
     | IdempotencyStore
     | { redis: Redis | Cluster | string | RedisOptions; waitForReplicas?: { replicas: number; timeoutMs: number } };
+  /** The request header that carries the key on routes without `idempotentKey`. Default `Idempotency-Key`. */
+  keyHeader?: string;
   /** First segment of every key. Default `no_repeat`. */
   keyPrefix?: string;
   /** How long a completed response is replayed, in seconds. Default 3600. */
@@ -98,6 +100,8 @@ export interface NoRepeatSubmitOptions {
   ignoreFields?: string[];
   /** Largest response body saved for replay, in bytes (see the module option). */
   maxResponseBytes?: number;
+  /** The request header that carries the key (see the module option). */
+  keyHeader?: string;
   /** Whether a call without a key is refused (400) or runs unguarded (see the module option). */
   required?: boolean;
   /** Calls for which this returns true run unguarded (e.g. internal callers, dry runs). */

@@ -20,6 +20,8 @@ export interface GuardedRoute {
   maxResponseBytes: number;
   /** The handler sends its own answer (`@Res()` / `@Next()` without passthrough): Nest sends none. */
   sendsOwnResponse: boolean;
+  /** The request header that carries the key (lower case), for routes keyed by a header. */
+  keyHeader: string;
   /** A call without a key is refused (else it runs unguarded). */
   required: boolean;
   skipIf: ((ctx: ExecutionContext) => boolean) | undefined;
@@ -32,6 +34,7 @@ export function route(
 ): GuardedRoute {
   const { options, key } = metadata;
   const method = methodName(ctx);
+  const keyHeader = (options.keyHeader ?? defaults.keyHeader).toLowerCase();
   return {
     metadata,
     handler: `${ctx.getClass().name}.${method}`,
@@ -41,7 +44,8 @@ export function route(
     failMode: options.failMode ?? defaults.failMode,
     useFingerprint: options.useRequestFingerprint ?? false,
     ignoreFields: new Set([...defaults.ignoreFields, ...(options.ignoreFields ?? [])]),
-    keySource: 'path' in key ? `${options.idempotentKey as string}` : 'header' in key ? 'the Idempotency-Key header' : 'the request',
+    keySource: 'path' in key ? `${options.idempotentKey as string}` : 'header' in key ? `the ${options.keyHeader ?? defaults.keyHeader} header` : 'the request',
+    keyHeader,
     maxResponseBytes: options.maxResponseBytes ?? defaults.maxResponseBytes,
     sendsOwnResponse: sendsOwnResponse(ctx, method),
     required: options.required ?? defaults.required,

@@ -11,7 +11,6 @@ import { Observable, type Subscription } from 'rxjs';
 import { guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { keyInvalid, userUnresolved } from '../errors/idempotency-http.exceptions.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
-import { IDEMPOTENCY_KEY_HEADER } from '../idempotency.constants.js';
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
 import { evaluateKeyPath } from '../keys/key-expression.js';
 import { buildStorageKey, type KeyOwner } from '../keys/storage-key.js';
@@ -137,7 +136,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
   }
 
   /**
-   * The client's key: the route's expression or function, else the `Idempotency-Key` header.
+   * The client's key: the route's expression or function, else the key header (`keyHeader`,
+   * default `Idempotency-Key`).
    * Returns undefined when the call has none; throws 400 `IDEMPOTENCY_KEY_INVALID` for a bad one.
    */
   protected getKey(ctx: ExecutionContext, config: GuardedRoute): string | undefined {
@@ -145,7 +145,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const req = ctx.getType() === 'http' ? ctx.getArgByIndex<HttpRequest>(0) : undefined;
     let key: string | undefined;
     if ('header' in source) {
-      const parsed = parseKeyHeader(req?.headers[IDEMPOTENCY_KEY_HEADER]);
+      const parsed = parseKeyHeader(req?.headers[config.keyHeader]);
       if (parsed && 'invalid' in parsed) throw keyInvalid(parsed.invalid);
       key = parsed?.key;
     } else if ('resolve' in source) {

@@ -13,7 +13,7 @@ import {
   userUnresolved,
   type IdempotencyHttpException,
 } from '../errors/idempotency-http.exceptions.js';
-import { IDEMPOTENCY_KEY_HEADER, MAX_KEY_LENGTH, NO_REPEAT_SUBMIT_METADATA, REPLAYED_HEADER } from '../idempotency.constants.js';
+import { MAX_KEY_LENGTH, NO_REPEAT_SUBMIT_METADATA, REPLAYED_HEADER } from '../idempotency.constants.js';
 import type { FailMode } from '../idempotency.options.js';
 
 /** A place `@NoRepeatSubmit()` decorated: a method (with its descriptor) or a controller class. */
@@ -134,7 +134,7 @@ function defaultSuccess(prototype: object, key: string | symbol, handler: object
 interface Documenting {
   swagger: typeof import('@nestjs/swagger');
   answersByStatus: Map<number, GuardAnswer[]>;
-  defaults?: { failMode?: FailMode };
+  defaults?: { failMode?: FailMode; keyHeader?: string };
 }
 
 function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prototype: object, key: string | symbol, metadata: NoRepeatSubmitMetadata): void {
@@ -147,7 +147,8 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   const onClass: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, prototype.constructor) ?? {};
 
   const { options, key: keyFrom } = metadata;
-  const keySource = 'path' in keyFrom ? keyFrom.path.expression : 'header' in keyFrom ? 'the Idempotency-Key header' : 'the request';
+  const keyHeader = options.keyHeader ?? defaults?.keyHeader ?? 'Idempotency-Key';
+  const keySource = 'path' in keyFrom ? keyFrom.path.expression : 'header' in keyFrom ? `the ${keyHeader} header` : 'the request';
   const failsOpen = (options.failMode ?? defaults?.failMode) === 'open';
   const responses = { ...own };
   for (const [status, answers] of answersByStatus) {
@@ -158,11 +159,11 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   }
   Reflect.defineMetadata(API_RESPONSE, responses, handler);
 
-  const isKeyHeader = (p: { in?: string; name?: string }) => p.in === 'header' && p.name?.toLowerCase() === IDEMPOTENCY_KEY_HEADER;
+  const isKeyHeader = (p: { in?: string; name?: string }) => p.in === 'header' && p.name?.toLowerCase() === keyHeader.toLowerCase();
   const documentedByUser = [...(Reflect.getMetadata(API_PARAMETERS, handler) ?? []), ...(Reflect.getMetadata(API_HEADERS, prototype.constructor) ?? [])].some(isKeyHeader);
   if ('header' in keyFrom && !documentedByUser) {
     swagger.ApiHeader({
-      name: 'Idempotency-Key',
+      name: keyHeader,
       required: !options.useRequestFingerprint,
       description: `One unique value per operation, reused on retries (1-${MAX_KEY_LENGTH} printable characters; "key" or key). A repeat gets the first answer again with ${REPLAYED_HEADER}: true.`,
       schema: { type: 'string', minLength: 1, maxLength: MAX_KEY_LENGTH },
@@ -178,7 +179,7 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
  * `SwaggerModule.createDocument()` reads the metadata. `defaults.failMode` (the module's) tells
  * whether a route without its own `failMode` can answer 503; unknown, 503 is documented.
  */
-export async function documentDecoratedRoutes(defaults?: { failMode?: FailMode }): Promise<boolean> {
+export async function documentDecoratedRoutes(defaults?: { failMode?: FailMode; keyHeader?: string }): Promise<boolean> {
   let swagger: Documenting['swagger'];
   try {
     swagger = await import('@nestjs/swagger');
