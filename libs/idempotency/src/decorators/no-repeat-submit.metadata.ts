@@ -10,6 +10,11 @@ export interface NoRepeatSubmitMetadata {
   key: { path: KeyPath } | { resolve: KeyResolver } | { header: true };
   /** `Controller.method` (or the controller's name on a class), for messages. */
   where: string;
+  /**
+   * Set when a class-level decorator alone guards the route: the request methods it guards
+   * (its `methods`), checked per request, as an `@All()` route takes every method.
+   */
+  requestMethods?: readonly string[];
 }
 
 /** HTTP methods a class-level `@NoRepeatSubmit()` guards unless its `methods` names others. */
@@ -19,31 +24,49 @@ export const UNSAFE_METHODS: readonly string[] = Object.freeze(['POST', 'PUT', '
 const METHOD_METADATA = 'method';
 
 /**
- * The guard's settings for one handler of one controller, or undefined when it is not guarded:
- * - `@SkipIdempotency()` on the handler (or the controller) leaves it unguarded;
- * - a method-level `@NoRepeatSubmit()` guards it, its options merged over the controller's;
- * - a class-level one alone guards its message handlers and its HTTP routes whose method is in
- *   its `methods` (default POST, PUT, PATCH, DELETE: reads are not guarded).
+ * The guard's settings for one handler of one controller, or undefined when it is not guarded.
+ * The nearest decorator decides: the method's own (`@SkipIdempotency()` leaves it unguarded; a
+ * `@NoRepeatSubmit()` guards it, its options merged over its controller's), else the nearest
+ * class-level one up the controller's class chain (a subclass's over its base's). A class-level
+ * `@NoRepeatSubmit()` guards its message handlers and the HTTP routes of its `methods` (default
+ * POST, PUT, PATCH, DELETE: reads are not guarded; an `@All()` route only for those methods).
  * Per (controller, handler): subclasses of one base controller share its handler functions.
  */
 export function guardedRouteMetadata(controller: object, handler: object): NoRepeatSubmitMetadata | undefined {
-  if (Reflect.getMetadata(SKIP_IDEMPOTENCY_METADATA, handler) || Reflect.getMetadata(SKIP_IDEMPOTENCY_METADATA, controller)) {
-    return undefined;
-  }
+  if (Reflect.getMetadata(SKIP_IDEMPOTENCY_METADATA, handler)) return undefined;
   const own = Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, handler) as NoRepeatSubmitMetadata | undefined;
-  const onClass = Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, controller) as NoRepeatSubmitMetadata | undefined;
+  const onClass = nearestClassLevel(controller);
   if (own) return onClass ? merged(onClass, own) : own;
   if (!onClass) return undefined;
   const method = Reflect.getMetadata(METHOD_METADATA, handler) as RequestMethod | undefined;
   if (method === undefined) return onClass;
-  return (onClass.options.methods ?? UNSAFE_METHODS).includes(RequestMethod[method]) ? onClass : undefined;
+  const methods = onClass.options.methods ?? UNSAFE_METHODS;
+  const name = RequestMethod[method];
+  if (name !== 'ALL' && !methods.includes(name) && !methods.includes('ALL')) return undefined;
+  return { ...onClass, requestMethods: methods };
 }
 
-/** The method's options over the controller's (unset ones fall through), its key if it names one. */
+/** The class-level decorator nearest the controller: its own, else its base's; a skip is none. */
+function nearestClassLevel(controller: object): NoRepeatSubmitMetadata | undefined {
+  for (let type: object | null = controller; type && type !== Function.prototype; type = Object.getPrototypeOf(type)) {
+    if (Reflect.getOwnMetadata(SKIP_IDEMPOTENCY_METADATA, type)) return undefined;
+    const metadata = Reflect.getOwnMetadata(NO_REPEAT_SUBMIT_METADATA, type) as NoRepeatSubmitMetadata | undefined;
+    if (metadata) return metadata;
+  }
+  return undefined;
+}
+
+/**
+ * The method's options over the controller's (unset ones fall through; `ignoreFields` add up, as
+ * the module's and a route's do), its key if it names one.
+ */
 function merged(onClass: NoRepeatSubmitMetadata, own: NoRepeatSubmitMetadata): NoRepeatSubmitMetadata {
   const options: NoRepeatSubmitOptions = { ...onClass.options };
   for (const [name, value] of Object.entries(own.options)) {
     if (value !== undefined) (options as Record<string, unknown>)[name] = value;
+  }
+  if (onClass.options.ignoreFields && own.options.ignoreFields) {
+    options.ignoreFields = [...new Set([...onClass.options.ignoreFields, ...own.options.ignoreFields])];
   }
   return { options, key: own.options.idempotentKey === undefined ? onClass.key : own.key, where: own.where };
 }

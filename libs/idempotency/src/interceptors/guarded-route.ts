@@ -22,6 +22,8 @@ export interface GuardedRoute {
   sendsOwnResponse: boolean;
   /** The request header that carries the key (lower case), for routes keyed by a header. */
   keyHeader: string;
+  /** The request methods guarded, for a route a class-level decorator alone guards (else all but HEAD). */
+  requestMethods: ReadonlySet<string> | undefined;
   /** A call without a key is refused (else it runs unguarded). */
   required: boolean;
   skipIf: ((ctx: ExecutionContext) => boolean) | undefined;
@@ -50,6 +52,7 @@ export function route(
     sendsOwnResponse: sendsOwnResponse(ctx, method),
     required: options.required ?? defaults.required,
     skipIf: options.skipIf,
+    requestMethods: metadata.requestMethods && !metadata.requestMethods.includes('ALL') ? new Set(metadata.requestMethods) : undefined,
   };
 }
 

@@ -49,7 +49,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
   intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
     const config = this.routeOf(ctx);
-    if (!config || config.skipIf?.(ctx)) return next.handle();
+    if (!config || config.skipIf?.(ctx) || this.unguardedMethod(ctx, config)) return next.handle();
     // The claim happens once the caller subscribes, and a caller gone before the run starts (an
     // outer timeout during the claim) gets the key released: the handler never ran.
     return new Observable<unknown>((subscriber) => {
@@ -128,6 +128,16 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
   private runAs(exchange: GuardExchange, next: CallHandler, owned: OwnedKey) {
     return { result: exchange.run(next, owned), release: owned.release };
+  }
+
+  /**
+   * A HEAD request (a read the router sends to a GET route) never takes a key; an `@All()` route a
+   * class-level decorator guards is guarded only for the request methods it names.
+   */
+  private unguardedMethod(ctx: ExecutionContext, config: GuardedRoute): boolean {
+    if (ctx.getType() !== 'http') return false;
+    const method = ctx.getArgByIndex<HttpRequest>(0).method;
+    return method === 'HEAD' || (config.requestMethods !== undefined && !config.requestMethods.has(method));
   }
 
   /** The user segment of the key. Default: the module's `getUser` (`request.user.id`, else `.sub`). */

@@ -134,7 +134,7 @@ function defaultSuccess(prototype: object, key: string | symbol, handler: object
 interface Documenting {
   swagger: typeof import('@nestjs/swagger');
   answersByStatus: Map<number, GuardAnswer[]>;
-  defaults?: { failMode?: FailMode; keyHeader?: string };
+  defaults?: { failMode?: FailMode; keyHeader?: string; required?: boolean };
 }
 
 function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prototype: object, key: string | symbol, metadata: NoRepeatSubmitMetadata): void {
@@ -164,11 +164,25 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   if ('header' in keyFrom && !documentedByUser) {
     swagger.ApiHeader({
       name: keyHeader,
-      required: !options.useRequestFingerprint,
+      required: (options.required ?? defaults?.required ?? true) && !options.useRequestFingerprint,
       description: `One unique value per operation, reused on retries (1-${MAX_KEY_LENGTH} printable characters; "key" or key). A repeat gets the first answer again with ${REPLAYED_HEADER}: true.`,
       schema: { type: 'string', minLength: 1, maxLength: MAX_KEY_LENGTH },
     })(prototype, key, descriptor!);
   }
+}
+
+/** The methods of a controller and of its bases (a subclass's own first), each with the prototype that holds it. */
+function routeMethods(prototype: object): [string | symbol, object][] {
+  const seen = new Set<string | symbol>();
+  const methods: [string | symbol, object][] = [];
+  for (let proto: object | null = prototype; proto && proto !== Object.prototype; proto = Object.getPrototypeOf(proto)) {
+    for (const key of Reflect.ownKeys(proto)) {
+      if (key === 'constructor' || seen.has(key)) continue;
+      seen.add(key);
+      methods.push([key, proto]);
+    }
+  }
+  return methods;
 }
 
 /**
@@ -179,7 +193,7 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
  * `SwaggerModule.createDocument()` reads the metadata. `defaults.failMode` (the module's) tells
  * whether a route without its own `failMode` can answer 503; unknown, 503 is documented.
  */
-export async function documentDecoratedRoutes(defaults?: { failMode?: FailMode; keyHeader?: string }): Promise<boolean> {
+export async function documentDecoratedRoutes(defaults?: { failMode?: FailMode; keyHeader?: string; required?: boolean }): Promise<boolean> {
   let swagger: Documenting['swagger'];
   try {
     swagger = await import('@nestjs/swagger');
@@ -194,14 +208,14 @@ export async function documentDecoratedRoutes(defaults?: { failMode?: FailMode; 
     // controller's writes (its `methods`) each with its own success response; no skipped route.
     const onClass = place.propertyKey === undefined;
     const controller = (onClass ? place.target : place.target.constructor) as { prototype: object };
-    const prototype = controller.prototype;
-    for (const key of onClass ? Reflect.ownKeys(prototype) : [place.propertyKey!]) {
-      const handler = Object.getOwnPropertyDescriptor(prototype, key)?.value;
-      if (key === 'constructor' || typeof handler !== 'function') continue;
+    for (const [key, owner] of onClass ? routeMethods(controller.prototype) : [[place.propertyKey!, place.target] as const]) {
+      const handler = Object.getOwnPropertyDescriptor(owner, key)?.value;
+      if (typeof handler !== 'function') continue;
       // A method with its own @NoRepeatSubmit() is documented from its own place.
       if (onClass && Reflect.hasOwnMetadata(NO_REPEAT_SUBMIT_METADATA, handler)) continue;
       const metadata = guardedRouteMetadata(controller, handler);
-      if (metadata) documentRoute(documenting, prototype, key, metadata);
+      // Swagger keeps its metadata on the handler function, which subclasses share with their base.
+      if (metadata) documentRoute(documenting, owner, key, metadata);
     }
   }
   return true;
