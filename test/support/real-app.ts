@@ -32,7 +32,6 @@ import { TypeOrmModule } from '@nestjs/typeorm';
 import { Exclude } from 'class-transformer';
 import { randomUUID } from 'node:crypto';
 import { STATUS_CODES, request as httpRequest, type ClientRequest, type IncomingHttpHeaders } from 'node:http';
-import pg from 'pg';
 import { Observable, TimeoutError, catchError, map, of, throwError, timeout } from 'rxjs';
 import { DataSource } from 'typeorm';
 import {
@@ -45,7 +44,7 @@ import {
 } from '../../libs/idempotency/src/index.js';
 import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS, PostgresIdempotencyStore } from '../../libs/idempotency/src/typeorm.js';
 import { DATABASE_URL, REDIS_URL } from './services.js';
-import { testSchemaName } from './test-schema.js';
+import { createTestSchema, dropTestSchema, testSchemaName } from './test-schema.js';
 
 /** The entity users return from a controller; the global ClassSerializerInterceptor drops `passwordHash`. */
 export class User {
@@ -260,26 +259,6 @@ export interface RealApp {
   close(): Promise<void>;
 }
 
-async function createSchema(schema: string): Promise<void> {
-  const admin = new pg.Client({ connectionString: DATABASE_URL });
-  await admin.connect();
-  try {
-    await admin.query(`CREATE SCHEMA "${schema}"`);
-  } finally {
-    await admin.end();
-  }
-}
-
-async function dropSchema(schema: string): Promise<void> {
-  const admin = new pg.Client({ connectionString: DATABASE_URL });
-  await admin.connect();
-  try {
-    await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-  } finally {
-    await admin.end();
-  }
-}
-
 /** The idempotency module as each store is configured in an app (PostgreSQL: TypeORM, its own schema, migrations). */
 function idempotencyImports(options: RealAppOptions, keyPrefix: string, schema: string) {
   const extra = options.idempotency ?? {};
@@ -311,7 +290,7 @@ function idempotencyImports(options: RealAppOptions, keyPrefix: string, schema: 
 export async function createRealApp(options: RealAppOptions): Promise<RealApp> {
   const keyPrefix = `real-app-${randomUUID()}`;
   const schema = testSchemaName();
-  if (options.store === 'postgres') await createSchema(schema);
+  if (options.store === 'postgres') await createTestSchema(schema);
 
   @Module({
     imports: idempotencyImports(options, keyPrefix, schema),
@@ -341,7 +320,7 @@ export async function createRealApp(options: RealAppOptions): Promise<RealApp> {
     app.useGlobalInterceptors(new ClassSerializerInterceptor(app.get(Reflector)), new TimeoutInterceptor(options.timeoutMs ?? 10_000));
     await app.listen(0, '127.0.0.1');
   } catch (error) {
-    if (options.store === 'postgres') await dropSchema(schema);
+    if (options.store === 'postgres') await dropTestSchema(schema);
     throw error;
   }
   const { port } = app.getHttpServer().address() as { port: number };
@@ -355,7 +334,7 @@ export async function createRealApp(options: RealAppOptions): Promise<RealApp> {
       buildStorageKey({ prefix, user: { id: sub }, handler: `UsersController.${method}`, key }),
     async close() {
       await app.close();
-      if (options.store === 'postgres') await dropSchema(schema);
+      if (options.store === 'postgres') await dropTestSchema(schema);
     },
   };
 }

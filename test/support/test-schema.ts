@@ -7,6 +7,20 @@ import { DATABASE_URL } from './services.js';
 /** A fresh schema name, so that each spec has its tables to itself in the shared database. */
 export const testSchemaName = (): string => `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
 
+/** Runs one statement on its own connection (schemas are made and dropped outside any DataSource). */
+async function adminQuery(sql: string): Promise<void> {
+  const admin = new pg.Client({ connectionString: DATABASE_URL });
+  await admin.connect();
+  try {
+    await admin.query(sql);
+  } finally {
+    await admin.end();
+  }
+}
+
+export const createTestSchema = (schema: string) => adminQuery(`CREATE SCHEMA "${schema}"`);
+export const dropTestSchema = (schema: string) => adminQuery(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+
 /**
  * Creates `schema` and opens a DataSource on it (`synchronize` or `migrationsRun` as the options
  * say): the schema exists before TypeORM builds anything in it.
@@ -15,13 +29,7 @@ export async function openSchemaDataSource(
   schema: string,
   options: Omit<PostgresDataSourceOptions, 'type' | 'url' | 'schema'>,
 ): Promise<DataSource> {
-  const admin = new pg.Client({ connectionString: DATABASE_URL });
-  await admin.connect();
-  try {
-    await admin.query(`CREATE SCHEMA "${schema}"`);
-  } finally {
-    await admin.end();
-  }
+  await createTestSchema(schema);
   const dataSource = new DataSource({ type: 'postgres', url: DATABASE_URL, schema, ...options });
   await dataSource.initialize();
   return dataSource;
