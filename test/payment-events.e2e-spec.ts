@@ -177,6 +177,7 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('payment.succeeded consum
     await publish(valid, { messageId });
     await eventually(async () => (await logRows(messageId)) === 1);
     await eventually(() => stats.dropped === 5, { describe: () => JSON.stringify(stats) });
+    await eventually(() => stats.processed === 1, { describe: () => JSON.stringify(stats) });
     expect(stats).toMatchObject({ processed: 1, dropped: 5, requeued: 0, redelivered: 0 });
     expect(await order(orderNo)).toEqual({ status: 'PAID', transaction_id: 'tx-valid', version: 2 });
     expect(await messagesLeftAfterClose()).toBe(0);
@@ -197,6 +198,7 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('payment.succeeded consum
 
     await eventually(async () => (await logRows(messageId)) === 1, { describe: () => JSON.stringify(stats) });
     await eventually(() => stats.dropped === 3, { describe: () => JSON.stringify(stats) });
+    await eventually(() => stats.processed === 1, { describe: () => JSON.stringify(stats) });
     expect(stats).toMatchObject({ processed: 1, dropped: 3, requeued: 0, failed: 0 });
     expect(await order(orderNo)).toEqual({ status: 'PAID', transaction_id: 'tx-valid', version: 2 });
     expect((await deadLettered(3)).sort()).toEqual(['pay\u0000ment', nulInTransaction, nulInOrderNo].sort());
@@ -221,6 +223,7 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('payment.succeeded consum
 
     await eventually(() => stats.failed === 1, { describe: () => JSON.stringify(stats) });
     await eventually(async () => (await logRows(messageId)) === 1, { describe: () => JSON.stringify(stats) });
+    await eventually(() => stats.processed === 1, { describe: () => JSON.stringify(stats) });
     expect(stats).toMatchObject({ processed: 1, failed: 1, requeued: 2, dropped: 0 });
     expect(await deadLettered(1)).toEqual([poisonId]);
     expect(await order(poisoned)).toEqual({ status: 'PENDING', transaction_id: null, version: 1 });
@@ -261,6 +264,8 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('payment.succeeded consum
     await publish({ orderNo: cancelled, transactionId: 'tx-y', paidAt: '2026-11-30T10:00:00Z' }, { messageId: cancelledId });
 
     await eventually(async () => (await logRows(unknownId)) + (await logRows(cancelledId)) === 2);
+    // The consume log commits before the consumer counts the message: wait for the count too.
+    await eventually(() => stats.processed === 2, { describe: () => JSON.stringify(stats) });
     expect(stats).toMatchObject({ processed: 2, requeued: 0 });
     expect(await order(cancelled)).toEqual({ status: 'CANCELLED', transaction_id: null, version: 2 });
     expect(await messagesLeftAfterClose()).toBe(0);
