@@ -42,8 +42,33 @@ export function guardedRouteMetadata(controller: object, handler: object): NoRep
   if (method === undefined) return onClass;
   const methods = onClass.options.methods ?? UNSAFE_METHODS;
   const name = RequestMethod[method];
-  if (name !== 'ALL' && !methods.includes(name) && !methods.includes('ALL')) return undefined;
-  return { ...onClass, requestMethods: methods };
+  if (methods.includes('ALL')) return onClass;
+  return name === 'ALL' || methods.includes(name) ? { ...onClass, requestMethods: methods } : undefined;
+}
+
+/** A method of a controller class: its property name, its function, the prototype that holds it. */
+export interface ControllerMethod {
+  name: string;
+  handler: object;
+  owner: object;
+}
+
+/**
+ * The methods of a controller prototype and of its bases, a subclass's own first (an override
+ * hides its base's), as Nest's router sees them: string-named functions, no getters.
+ */
+export function controllerMethods(prototype: object): ControllerMethod[] {
+  const seen = new Set<string>(['constructor']);
+  const methods: ControllerMethod[] = [];
+  for (let owner: object | null = prototype; owner && owner !== Object.prototype; owner = Object.getPrototypeOf(owner)) {
+    for (const name of Object.getOwnPropertyNames(owner)) {
+      if (seen.has(name)) continue;
+      seen.add(name);
+      const handler: unknown = Object.getOwnPropertyDescriptor(owner, name)?.value;
+      if (typeof handler === 'function') methods.push({ name, handler, owner });
+    }
+  }
+  return methods;
 }
 
 /** The class-level decorator nearest the controller: its own, else its base's; a skip is none. */

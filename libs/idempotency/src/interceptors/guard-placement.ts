@@ -1,7 +1,7 @@
 import { Logger, type Type } from '@nestjs/common';
-import { MetadataScanner, type ModulesContainer } from '@nestjs/core';
+import type { ModulesContainer } from '@nestjs/core';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
-import { guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
+import { controllerMethods, guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 
 /** Metadata keys of `@nestjs/common` and `@nestjs/microservices` (stable across Nest 10-12). */
@@ -28,7 +28,6 @@ const withoutGuard = (list: Interceptors) => list.filter((item) => item !== Idem
  */
 export function placeGuards(modules: ModulesContainer): void {
   const logger = new Logger('IdempotencyModule');
-  const scanner = new MetadataScanner();
   const names = new Map<string, Type>();
   const seen = new Set<Type>();
   for (const module of modules.values()) {
@@ -41,8 +40,7 @@ export function placeGuards(modules: ModulesContainer): void {
       if (classInterceptors.includes(IdempotencyInterceptor)) {
         Reflect.defineMetadata(INTERCEPTORS_METADATA, withoutGuard(classInterceptors), controller);
       }
-      for (const method of scanner.getAllMethodNames(controller.prototype)) {
-        const handler = (controller.prototype as Record<string, object>)[method];
+      for (const { name: method, handler } of controllerMethods(controller.prototype)) {
         const isRoute = Reflect.hasMetadata(PATH_METADATA, handler) || Reflect.hasMetadata(PATTERN_METADATA, handler);
         if (!isRoute || !guardedRouteMetadata(controller, handler)) continue;
         // A handler a base class shares with other controllers gets the guard for all of them;

@@ -1,5 +1,5 @@
 import type { ExecutionContext } from '@nestjs/common';
-import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
+import { controllerMethods, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import type { ResolvedIdempotencyOptions } from '../idempotency.config.js';
 import type { FailMode } from '../idempotency.options.js';
 
@@ -36,7 +36,7 @@ export function route(
 ): GuardedRoute {
   const { options, key } = metadata;
   const method = methodName(ctx);
-  const keyHeader = (options.keyHeader ?? defaults.keyHeader).toLowerCase();
+  const keyHeader = options.keyHeader ?? defaults.keyHeader;
   return {
     metadata,
     handler: `${ctx.getClass().name}.${method}`,
@@ -46,13 +46,13 @@ export function route(
     failMode: options.failMode ?? defaults.failMode,
     useFingerprint: options.useRequestFingerprint ?? false,
     ignoreFields: new Set([...defaults.ignoreFields, ...(options.ignoreFields ?? [])]),
-    keySource: 'path' in key ? `${options.idempotentKey as string}` : 'header' in key ? `the ${options.keyHeader ?? defaults.keyHeader} header` : 'the request',
-    keyHeader,
+    keySource: 'path' in key ? `${options.idempotentKey as string}` : 'header' in key ? `the ${keyHeader} header` : 'the request',
+    keyHeader: keyHeader.toLowerCase(),
     maxResponseBytes: options.maxResponseBytes ?? defaults.maxResponseBytes,
     sendsOwnResponse: sendsOwnResponse(ctx, method),
     required: options.required ?? defaults.required,
     skipIf: options.skipIf,
-    requestMethods: metadata.requestMethods && !metadata.requestMethods.includes('ALL') ? new Set(metadata.requestMethods) : undefined,
+    requestMethods: metadata.requestMethods && new Set(metadata.requestMethods),
   };
 }
 
@@ -63,12 +63,7 @@ export function route(
  */
 function methodName(ctx: ExecutionContext): string {
   const handler = ctx.getHandler();
-  for (let proto = ctx.getClass().prototype; proto && proto !== Object.prototype; proto = Object.getPrototypeOf(proto)) {
-    for (const name of Object.getOwnPropertyNames(proto)) {
-      if (name !== 'constructor' && Object.getOwnPropertyDescriptor(proto, name)?.value === handler) return name;
-    }
-  }
-  return handler.name;
+  return controllerMethods(ctx.getClass().prototype).find((method) => method.handler === handler)?.name ?? handler.name;
 }
 
 /** `@nestjs/common`'s ROUTE_ARGS_METADATA and RouteParamtypes.RESPONSE / NEXT (stable since Nest 5). */

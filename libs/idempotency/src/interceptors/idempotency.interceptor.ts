@@ -34,8 +34,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
   /** Per controller class, then handler: subclasses of one base share its handler functions. */
   private readonly routes = new WeakMap<object, WeakMap<object, GuardedRoute | null>>();
-  private readonly unresolvedUsers = new Set<string>();
-  private readonly unguardedTypes = new Set<string>();
+  /** Configuration problems already logged (once per handler and kind). */
+  private readonly logged = new Set<string>();
   private readonly calls: StoreCalls;
 
   constructor(
@@ -191,10 +191,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
         return RpcExchange.create(ctx, config, () => this.getKey(ctx, config));
       default:
         // GraphQL, WebSockets: not guarded; said once per handler rather than silently.
-        if (!this.unguardedTypes.has(config.handler)) {
-          this.unguardedTypes.add(config.handler);
-          this.logger.warn(`${config.handler}: @NoRepeatSubmit guards HTTP and RPC calls only; this ${ctx.getType()} call runs unguarded`);
-        }
+        this.onceFor(`${config.handler}:${ctx.getType()}`, () =>
+          this.logger.warn(`${config.handler}: @NoRepeatSubmit guards HTTP and RPC calls only; this ${ctx.getType()} call runs unguarded`),
+        );
         return undefined;
     }
   }
@@ -208,16 +207,21 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const text = idText(id);
     if (text !== undefined) return { id: text };
     if (req.user || (id !== undefined && id !== null && id !== '')) {
-      if (!this.unresolvedUsers.has(config.handler)) {
-        this.unresolvedUsers.add(config.handler);
+      this.onceFor(`${config.handler}:user`, () =>
         this.logger.error(
           `${config.handler}: the request's user has no usable id (a non-empty string or a number; request.user.id, else .sub), ` +
             'so the guard cannot tell users apart and refuses the call (500). Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape.',
-        );
-      }
+        ),
+      );
       throw userUnresolved();
     }
     return this.options.anonymous === 'address' ? { ip: req.ip ?? 'unknown' } : { anonymous: true };
+  }
+
+  private onceFor(what: string, log: () => void): void {
+    if (this.logged.has(what)) return;
+    this.logged.add(what);
+    log();
   }
 
   private routeOf(ctx: ExecutionContext): GuardedRoute | null {

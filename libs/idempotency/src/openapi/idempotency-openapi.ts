@@ -1,6 +1,6 @@
 import { HttpStatus, RequestMethod } from '@nestjs/common';
 import { HTTP_CODE_METADATA, METHOD_METADATA, PATH_METADATA } from '@nestjs/common/constants.js';
-import { guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
+import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import {
   IdempotencyErrorCode,
   inProgress,
@@ -171,20 +171,6 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   }
 }
 
-/** The methods of a controller and of its bases (a subclass's own first), each with the prototype that holds it. */
-function routeMethods(prototype: object): [string | symbol, object][] {
-  const seen = new Set<string | symbol>();
-  const methods: [string | symbol, object][] = [];
-  for (let proto: object | null = prototype; proto && proto !== Object.prototype; proto = Object.getPrototypeOf(proto)) {
-    for (const key of Reflect.ownKeys(proto)) {
-      if (key === 'constructor' || seen.has(key)) continue;
-      seen.add(key);
-      methods.push([key, proto]);
-    }
-  }
-  return methods;
-}
-
 /**
  * Documents every decorated route in OpenAPI when `@nestjs/swagger` is installed (does nothing
  * otherwise): the key header where the key is that header, and every answer of the guard per status,
@@ -208,8 +194,10 @@ export async function documentDecoratedRoutes(defaults?: { failMode?: FailMode; 
     // controller's writes (its `methods`) each with its own success response; no skipped route.
     const onClass = place.propertyKey === undefined;
     const controller = (onClass ? place.target : place.target.constructor) as { prototype: object };
-    for (const [key, owner] of onClass ? routeMethods(controller.prototype) : [[place.propertyKey!, place.target] as const]) {
-      const handler = Object.getOwnPropertyDescriptor(owner, key)?.value;
+    const methods = onClass
+      ? controllerMethods(controller.prototype)
+      : [{ name: place.propertyKey!, handler: Object.getOwnPropertyDescriptor(place.target, place.propertyKey!)?.value as unknown, owner: place.target }];
+    for (const { name: key, handler, owner } of methods) {
       if (typeof handler !== 'function') continue;
       // A method with its own @NoRepeatSubmit() is documented from its own place.
       if (onClass && Reflect.hasOwnMetadata(NO_REPEAT_SUBMIT_METADATA, handler)) continue;
