@@ -42,7 +42,7 @@ import {
   buildStorageKey,
   type IdempotencyModuleOptions,
 } from '../../libs/idempotency/src/index.js';
-import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS, PostgresIdempotencyStore } from '../../libs/idempotency/src/typeorm.js';
+import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS, PostgresIdempotencyStore } from '../../libs/idempotency/src/typeorm/index.js';
 import { DATABASE_URL, REDIS_URL } from './services.js';
 import { createTestSchema, dropTestSchema, testSchemaName } from './test-schema.js';
 

@@ -14,7 +14,18 @@ const SWC = {
   sourceMaps: 'inline',
 };
 
+/** The libraries by package name, as the demo imports them (the TypeScript `paths` of tsconfig.json). */
+const PACKAGES = {
+  'nestjs-idempotency': 'libs/idempotency/src/index.ts',
+  'nestjs-idempotency/typeorm': 'libs/idempotency/src/typeorm/index.ts',
+  'nestjs-idempotency/health': 'libs/idempotency/src/health/index.ts',
+  'nestjs-idempotency/testing': 'libs/idempotency/src/testing/index.ts',
+  'nestjs-idempotency-client': 'libs/idempotency-client/src/index.ts',
+};
+const ROOT = new URL('../../', import.meta.url);
+
 export async function resolve(specifier, context, next) {
+  if (Object.hasOwn(PACKAGES, specifier)) return { url: new URL(PACKAGES[specifier], ROOT).href, format: 'module', shortCircuit: true };
   const relative = specifier.startsWith('.') || specifier.startsWith('/') || specifier.startsWith('file:');
   if (relative && specifier.endsWith('.js') && context.parentURL?.endsWith('.ts')) {
     const ts = new URL(specifier.replace(/\.js$/, '.ts'), context.parentURL);

@@ -1,13 +1,13 @@
 import { Module, type DynamicModule } from '@nestjs/common';
 import { APP_FILTER, APP_GUARD, APP_PIPE } from '@nestjs/core';
 import { TypeOrmModule } from '@nestjs/typeorm';
-import { IdempotencyModule, type IdempotencyModuleOptions } from '../../../libs/idempotency/src/index.js';
+import { IdempotencyModule, type IdempotencyModuleOptions } from 'nestjs-idempotency';
 import {
   IDEMPOTENCY_ENTITIES,
   IDEMPOTENCY_MIGRATIONS,
   IDEMPOTENCY_OUTCOME_ENTITIES,
   IDEMPOTENCY_OUTCOME_MIGRATIONS,
-} from '../../../libs/idempotency/src/typeorm.js';
+} from 'nestjs-idempotency/typeorm';
 import { DemoExceptionFilter } from './demo-exception.filter.js';
 import { DemoUserGuard } from './demo-user.guard.js';
 import { DemoValidationPipe } from './demo-validation.pipe.js';

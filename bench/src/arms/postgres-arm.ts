@@ -1,5 +1,5 @@
 import { DataSource } from 'typeorm';
-import * as library from '../../../libs/idempotency/src/typeorm.js';
+import * as library from '../../../libs/idempotency/src/typeorm/index.js';
 import type { IdempotencyStore } from '../../../libs/idempotency/src/index.js';
 
 /** Why an arm cannot run (yet); the driver shows it as a TODO row instead of failing the run. */

@@ -27,6 +27,7 @@ export {
   type ClaimResult,
   type SavedResponse,
   type StoredRecord,
+  type UnreplayableReason,
 } from './stores/idempotency-store.js';
 export { MemoryIdempotencyStore, type MemoryIdempotencyStoreOptions } from './stores/memory/memory-idempotency.store.js';
 export { RedisIdempotencyStore, type RedisIdempotencyStoreOptions } from './stores/redis/redis-idempotency.store.js';
@@ -42,13 +43,13 @@ export {
 } from './idempotency.constants.js';
 export { fingerprintRequest } from './keys/fingerprint.js';
 export { buildStorageKey } from './keys/storage-key.js';
-export { ContentDigest, ContentHash } from './content-hash/content-digest.decorator.js';
+export { ContentDigest, ContentHash } from './content-digest/content-digest.decorator.js';
 export {
   CONTENT_DIGEST_METADATA,
   ContentDigestGuard,
   type ContentDigestOptions,
   type ContentHashedRequest,
-} from './content-hash/content-digest.guard.js';
+} from './content-digest/content-digest.guard.js';
 export {
   CONTENT_HASH_HEADER,
   parseContentHashHeader,
@@ -58,6 +59,6 @@ export {
   type ClientDigest,
   type ClientDigests,
   type DigestSource,
-} from './content-hash/content-digest.js';
-export { ContentHashErrorCode, ContentHashHttpException } from './content-hash/content-hash.exceptions.js';
-export { readRequestId, REQUEST_ID_HEADERS, type RequestIdHeader } from './outcomes/request-id.js';
+} from './content-digest/content-digest.js';
+export { ContentHashErrorCode, ContentHashHttpException } from './content-digest/content-digest.exceptions.js';
+export { readRequestId, REQUEST_ID_HEADERS, type RequestIdHeader } from './keys/request-id.js';

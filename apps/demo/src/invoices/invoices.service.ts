@@ -1,7 +1,7 @@
 import { Injectable } from '@nestjs/common';
 import { InjectRepository } from '@nestjs/typeorm';
 import type { Repository } from 'typeorm';
-import { insertOnce } from '../../../../libs/idempotency/src/typeorm.js';
+import { insertOnce } from 'nestjs-idempotency/typeorm';
 import type { CreateInvoiceDto } from './create-invoice.dto.js';
 import { Invoice, UQ_INVOICES_TERMINAL_NUMBER } from './invoice.entity.js';
 import { toInvoiceView, type InvoiceView } from './invoice.view.js';

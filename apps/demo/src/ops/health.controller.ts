@@ -1,6 +1,6 @@
 import { Controller, Get } from '@nestjs/common';
 import { HealthCheck, HealthCheckService, TypeOrmHealthIndicator } from '@nestjs/terminus';
-import { IdempotencyHealthIndicator } from '../../../../libs/idempotency/src/health/index.js';
+import { IdempotencyHealthIndicator } from 'nestjs-idempotency/health';
 
 /** `GET /health`: 200 when the idempotency store and the database answer, else 503. */
 @Controller('health')

@@ -1,6 +1,6 @@
 import { Module } from '@nestjs/common';
 import { TerminusModule } from '@nestjs/terminus';
-import { IdempotencyHealthIndicator } from '../../../../libs/idempotency/src/health/index.js';
+import { IdempotencyHealthIndicator } from 'nestjs-idempotency/health';
 import { HealthController } from './health.controller.js';
 import { MetricsController } from './metrics.controller.js';
 

@@ -1,5 +1,5 @@
 import type { Repository } from 'typeorm';
-import { transition } from '../../../../libs/idempotency/src/typeorm.js';
+import { transition } from 'nestjs-idempotency/typeorm';
 import type { Order } from './order.entity.js';
 
 /** What a payment provider reports, by HTTP callback or by a `payment.succeeded` message. */

@@ -1,6 +1,6 @@
 import { Controller } from '@nestjs/common';
 import { MessagePattern, Payload } from '@nestjs/microservices';
-import { NoRepeatSubmit } from '../../../../libs/idempotency/src/index.js';
+import { NoRepeatSubmit } from 'nestjs-idempotency';
 import { CreateOrderMessage } from './create-order.message.js';
 import type { OrderView } from './order.view.js';
 import { OrdersService } from './orders.service.js';

@@ -1,5 +1,5 @@
 import { Body, Controller, Get, HttpCode, HttpStatus, Param, Post, Res, UseGuards } from '@nestjs/common';
-import { NoRepeatSubmit } from '../../../../libs/idempotency/src/index.js';
+import { NoRepeatSubmit } from 'nestjs-idempotency';
 import { CurrentUser } from '../current-user.decorator.js';
 import type { DemoUser } from '../demo-user.js';
 import { createdOrExisting, type StatusSetter } from '../http-response.js';

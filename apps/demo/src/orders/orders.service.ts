@@ -1,7 +1,7 @@
 import { Injectable } from '@nestjs/common';
 import { InjectRepository } from '@nestjs/typeorm';
 import type { Repository } from 'typeorm';
-import { insertOnce } from '../../../../libs/idempotency/src/typeorm.js';
+import { insertOnce } from 'nestjs-idempotency/typeorm';
 import type { CreateOrderDto } from './create-order.dto.js';
 import { Order } from './order.entity.js';
 import { markCancelled, markPaid, type Payment } from './order-transitions.js';

@@ -8,7 +8,7 @@ import {
 import { connect, type Channel, type ChannelModel, type ConsumeMessage, type RecoveringChannelModel } from 'amqplib';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { DataSource, type Repository } from 'typeorm';
-import { consumeOnce } from '../../../../libs/idempotency/src/typeorm.js';
+import { consumeOnce } from 'nestjs-idempotency/typeorm';
 import { Order } from '../orders/order.entity.js';
 import { markPaid } from '../orders/order-transitions.js';
 import { STORABLE_TEXT } from '../storable-text.js';

@@ -1,6 +1,6 @@
 import { Controller, Get, Param, Post, Req, Res, UseGuards } from '@nestjs/common';
 import { HttpAdapterHost } from '@nestjs/core';
-import { ContentDigest, ContentHash, readRequestId, REPLAYED_HEADER } from '../../../../libs/idempotency/src/index.js';
+import { ContentDigest, ContentHash, readRequestId, REPLAYED_HEADER } from 'nestjs-idempotency';
 import { CurrentUser } from '../current-user.decorator.js';
 import type { DemoRequest, DemoUser } from '../demo-user.js';
 import type { UploadView } from './upload.view.js';

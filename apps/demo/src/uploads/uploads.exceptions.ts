@@ -1,5 +1,5 @@
 import { BadRequestException, HttpException, HttpStatus, NotFoundException, UnsupportedMediaTypeException } from '@nestjs/common';
-import { IdempotencyErrorCode, IdempotencyHttpException } from '../../../../libs/idempotency/src/index.js';
+import { IdempotencyErrorCode, IdempotencyHttpException } from 'nestjs-idempotency';
 
 /** An HTTP answer with `Retry-After` (the demo's exception filter sends `retryAfterSeconds`). */
 class RetryLaterException extends HttpException {

@@ -1,7 +1,7 @@
 import { Module, type DynamicModule } from '@nestjs/common';
 import { TypeOrmModule } from '@nestjs/typeorm';
 import { DataSource } from 'typeorm';
-import { PostgresOutcomeRecorder } from '../../../../libs/idempotency/src/typeorm.js';
+import { PostgresOutcomeRecorder } from 'nestjs-idempotency/typeorm';
 import { UploadsController } from './uploads.controller.js';
 import { UPLOADS_DEFAULTS, UPLOADS_OPTIONS, type UploadsOptions } from './uploads.options.js';
 import { UploadsService } from './uploads.service.js';

@@ -7,7 +7,7 @@ import {
   type HeldOutcome,
   type MatchedBy,
   type RecordedOutcome,
-} from '../../../../libs/idempotency/src/typeorm.js';
+} from 'nestjs-idempotency/typeorm';
 import { parseReceipt } from './receipt-xml.js';
 import { toUploadView } from './upload.view.js';
 import { UPLOADS_OPTIONS, type UploadsOptions } from './uploads.options.js';

@@ -1,6 +1,6 @@
 import { Injectable } from '@nestjs/common';
 import { HealthIndicatorService, type HealthIndicatorResult } from '@nestjs/terminus';
-import { IdempotencyStore } from '../stores/idempotency-store.js';
+import { IdempotencyStore } from '../index.js';
 
 /**
  * A `@nestjs/terminus` health indicator for the idempotency store (Redis PING, a PostgreSQL

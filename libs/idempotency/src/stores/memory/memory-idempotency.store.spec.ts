@@ -2,7 +2,7 @@ import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
-import { describeStoreContract } from '../store-contract.js';
+import { describeStoreContract } from '../../testing/index.js';
 import { MemoryIdempotencyStore } from './memory-idempotency.store.js';
 
 describe('MemoryIdempotencyStore', () => {

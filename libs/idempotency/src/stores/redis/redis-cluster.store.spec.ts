@@ -3,7 +3,7 @@ import { Cluster } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { startRedisCluster, type RedisCluster } from '../../../../../test/support/redis-cluster.js';
 import { buildStorageKey } from '../../keys/storage-key.js';
-import { describeStoreContract } from '../store-contract.js';
+import { describeStoreContract } from '../../testing/index.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { connectRedis } from '../../../../../test/support/services.js';
-import { describeStoreContract } from '../store-contract.js';
+import { describeStoreContract } from '../../testing/index.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
 import { encodeProcessing } from './redis-record.js';
 

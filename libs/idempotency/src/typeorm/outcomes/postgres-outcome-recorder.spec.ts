@@ -5,7 +5,7 @@ import { IDEMPOTENCY_OUTCOME_MIGRATIONS } from './idempotency-outcomes.migration
 import { IDEMPOTENCY_OUTCOME_ENTITIES } from './outcome-record.entity.js';
 import type { HeldOutcome, OutcomeClaim } from './outcome-claim.js';
 import { PostgresOutcomeRecorder } from './postgres-outcome-recorder.js';
-import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../test/support/test-schema.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 const hash = (text: string) => createHash('sha256').update(text).digest('hex');

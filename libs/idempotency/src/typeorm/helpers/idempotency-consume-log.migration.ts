@@ -1,6 +1,6 @@
 import type { MigrationInterface, QueryRunner } from 'typeorm';
-import { IDEMPOTENCY_CONSUME_LOG_TABLE } from '../consume-log.entity.js';
-import { tableIn } from './migration-table.js';
+import { IDEMPOTENCY_CONSUME_LOG_TABLE } from './consume-log.entity.js';
+import { tableIn } from '../postgres/table-name.js';
 
 /** Creates `idempotency_consume_log`, the table of `consumeOnce` (PostgreSQL). */
 export class IdempotencyConsumeLog1764460800001 implements MigrationInterface {

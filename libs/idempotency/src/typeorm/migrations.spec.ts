@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { DataSource } from 'typeorm';
-import { PostgresIdempotencyStore } from '../../stores/postgres/postgres-idempotency.store.js';
-import { IDEMPOTENCY_ENTITIES } from '../idempotency.entities.js';
-import { IDEMPOTENCY_MIGRATIONS } from './idempotency.migrations.js';
-import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
+import { PostgresIdempotencyStore } from './store/postgres-idempotency.store.js';
+import { IDEMPOTENCY_ENTITIES } from './entities.js';
+import { IDEMPOTENCY_MIGRATIONS } from './migrations.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../test/support/test-schema.js';
 
 describe('IDEMPOTENCY_MIGRATIONS (PostgreSQL, custom schema)', () => {
   const schema = testSchemaName();

@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto';
 import { ContentDigest } from './content-digest.decorator.js';
 import { ContentDigestGuard, type ContentHashedRequest } from './content-digest.guard.js';
 import { parseContentHashHeader, parseIfMatchDigest, readClientDigests, sha256Hex } from './content-digest.js';
-import { ContentHashHttpException } from './content-hash.exceptions.js';
+import { ContentHashHttpException } from './content-digest.exceptions.js';
 
 const BYTES = Buffer.from('<receipt><no>R-1</no></receipt>');
 const HEX = createHash('sha256').update(BYTES).digest('hex');

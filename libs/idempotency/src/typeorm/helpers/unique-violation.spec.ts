@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import pg from 'pg';
 import { Column, DataSource, Entity, Index, PrimaryGeneratedColumn, QueryFailedError } from 'typeorm';
-import { DATABASE_URL } from '../../../../test/support/services.js';
+import { DATABASE_URL } from '../../../../../test/support/services.js';
 import { uniqueViolationOf } from './unique-violation.js';
-import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../test/support/test-schema.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
 @Entity({ name: 'gadgets' })
 @Index('uq_gadgets_serial', ['serial'], { unique: true })

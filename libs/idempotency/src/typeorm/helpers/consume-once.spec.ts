@@ -3,7 +3,7 @@ import type { Pool } from 'pg';
 import { Column, DataSource, Entity, PrimaryGeneratedColumn, type EntityManager } from 'typeorm';
 import { ConsumeLogEntry } from './consume-log.entity.js';
 import { consumeOnce } from './consume-once.js';
-import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../test/support/test-schema.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
 /** The consumer's business effect; deliberately without a unique key, so every run shows. */
 @Entity({ name: 'ledger_lines' })

@@ -3,7 +3,7 @@ import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
 import { Column, DataSource, Entity, PrimaryGeneratedColumn, type Repository } from 'typeorm';
 import { transition } from './conditional-transition.js';
-import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../test/support/test-schema.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
 @Entity({ name: 'payments' })
 class Payment {

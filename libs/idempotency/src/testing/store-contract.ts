@@ -1,9 +1,5 @@
-import { afterEach, beforeEach, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
-import { MAX_KEY_LENGTH } from '../idempotency.constants.js';
-import { validateKey } from '../keys/idempotency-key.js';
-import { buildStorageKey } from '../keys/storage-key.js';
-import type { IdempotencyStore, SavedResponse, UnreplayableReason } from './idempotency-store.js';
+import { buildStorageKey, MAX_KEY_LENGTH, type IdempotencyStore, type SavedResponse, type UnreplayableReason } from '../index.js';
 
 /** How a store's test setup provides a fresh store and lets time pass. */
 export interface StoreHarness {
@@ -28,15 +24,51 @@ const binary: SavedResponse = {
 };
 
 /**
- * The longest client key `validateKey` accepts, of 4-byte UTF-8 characters (12 characters each
- * once percent-encoded), ending in `last`, under a user id of 1,000 such characters.
+ * The matchers the contract uses: Jest's and Vitest's `expect` both have them. Test runners
+ * that inject no globals pass their own API to `describeStoreContract`.
  */
-function longestKey(prefix: string, last: string): string {
-  const clientKey = '\u{1F600}'.repeat(MAX_KEY_LENGTH - 1) + last;
-  if (validateKey(clientKey) !== undefined || validateKey(clientKey + last) === undefined) {
-    throw new Error('the contract\'s longest key is not the longest valid key any more');
+export interface ContractMatchers {
+  toBe(expected: unknown): void;
+  toEqual(expected: unknown): void;
+  toStrictEqual(expected: unknown): void;
+  toMatchObject(expected: object): void;
+  toBeGreaterThan(expected: number): void;
+  toBeLessThanOrEqual(expected: number): void;
+  toBeUndefined(): void;
+  toHaveLength(expected: number): void;
+}
+
+/** The test runner functions the contract calls (`describe`, `it`, hooks and `expect`). */
+export interface ContractTestApi {
+  describe(name: string, body: () => void): void;
+  it(name: string, body: () => Promise<void>): void;
+  beforeEach(body: () => Promise<void>): void;
+  afterEach(body: () => Promise<unknown>): void;
+  expect(actual: unknown): ContractMatchers;
+}
+
+/** The runner's globals (Jest; Vitest with `globals: true`). */
+function globalTestApi(): ContractTestApi {
+  const api = globalThis as unknown as Partial<ContractTestApi>;
+  const { describe, it, beforeEach, afterEach, expect } = api;
+  if (!describe || !it || !beforeEach || !afterEach || !expect) {
+    throw new Error('describeStoreContract: the test runner has no globals; pass { describe, it, beforeEach, afterEach, expect }');
   }
-  return buildStorageKey({ prefix, user: { id: '\u{1F47E}'.repeat(1000) }, handler: 'OrdersController.create', key: clientKey });
+  return { describe, it, beforeEach, afterEach, expect };
+}
+
+/**
+ * The longest client key the guard accepts (`MAX_KEY_LENGTH` characters), of 4-byte UTF-8
+ * characters (12 characters each once percent-encoded), ending in `last`.
+ */
+export function longestClientKey(last: string): string {
+  return '\u{1F600}'.repeat(MAX_KEY_LENGTH - 1) + last;
+}
+
+/** The storage key of `longestClientKey(last)` under a user id of 1,000 4-byte characters. */
+function longestKey(prefix: string, last: string): string {
+  const user = { id: '\u{1F47E}'.repeat(1000) };
+  return buildStorageKey({ prefix, user, handler: 'OrdersController.create', key: longestClientKey(last) });
 }
 
 async function isPending(promise: Promise<unknown>): Promise<boolean> {
@@ -45,10 +77,17 @@ async function isPending(promise: Promise<unknown>): Promise<boolean> {
 }
 
 /**
- * The behaviour every `IdempotencyStore` must show. Leases here are short (`leaseMs`) so that
- * expiry can be exercised; a store on real time should pass a few hundred milliseconds.
+ * The behaviour every `IdempotencyStore` must show, as one `describe` block of the test runner.
+ * Leases here are short (`leaseMs`) so that expiry can be exercised; a store on real time should
+ * pass a few hundred milliseconds. `test`: the runner's functions, by default its globals.
  */
-export function describeStoreContract(name: string, makeHarness: () => Promise<StoreHarness>, leaseMs = 300): void {
+export function describeStoreContract(
+  name: string,
+  makeHarness: () => Promise<StoreHarness>,
+  leaseMs = 300,
+  test: ContractTestApi = globalTestApi(),
+): void {
+  const { describe, it, beforeEach, afterEach, expect } = test;
   describe(`${name}: IdempotencyStore contract`, () => {
     let h: StoreHarness;
     let key: string;

@@ -1,5 +1,5 @@
 import type { MigrationInterface, QueryRunner } from 'typeorm';
-import { tableIn } from '../persistence/migrations/migration-table.js';
+import { tableIn } from '../postgres/table-name.js';
 import { IDEMPOTENCY_OUTCOMES_TABLE } from './outcome-claim.js';
 
 /** Creates `idempotency_outcomes`, the table of `PostgresOutcomeRecorder` (PostgreSQL). */

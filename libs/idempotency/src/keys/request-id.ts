@@ -1,4 +1,4 @@
-import { parseKeyHeader } from '../keys/idempotency-key.js';
+import { parseKeyHeader } from './idempotency-key.js';
 
 /** Headers read by `readRequestId` by default, in this order. */
 export const REQUEST_ID_HEADERS = Object.freeze(['x-request-id', 'x-idempotency-key']);

@@ -1,6 +1,6 @@
 import type { MigrationInterface, QueryRunner } from 'typeorm';
-import { IDEMPOTENCY_RECORDS_TABLE } from '../../stores/postgres/idempotency-record.entity.js';
-import { tableIn } from './migration-table.js';
+import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
+import { tableIn } from '../postgres/table-name.js';
 
 /** Creates `idempotency_records`, the table of `PostgresIdempotencyStore` (PostgreSQL). */
 export class IdempotencyRecords1764460800000 implements MigrationInterface {

@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { createHash } from 'node:crypto';
-import { buildStorageKey } from '../../keys/storage-key.js';
+import { buildStorageKey } from '../../index.js';
 import { RAW_KEY_MAX_BYTES, recordKey } from './record-key.js';
 
 const bytes = (text: string) => Buffer.byteLength(text, 'utf8');

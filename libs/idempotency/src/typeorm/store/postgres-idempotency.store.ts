@@ -1,18 +1,19 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import type { DataSource, QueryResult, QueryRunner } from 'typeorm';
-import { IdempotencyConfigError, IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import {
+  IdempotencyConfigError,
   IdempotencyStore,
+  IdempotencyStoreError,
   type ClaimInput,
   type ClaimResult,
   type SavedResponse,
   type StoredRecord,
   type UnreplayableReason,
-} from '../idempotency-store.js';
+} from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
 import { claimSql, completeSql, getSql, purgeSql, releaseSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
-import { PurgeSchedule, purgeInBatches } from '../../persistence/purge-schedule.js';
+import { PurgeSchedule, purgeInBatches } from '../postgres/purge-schedule.js';
 
 export interface PostgresIdempotencyStoreOptions {
   /**

@@ -1,8 +1,8 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import type { DataSource, EntityManager, QueryResult, QueryRunner } from 'typeorm';
-import { IdempotencyConfigError, IdempotencyStoreError } from '../errors/idempotency.errors.js';
-import { uniqueViolationOf } from '../persistence/unique-violation.js';
+import { IdempotencyConfigError, IdempotencyStoreError } from '../../index.js';
+import { uniqueViolationOf } from '../helpers/unique-violation.js';
 import {
   answerFromFound,
   IDEMPOTENCY_OUTCOMES_TABLE,
@@ -15,7 +15,7 @@ import {
   type RecordedOutcome,
 } from './outcome-claim.js';
 import { claimSql, finishSql, getSql, lockSql, purgeSql } from './postgres-outcome-recorder.sql.js';
-import { PurgeSchedule, purgeInBatches } from '../persistence/purge-schedule.js';
+import { PurgeSchedule, purgeInBatches } from '../postgres/purge-schedule.js';
 
 export interface PostgresOutcomeRecorderOptions {
   /** Table, `name` or `schema.name`. Default `idempotency_outcomes` in the DataSource's `schema`. */

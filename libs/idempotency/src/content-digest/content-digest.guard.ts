@@ -6,7 +6,7 @@ import {
   contentHashMismatch,
   contentHashMissing,
   contentHashUnavailable,
-} from './content-hash.exceptions.js';
+} from './content-digest.exceptions.js';
 
 /** Metadata key under which `@ContentDigest()` stores its options. */
 export const CONTENT_DIGEST_METADATA = 'idempotency:content-digest';

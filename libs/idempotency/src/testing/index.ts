@@ -1,0 +1,3 @@
+// The testing entry point, `nestjs-idempotency/testing`: the contract every `IdempotencyStore`
+// must meet, for the library's own stores and for yours. Runs under Jest or Vitest.
+export { describeStoreContract, type ContractMatchers, type ContractTestApi, type StoreHarness } from './store-contract.js';
