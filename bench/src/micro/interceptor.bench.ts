@@ -57,6 +57,9 @@ class ImmediateStore extends IdempotencyStore {
   release(): Promise<boolean> {
     return Promise.resolve(true);
   }
+  renew(): Promise<boolean> {
+    return Promise.resolve(true);
+  }
   get(): Promise<undefined> {
     return Promise.resolve(undefined);
   }

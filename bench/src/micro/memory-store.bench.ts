@@ -1,7 +1,7 @@
 import { createHash, randomUUID } from 'node:crypto';
 import { pathToFileURL } from 'node:url';
 import { MemoryIdempotencyStore, buildStorageKey, type SavedResponse } from '../../../libs/idempotency/src/index.js';
-import { ownerToken } from '../../../libs/idempotency/src/interceptors/owner-token.js';
+import { claimToken } from '../../../libs/idempotency/src/interceptors/claim-token.js';
 
 /**
  * The memory store's footprint: heap bytes per entry and process RSS after 100k and 1M keys, each
@@ -53,7 +53,7 @@ export async function runMemoryBench(maxEntries: number, checkpoints = [100_000,
     while (inserted < target) {
       const key = buildStorageKey({ prefix: 'no_repeat', user: { ip: '127.0.0.1' }, handler: 'OrdersController.create', key: randomUUID() });
       // As the interceptor makes them: its owner token, a SHA-256 hex fingerprint.
-      const token = ownerToken();
+      const token = claimToken();
       const fingerprint = createHash('sha256').update(key).digest('hex');
       await store.claim({ key, token, fingerprint, leaseMs: 30_000 });
       const response: SavedResponse = {

@@ -20,7 +20,7 @@ export {
   type IdempotencyOutcome,
 } from './metrics/idempotency-counters.js';
 export type { PrometheusMetricsOptions } from './metrics/prometheus-metrics.js';
-export type { GuardedRoute } from './interceptors/guarded-route.js';
+export type { GuardedRoute } from './interceptors/route-options.js';
 export {
   IdempotencyStore,
   type ClaimInput,
@@ -32,7 +32,7 @@ export {
 export { MemoryIdempotencyStore, type MemoryIdempotencyStoreOptions } from './stores/memory/memory-idempotency.store.js';
 export { RedisIdempotencyStore, type RedisIdempotencyStoreOptions } from './stores/redis/redis-idempotency.store.js';
 export { REDIS_CLIENT_DEFAULTS } from './stores/create-store.js';
-export { IdempotencyConfigError, IdempotencyError, IdempotencyStoreError } from './errors/idempotency.errors.js';
+export { IdempotencyConfigError, IdempotencyError, IdempotencyKeyError, IdempotencyStoreError } from './errors/idempotency.errors.js';
 export { IdempotencyErrorCode, IdempotencyHttpException } from './errors/idempotency-http.exceptions.js';
 export {
   DEFAULTS as IDEMPOTENCY_DEFAULTS,

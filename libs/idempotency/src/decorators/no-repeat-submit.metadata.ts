@@ -46,11 +46,11 @@ export function guardedRouteMetadata(controller: object, handler: object): NoRep
   return name === 'ALL' || methods.includes(name) ? { ...onClass, requestMethods: methods } : undefined;
 }
 
-/** A method of a controller class: its property name, its function, the prototype that holds it. */
+/** A method of a controller class: its property name, its function, the prototype that declares it. */
 export interface ControllerMethod {
   name: string;
   handler: object;
-  owner: object;
+  declaredOn: object;
 }
 
 /**
@@ -60,12 +60,12 @@ export interface ControllerMethod {
 export function controllerMethods(prototype: object): ControllerMethod[] {
   const seen = new Set<string>(['constructor']);
   const methods: ControllerMethod[] = [];
-  for (let owner: object | null = prototype; owner && owner !== Object.prototype; owner = Object.getPrototypeOf(owner)) {
-    for (const name of Object.getOwnPropertyNames(owner)) {
+  for (let declaredOn: object | null = prototype; declaredOn && declaredOn !== Object.prototype; declaredOn = Object.getPrototypeOf(declaredOn)) {
+    for (const name of Object.getOwnPropertyNames(declaredOn)) {
       if (seen.has(name)) continue;
       seen.add(name);
-      const handler: unknown = Object.getOwnPropertyDescriptor(owner, name)?.value;
-      if (typeof handler === 'function') methods.push({ name, handler, owner });
+      const handler: unknown = Object.getOwnPropertyDescriptor(declaredOn, name)?.value;
+      if (typeof handler === 'function') methods.push({ name, handler, declaredOn });
     }
   }
   return methods;

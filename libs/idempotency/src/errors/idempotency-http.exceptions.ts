@@ -37,13 +37,11 @@ export const keyMissing = (source: string) =>
     `This operation needs an idempotency key: send one unique value per operation as ${source} and reuse it on retries.`,
   );
 
+/** What a caller with an unusable key is told, over HTTP and RPC alike. */
+export const keyInvalidMessage = (reason: string) => `The idempotency key is invalid (${reason}): use 1 to 255 printable characters.`;
+
 export const keyInvalid = (reason: string) =>
-  new IdempotencyHttpException(
-    IdempotencyErrorCode.KEY_INVALID,
-    HttpStatus.BAD_REQUEST,
-    'Bad Request',
-    `The idempotency key is invalid (${reason}): use 1 to 255 printable characters.`,
-  );
+  new IdempotencyHttpException(IdempotencyErrorCode.KEY_INVALID, HttpStatus.BAD_REQUEST, 'Bad Request', keyInvalidMessage(reason));
 
 export const inProgress = (retryAfterSeconds: number) =>
   new IdempotencyHttpException(

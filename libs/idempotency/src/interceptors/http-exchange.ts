@@ -3,40 +3,25 @@ import type { AbstractHttpAdapter } from '@nestjs/core';
 import { isUtf8 } from 'node:buffer';
 import type { ServerResponse } from 'node:http';
 import { of, type Observable } from 'rxjs';
-import { IdempotencyError } from '../errors/idempotency.errors.js';
 import {
   inProgress,
+  keyInvalid,
   keyMissing,
   keyReused,
   payloadUnsupported,
   responseNotReplayable,
   storeUnavailable,
+  userUnresolved,
   type IdempotencyHttpException,
 } from '../errors/idempotency-http.exceptions.js';
-import { fingerprintRequest } from '../keys/fingerprint.js';
-import type { KeyOwner } from '../keys/storage-key.js';
+import type { FingerprintInput } from '../keys/fingerprint.js';
 import type { SavedResponse, UnreplayableReason } from '../stores/idempotency-store.js';
-import type { GuardExchange, GuardRefusal, OwnedKey } from './guard-exchange.js';
-import type { GuardedRoute } from './guarded-route.js';
-import { runOwned } from './owned-run.js';
+import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
+import { runHeld } from './held-run.js';
+import type { HttpRequest, HttpResponse } from './http-request.js';
 import { ResponseCapture, type CapturedResponse } from './response-capture.js';
 import { replayInto, sendNow } from './response-replay.js';
-
-/** The parts of an Express or Fastify request the guard reads. */
-export interface HttpRequest {
-  method: string;
-  url: string;
-  ip?: string;
-  headers: Record<string, string | string[] | undefined>;
-  body?: unknown;
-  rawBody?: Buffer;
-  query?: unknown;
-  params?: unknown;
-  user?: unknown;
-}
-
-/** The Express response, or the Fastify reply (whose Node.js response is `raw`). */
-export type HttpResponse = ServerResponse | { raw: ServerResponse };
+import type { GuardedRoute } from './route-options.js';
 
 /** The longest `Retry-After` a 409 asks for, in seconds. */
 export const MAX_RETRY_AFTER_SECONDS = 2;
@@ -53,42 +38,54 @@ const NOT_REPLAYABLE: Record<UnreplayableReason, string> = {
  * one the client received, read off the Node.js response after the whole app pipeline.
  */
 export class HttpExchange implements GuardExchange {
-  readonly fingerprint: string;
   private readonly raw: ServerResponse;
 
   constructor(
-    req: HttpRequest,
+    private readonly req: HttpRequest,
     private readonly res: HttpResponse,
     private readonly route: GuardedRoute,
     private readonly adapter: AbstractHttpAdapter,
     private readonly replayHeaders: readonly string[],
-    readonly owner: KeyOwner,
-    readonly clientKey: string | undefined,
   ) {
     this.raw = 'raw' in res ? res.raw : res;
-    this.fingerprint = this.fingerprintOf(req);
   }
 
-  run(next: CallHandler, owned: OwnedKey): Observable<unknown> {
+  /**
+   * The route, not the URL: every spelling the router maps to this handler (`/orders/`,
+   * `/ORDERS`) is one request; the path parameters tell requests to the same handler apart.
+   */
+  fingerprintInput(): FingerprintInput {
+    const { req } = this;
+    return {
+      method: req.method,
+      path: this.route.handler,
+      query: { params: req.params, query: req.query },
+      body: req.body,
+      rawBody: req.rawBody,
+      contentType: req.headers['content-type'] as string | undefined,
+    };
+  }
+
+  run(next: CallHandler, claim: HeldClaim): Observable<unknown> {
     const { maxResponseBytes, sendsOwnResponse } = this.route;
     const capture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, sendsOwnResponse, (sent) =>
-      owned.save(toSaved(sent, this.raw.statusCode)),
+      claim.save(toSaved(sent, this.raw.statusCode)),
     );
-    return runOwned(
+    return runHeld(
       next.handle(),
       {
         succeeded: async (_value, cut) => {
           // Cut off first: the client got another answer (the capture let it through).
-          if (cut) return owned.save(toSaved(undefined, this.raw.statusCode));
+          if (cut) return claim.save(toSaved(undefined, this.raw.statusCode));
           capture.succeed();
         },
         failed: async () => {
-          await owned.release();
+          await claim.release();
           capture.passThrough();
         },
         cut: () => capture.passThrough(),
       },
-      owned.leaseMs,
+      claim.leaseMs,
     );
   }
 
@@ -111,29 +108,6 @@ export class HttpExchange implements GuardExchange {
       this.adapter.setHeader(this.res, 'Retry-After', String(exception.retryAfterSeconds));
     }
     return exception;
-  }
-
-  /**
-   * The route, not the URL: every spelling the router maps to this handler (`/orders/`,
-   * `/ORDERS`) is one request; the path parameters tell requests to the same handler apart.
-   */
-  private fingerprintOf(req: HttpRequest): string {
-    try {
-      return fingerprintRequest(
-        {
-          method: req.method,
-          path: this.route.handler,
-          query: { params: req.params, query: req.query },
-          body: req.body,
-          rawBody: req.rawBody,
-          contentType: req.headers['content-type'] as string | undefined,
-        },
-        this.route.ignoreFields,
-      );
-    } catch (error) {
-      if (error instanceof IdempotencyError) throw payloadUnsupported(error.message);
-      throw error;
-    }
   }
 }
 
@@ -171,6 +145,12 @@ function valueOf(saved: SavedResponse): unknown {
 
 function toHttpException(refusal: GuardRefusal, route: GuardedRoute): IdempotencyHttpException {
   switch (refusal.reason) {
+    case 'user_unresolved':
+      return userUnresolved();
+    case 'key_invalid':
+      return keyInvalid(refusal.problem);
+    case 'payload_unsupported':
+      return payloadUnsupported(refusal.problem);
     case 'key_missing':
       return keyMissing(route.keySource);
     case 'in_progress':

@@ -9,20 +9,28 @@ import {
 import { HttpAdapterHost } from '@nestjs/core';
 import { Observable, type Subscription } from 'rxjs';
 import { guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
-import { keyInvalid, userUnresolved } from '../errors/idempotency-http.exceptions.js';
+import { IdempotencyError, IdempotencyKeyError } from '../errors/idempotency.errors.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
-import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
-import { evaluateKeyPath } from '../keys/key-expression.js';
-import { buildStorageKey, type KeyOwner } from '../keys/storage-key.js';
+import { fingerprintRequest } from '../keys/fingerprint.js';
+import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
 import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import { IdempotencyStore, type ClaimInput, type ClaimResult } from '../stores/idempotency-store.js';
 import { awaitSettled } from './await-settled.js';
-import type { GuardExchange, OwnedKey } from './guard-exchange.js';
-import { route, type GuardedRoute } from './guarded-route.js';
-import { HttpExchange, type HttpRequest, type HttpResponse } from './http-exchange.js';
-import { ownerToken } from './owner-token.js';
-import { StoreCalls } from './store-calls.js';
+import { readClientKey } from './client-key.js';
+import type { GuardExchange, HeldClaim } from './exchange.js';
+import { HttpExchange } from './http-exchange.js';
+import type { HttpRequest, HttpResponse } from './http-request.js';
+import { MESSAGE_USER, requestUser } from './key-user.js';
+import { claimToken } from './claim-token.js';
+import { routeOptions, type GuardedRoute } from './route-options.js';
 import { RpcExchange } from './rpc-exchange.js';
+import { StoreCalls } from './store-calls.js';
+
+/** What answers a guarded call; `release` frees a claim it holds, unused. */
+interface Guarded {
+  result: Observable<unknown>;
+  release?: () => Promise<void>;
+}
 
 /**
  * The guard behind `@NoRepeatSubmit()`: claims the key (one store round trip), runs the handler,
@@ -48,14 +56,14 @@ export class IdempotencyInterceptor implements NestInterceptor {
   }
 
   intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
-    const config = this.routeOf(ctx);
-    if (!config || config.skipIf?.(ctx) || this.unguardedMethod(ctx, config)) return next.handle();
+    const route = this.routeOf(ctx);
+    if (!route || route.skipIf?.(ctx) || this.unguardedMethod(ctx, route)) return next.handle();
     // The claim happens once the caller subscribes, and a caller gone before the run starts (an
     // outer timeout during the claim) gets the key released: the handler never ran.
     return new Observable<unknown>((subscriber) => {
       let gone = false;
       let run: Subscription | undefined;
-      this.guard(ctx, next, config).then(
+      this.guard(ctx, next, route).then(
         ({ result, release }) => {
           if (gone) void release?.();
           else run = result.subscribe(subscriber);
@@ -69,75 +77,107 @@ export class IdempotencyInterceptor implements NestInterceptor {
     });
   }
 
-  /** Claims the key and says what answers the call; `release` frees a key it holds, unused. */
-  private async guard(
-    ctx: ExecutionContext,
-    next: CallHandler,
-    config: GuardedRoute,
-  ): Promise<{ result: Observable<unknown>; release?: () => Promise<void> }> {
-    const exchange = await this.exchangeOf(ctx, config);
-    if (!exchange) return { result: next.handle() };
-
-    // Anonymous callers share one namespace, so only a key they chose may key them.
-    const fingerprintKey = config.useFingerprint && !('anonymous' in exchange.owner) ? exchange.fingerprint : undefined;
-    const clientKey = exchange.clientKey ?? fingerprintKey;
-    if (clientKey === undefined) {
-      return { result: config.required ? exchange.refuse({ reason: 'key_missing', source: config.keySource }) : next.handle() };
+  /** The decorator's metadata on this handler, as route options (once per controller and handler). */
+  private routeOf(ctx: ExecutionContext): GuardedRoute | null {
+    const handler = ctx.getHandler();
+    const controller = ctx.getClass();
+    let routes = this.routes.get(controller);
+    if (!routes) this.routes.set(controller, (routes = new WeakMap()));
+    let route = routes.get(handler);
+    if (route === undefined) {
+      const metadata = guardedRouteMetadata(controller, handler);
+      route = metadata ? routeOptions(metadata, ctx, this.options) : null;
+      routes.set(handler, route);
     }
-    const key = buildStorageKey({ prefix: this.options.keyPrefix, user: exchange.owner, handler: config.handler, key: clientKey });
-    const input: ClaimInput = { key, token: ownerToken(), fingerprint: exchange.fingerprint, leaseMs: config.leaseMs };
-
-    let claim: ClaimResult;
-    try {
-      claim = await this.calls.timed('claim', () => this.store.claim(input));
-      if (claim.status === 'in_progress' && config.waitForResultMs > 0) {
-        this.counters.count('waited', config.handler);
-        claim = await awaitSettled(this.store, input, claim, config.waitForResultMs, (error) => {
-          this.counters.count('storeErrors', config.handler);
-          this.logger.warn(`${config.handler}: cannot wait for the first result: ${(error as Error).message}`);
-        });
-      }
-    } catch (error) {
-      this.counters.count('storeErrors', config.handler);
-      const message = `${config.handler}: idempotency store unavailable, ${(error as Error).message}`;
-      if (config.failMode === 'closed') {
-        this.logger.warn(`${message}; refusing`);
-        return { result: exchange.refuse({ reason: 'store_unavailable' }) };
-      }
-      this.counters.count('failOpen', config.handler);
-      this.logger.warn(`${message}; running unguarded`);
-      // A claim that timed out may still land when the store recovers: run as its possible
-      // owner, so that the answer completes it or a failure releases it, never a stranded key.
-      return this.runAs(exchange, next, this.calls.own(input, config, true));
-    }
-    switch (claim.status) {
-      case 'in_progress':
-        this.counters.count('inProgress', config.handler);
-        return { result: exchange.refuse({ reason: 'in_progress', retryAfterMs: claim.retryAfterMs }) };
-      case 'mismatch':
-        this.counters.count('mismatched', config.handler);
-        return { result: exchange.refuse({ reason: 'key_reused' }) };
-      case 'completed':
-        this.counters.count('replayed', config.handler);
-        return { result: exchange.replay(claim.response) };
-      case 'acquired':
-        this.counters.count('acquired', config.handler);
-        return this.runAs(exchange, next, this.calls.own(input, config, false));
-    }
-  }
-
-  private runAs(exchange: GuardExchange, next: CallHandler, owned: OwnedKey) {
-    return { result: exchange.run(next, owned), release: owned.release };
+    return route;
   }
 
   /**
    * A HEAD request (a read the router sends to a GET route) never takes a key; an `@All()` route a
    * class-level decorator guards is guarded only for the request methods it names.
    */
-  private unguardedMethod(ctx: ExecutionContext, config: GuardedRoute): boolean {
+  private unguardedMethod(ctx: ExecutionContext, route: GuardedRoute): boolean {
     if (ctx.getType() !== 'http') return false;
     const method = ctx.getArgByIndex<HttpRequest>(0).method;
-    return method === 'HEAD' || (config.requestMethods !== undefined && !config.requestMethods.has(method));
+    return method === 'HEAD' || (route.requestMethods !== undefined && !route.requestMethods.has(method));
+  }
+
+  /**
+   * The request path after the route options: the transport's exchange, the user and the client
+   * key, the fingerprint, the storage key; then the store. A step that cannot go on refuses the
+   * call, and the exchange answers the refusal its transport's way.
+   */
+  private async guard(ctx: ExecutionContext, next: CallHandler, route: GuardedRoute): Promise<Guarded> {
+    const exchange = await this.exchangeOf(ctx, route);
+    if (!exchange) return { result: next.handle() };
+
+    const user = this.userOf(ctx, route);
+    if (!user) return { result: exchange.refuse({ reason: 'user_unresolved' }) };
+    let clientKey: string | undefined;
+    try {
+      clientKey = this.getKey(ctx, route);
+    } catch (error) {
+      if (!(error instanceof IdempotencyKeyError)) throw error;
+      return { result: exchange.refuse({ reason: 'key_invalid', problem: error.problem }) };
+    }
+
+    let fingerprint: string;
+    try {
+      fingerprint = fingerprintRequest(exchange.fingerprintInput(), route.ignoreFields);
+    } catch (error) {
+      if (!(error instanceof IdempotencyError)) throw error;
+      return { result: exchange.refuse({ reason: 'payload_unsupported', problem: error.message }) };
+    }
+
+    // The client key, else the fingerprint stands in. Anonymous callers share one namespace, so
+    // only a key they chose may key them.
+    const keySegment = clientKey ?? (route.useFingerprint && !('anonymous' in user) ? fingerprint : undefined);
+    if (keySegment === undefined) {
+      return { result: route.required ? exchange.refuse({ reason: 'key_missing', source: route.keySource }) : next.handle() };
+    }
+    const storageKey = buildStorageKey({ prefix: this.options.keyPrefix, user, handler: route.handler, key: keySegment });
+    return this.claim(exchange, next, route, { key: storageKey, token: claimToken(), fingerprint, leaseMs: route.leaseMs });
+  }
+
+  /** The call as its transport sees it; undefined for a transport the guard does not know. */
+  private async exchangeOf(ctx: ExecutionContext, route: GuardedRoute): Promise<GuardExchange | undefined> {
+    switch (ctx.getType()) {
+      case 'http': {
+        // The request and response by index: switchToHttp() adds three new closures to the
+        // context on every call.
+        // A request subscribed again (an outer retry()) is guarded again: its claim finds the
+        // first run's, so it never runs the handler unguarded.
+        const req = ctx.getArgByIndex<HttpRequest>(0);
+        const res = ctx.getArgByIndex<HttpResponse>(1);
+        return new HttpExchange(req, res, route, this.adapterHost.httpAdapter, this.options.replayHeaders);
+      }
+      case 'rpc':
+        return RpcExchange.create(ctx, route);
+      default:
+        // GraphQL, WebSockets: not guarded; said once per handler rather than silently.
+        this.onceFor(`${route.handler}:${ctx.getType()}`, () =>
+          this.logger.warn(`${route.handler}: @NoRepeatSubmit guards HTTP and RPC calls only; this ${ctx.getType()} call runs unguarded`),
+        );
+        return undefined;
+    }
+  }
+
+  /**
+   * Whose record it is: the user's id; an authenticated request without one is refused (never
+   * keyed by address, which many users can share), said once per handler; an anonymous one
+   * follows `anonymous`. Messages have no user.
+   */
+  private userOf(ctx: ExecutionContext, route: GuardedRoute): KeyUser | undefined {
+    if (ctx.getType() === 'rpc') return MESSAGE_USER;
+    const user = requestUser(this.getUser(ctx), ctx.getArgByIndex<HttpRequest>(0), this.options.anonymous);
+    if (user) return user;
+    this.onceFor(`${route.handler}:user`, () =>
+      this.logger.error(
+        `${route.handler}: the request's user has no usable id (a non-empty string or a number; request.user.id, else .sub), ` +
+          'so the guard cannot tell users apart and refuses the call (500). Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape.',
+      ),
+    );
+    return undefined;
   }
 
   /** The user segment of the key. Default: the module's `getUser` (`request.user.id`, else `.sub`). */
@@ -148,74 +188,56 @@ export class IdempotencyInterceptor implements NestInterceptor {
   /**
    * The client's key: the route's expression or function, else the key header (`keyHeader`,
    * default `Idempotency-Key`).
-   * Returns undefined when the call has none; throws 400 `IDEMPOTENCY_KEY_INVALID` for a bad one.
+   * Returns undefined when the call has none; throws for a bad one, which the guard answers
+   * 400 `IDEMPOTENCY_KEY_INVALID` (an RPC error with that code for a message).
    */
   protected getKey(ctx: ExecutionContext, config: GuardedRoute): string | undefined {
-    const source = config.metadata.key;
-    const req = ctx.getType() === 'http' ? ctx.getArgByIndex<HttpRequest>(0) : undefined;
-    let key: string | undefined;
-    if ('header' in source) {
-      const parsed = parseKeyHeader(req?.headers[config.keyHeader]);
-      if (parsed && 'invalid' in parsed) throw keyInvalid(parsed.invalid);
-      key = parsed?.key;
-    } else if ('resolve' in source) {
-      key = source.resolve(ctx);
-    } else {
-      key = evaluateKeyPath(
-        source.path,
-        req
-          ? { body: req.body, headers: req.headers, query: req.query, params: req.params, user: req.user }
-          : { data: ctx.switchToRpc().getData() },
-      );
-    }
-    if (key === undefined) return undefined;
-    const reason = validateKey(key);
-    if (reason) throw keyInvalid(reason);
-    return key;
+    return readClientKey(ctx, config);
   }
 
-  private async exchangeOf(ctx: ExecutionContext, config: GuardedRoute): Promise<GuardExchange | undefined> {
-    switch (ctx.getType()) {
-      case 'http': {
-        // The request and response by index: switchToHttp() adds three new closures to the
-        // context on every call.
-        // A request subscribed again (an outer retry()) is guarded again: its claim finds the
-        // first run's, so it never runs the handler unguarded.
-        const req = ctx.getArgByIndex<HttpRequest>(0);
-        const { httpAdapter } = this.adapterHost;
-        const res = ctx.getArgByIndex<HttpResponse>(1);
-        const owner = this.ownerOf(ctx, req, config);
-        return new HttpExchange(req, res, config, httpAdapter, this.options.replayHeaders, owner, this.getKey(ctx, config));
+  /** Claims the storage key and answers by what the store holds: run, replay or refuse. */
+  private async claim(exchange: GuardExchange, next: CallHandler, route: GuardedRoute, input: ClaimInput): Promise<Guarded> {
+    let claim: ClaimResult;
+    try {
+      claim = await this.calls.timed('claim', () => this.store.claim(input));
+      if (claim.status === 'in_progress' && route.waitForResultMs > 0) {
+        this.counters.count('waited', route.handler);
+        claim = await awaitSettled(this.store, input, claim, route.waitForResultMs, (error) => {
+          this.counters.count('storeErrors', route.handler);
+          this.logger.warn(`${route.handler}: cannot wait for the first result: ${(error as Error).message}`);
+        });
       }
-      case 'rpc':
-        return RpcExchange.create(ctx, config, () => this.getKey(ctx, config));
-      default:
-        // GraphQL, WebSockets: not guarded; said once per handler rather than silently.
-        this.onceFor(`${config.handler}:${ctx.getType()}`, () =>
-          this.logger.warn(`${config.handler}: @NoRepeatSubmit guards HTTP and RPC calls only; this ${ctx.getType()} call runs unguarded`),
-        );
-        return undefined;
+    } catch (error) {
+      this.counters.count('storeErrors', route.handler);
+      const message = `${route.handler}: idempotency store unavailable, ${(error as Error).message}`;
+      if (route.failMode === 'closed') {
+        this.logger.warn(`${message}; refusing`);
+        return { result: exchange.refuse({ reason: 'store_unavailable' }) };
+      }
+      this.counters.count('failOpen', route.handler);
+      this.logger.warn(`${message}; running unguarded`);
+      // A claim that timed out may still land when the store recovers: run as its possible
+      // holder, so that the answer completes it or a failure releases it, never a stranded key.
+      return this.runHolding(exchange, next, this.calls.hold(input, route, true));
+    }
+    switch (claim.status) {
+      case 'in_progress':
+        this.counters.count('inProgress', route.handler);
+        return { result: exchange.refuse({ reason: 'in_progress', retryAfterMs: claim.retryAfterMs }) };
+      case 'mismatch':
+        this.counters.count('mismatched', route.handler);
+        return { result: exchange.refuse({ reason: 'key_reused' }) };
+      case 'completed':
+        this.counters.count('replayed', route.handler);
+        return { result: exchange.replay(claim.response) };
+      case 'acquired':
+        this.counters.count('acquired', route.handler);
+        return this.runHolding(exchange, next, this.calls.hold(input, route, false));
     }
   }
 
-  /**
-   * Whose record it is: the user's id; an authenticated request without one is refused (never
-   * keyed by address, which many users can share); an anonymous one follows `anonymous`.
-   */
-  private ownerOf(ctx: ExecutionContext, req: HttpRequest, config: GuardedRoute): KeyOwner {
-    const id: unknown = this.getUser(ctx);
-    const text = idText(id);
-    if (text !== undefined) return { id: text };
-    if (req.user || (id !== undefined && id !== null && id !== '')) {
-      this.onceFor(`${config.handler}:user`, () =>
-        this.logger.error(
-          `${config.handler}: the request's user has no usable id (a non-empty string or a number; request.user.id, else .sub), ` +
-            'so the guard cannot tell users apart and refuses the call (500). Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape.',
-        ),
-      );
-      throw userUnresolved();
-    }
-    return this.options.anonymous === 'address' ? { ip: req.ip ?? 'unknown' } : { anonymous: true };
+  private runHolding(exchange: GuardExchange, next: CallHandler, claim: HeldClaim): Guarded {
+    return { result: exchange.run(next, claim), release: claim.release };
   }
 
   private onceFor(what: string, log: () => void): void {
@@ -223,30 +245,4 @@ export class IdempotencyInterceptor implements NestInterceptor {
     this.logged.add(what);
     log();
   }
-
-  private routeOf(ctx: ExecutionContext): GuardedRoute | null {
-    const handler = ctx.getHandler();
-    const controller = ctx.getClass();
-    let routes = this.routes.get(controller);
-    if (!routes) this.routes.set(controller, (routes = new WeakMap()));
-    let config = routes.get(handler);
-    if (config === undefined) {
-      const metadata = guardedRouteMetadata(controller, handler);
-      config = metadata ? route(metadata, ctx, this.options) : null;
-      routes.set(handler, config);
-    }
-    return config;
-  }
-
-}
-
-/**
- * A user id as its key segment: a non-empty string, a finite number or a bigint. Anything else
- * (an object, a Buffer, an array) has no text that tells every user apart, so it is refused.
- */
-function idText(id: unknown): string | undefined {
-  if (typeof id === 'string') return id === '' ? undefined : id;
-  if (typeof id === 'number') return Number.isFinite(id) ? String(id) : undefined;
-  if (typeof id === 'bigint') return String(id);
-  return undefined;
 }

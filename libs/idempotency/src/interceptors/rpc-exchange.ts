@@ -1,14 +1,12 @@
 import { StreamableFile, type CallHandler, type ExecutionContext } from '@nestjs/common';
 import { Readable } from 'node:stream';
 import { isObservable, of, type Observable } from 'rxjs';
-import { IdempotencyError } from '../errors/idempotency.errors.js';
-import { IdempotencyErrorCode, IdempotencyHttpException } from '../errors/idempotency-http.exceptions.js';
-import { fingerprintRequest } from '../keys/fingerprint.js';
-import type { KeyOwner } from '../keys/storage-key.js';
+import { IdempotencyErrorCode, keyInvalidMessage } from '../errors/idempotency-http.exceptions.js';
+import type { FingerprintInput } from '../keys/fingerprint.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
-import type { GuardExchange, GuardRefusal, OwnedKey } from './guard-exchange.js';
-import type { GuardedRoute } from './guarded-route.js';
-import { runOwned } from './owned-run.js';
+import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
+import { runHeld } from './held-run.js';
+import type { GuardedRoute } from './route-options.js';
 
 /** `@nestjs/microservices` marks `@EventPattern` handlers with this (PatternHandler.EVENT). */
 const HANDLER_TYPE_METADATA = 'microservices:handler_type';
@@ -19,59 +17,46 @@ let rpcException: Promise<RpcExceptionClass> | undefined;
 
 /**
  * A message to a `@MessagePattern` (request-response) or `@EventPattern` handler. Messages have
- * no user: the owner segment of their keys is empty (an HTTP owner never is). A duplicate
- * message gets the saved result; a duplicate event is dropped (the handler does not run).
- * Refusals of messages are `RpcException`s with `{ code, message }`. The saved result is the
- * handler's first value as JSON text, saved before it is sent on; a result JSON cannot hold (a
- * stream, a BigInt) is not kept, and the key is released.
+ * no user (see `MESSAGE_USER`). A duplicate message gets the saved result; a duplicate event is
+ * dropped (the handler does not run). Refusals of messages are `RpcException`s with
+ * `{ code, message }`. The saved result is the handler's first value as JSON text, saved before
+ * it is sent on; a result JSON cannot hold (a stream, a BigInt) is not kept, and the key is
+ * released.
  */
 export class RpcExchange implements GuardExchange {
-  readonly owner: KeyOwner = { id: '' };
-  readonly fingerprint: string;
   private readonly isEvent: boolean;
 
   private constructor(
-    ctx: ExecutionContext,
-    route: GuardedRoute,
-    readonly clientKey: string | undefined,
+    private readonly ctx: ExecutionContext,
+    private readonly route: GuardedRoute,
     private readonly RpcException: RpcExceptionClass,
   ) {
     this.isEvent = Reflect.getMetadata(HANDLER_TYPE_METADATA, ctx.getHandler()) === EVENT_HANDLER;
-    try {
-      const message = { method: 'RPC', path: route.handler, body: ctx.switchToRpc().getData() };
-      this.fingerprint = fingerprintRequest(message, route.ignoreFields);
-    } catch (error) {
-      if (!(error instanceof IdempotencyError)) throw error;
-      throw new this.RpcException({ code: IdempotencyErrorCode.PAYLOAD_UNSUPPORTED, message: error.message });
-    }
   }
 
-  /** `readKey` may throw the guard's HTTP exception for an invalid key: it becomes an RpcException. */
-  static async create(ctx: ExecutionContext, route: GuardedRoute, readKey: () => string | undefined): Promise<RpcExchange> {
+  /** Loads `@nestjs/microservices` (an optional peer) on the first message. */
+  static async create(ctx: ExecutionContext, route: GuardedRoute): Promise<RpcExchange> {
     rpcException ??= import('@nestjs/microservices').then((m) => m.RpcException as RpcExceptionClass);
-    const RpcException = await rpcException;
-    let clientKey: string | undefined;
-    try {
-      clientKey = readKey();
-    } catch (error) {
-      if (!(error instanceof IdempotencyHttpException)) throw error;
-      throw new RpcException({ code: error.code, message: error.message });
-    }
-    return new RpcExchange(ctx, route, clientKey, RpcException);
+    return new RpcExchange(ctx, route, await rpcException);
   }
 
-  run(next: CallHandler, owned: OwnedKey): Observable<unknown> {
-    return runOwned(
+  /** The message's payload, under the handler's name. */
+  fingerprintInput(): FingerprintInput {
+    return { method: 'RPC', path: this.route.handler, body: this.ctx.switchToRpc().getData() };
+  }
+
+  run(next: CallHandler, claim: HeldClaim): Observable<unknown> {
+    return runHeld(
       next.handle(),
       {
         succeeded: async (value) => {
           const body = serialize(value);
-          if (body === null) return owned.release();
-          return owned.save(body === undefined ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, body });
+          if (body === null) return claim.release();
+          return claim.save(body === undefined ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, body });
         },
-        failed: () => owned.release(),
+        failed: () => claim.release(),
       },
-      owned.leaseMs,
+      claim.leaseMs,
     );
   }
 
@@ -94,6 +79,13 @@ export class RpcExchange implements GuardExchange {
 
 function toRpcError(refusal: GuardRefusal): { code: string; message: string; retryAfterMs?: number } {
   switch (refusal.reason) {
+    case 'user_unresolved':
+      // Messages have no user to resolve (MESSAGE_USER): only an HTTP request meets this one.
+      return { code: IdempotencyErrorCode.USER_UNRESOLVED, message: 'The server cannot tell which user sent this message.' };
+    case 'key_invalid':
+      return { code: IdempotencyErrorCode.KEY_INVALID, message: keyInvalidMessage(refusal.problem) };
+    case 'payload_unsupported':
+      return { code: IdempotencyErrorCode.PAYLOAD_UNSUPPORTED, message: refusal.problem };
     case 'key_missing':
       return { code: IdempotencyErrorCode.KEY_MISSING, message: `The message has no idempotency key (${refusal.source}).` };
     case 'in_progress':

@@ -1,8 +1,8 @@
 import type { Logger } from '@nestjs/common';
 import type { IdempotencyCounters, IdempotencyMetricsSink } from '../metrics/idempotency-counters.js';
 import type { ClaimInput, IdempotencyStore, SavedResponse } from '../stores/idempotency-store.js';
-import type { OwnedKey } from './guard-exchange.js';
-import type { GuardedRoute } from './guarded-route.js';
+import type { HeldClaim } from './exchange.js';
+import type { GuardedRoute } from './route-options.js';
 
 /**
  * The guard's calls to its store, timed when a metrics sink is configured, with what each
@@ -15,13 +15,13 @@ export class StoreCalls {
     private readonly logger: Logger,
   ) {}
 
-  /** The key this run holds (or may hold, after a failed claim: `uncertain`). */
-  own({ key, token }: ClaimInput, config: GuardedRoute, uncertain: boolean): OwnedKey {
-    const leaseEndsAt = Date.now() + config.leaseMs;
+  /** The claim this run holds (or may hold, after a failed claim: `uncertain`). */
+  hold({ key: storageKey, token }: ClaimInput, route: GuardedRoute, uncertain: boolean): HeldClaim {
+    const leaseEndsAt = Date.now() + route.leaseMs;
     return {
-      leaseMs: config.leaseMs,
-      save: (response) => this.save(key, token, response, config, leaseEndsAt, uncertain),
-      release: () => this.release(key, token, config.handler),
+      leaseMs: route.leaseMs,
+      save: (response) => this.save(storageKey, token, response, route, leaseEndsAt, uncertain),
+      release: () => this.release(storageKey, token, route.handler),
     };
   }
 
@@ -29,28 +29,35 @@ export class StoreCalls {
    * Saves the answer. A save that fails is tried again in the background until the lease ends:
    * the effect happened, and a key left processing would refuse retries, then run them again.
    */
-  private async save(key: string, token: string, response: SavedResponse, config: GuardedRoute, leaseEndsAt: number, uncertain: boolean) {
+  private async save(
+    storageKey: string,
+    token: string,
+    response: SavedResponse,
+    route: GuardedRoute,
+    leaseEndsAt: number,
+    uncertain: boolean,
+  ) {
     try {
-      const saved = await this.timed('complete', () => this.store.complete(key, token, response, config.expireMs));
+      const saved = await this.timed('complete', () => this.store.complete(storageKey, token, response, route.expireMs));
       if (!saved && !uncertain) {
-        this.counters.count('lateCompletions', config.handler);
-        this.logger.warn(`${config.handler}: the lease ran out before the handler finished; its response was not saved`);
+        this.counters.count('lateCompletions', route.handler);
+        this.logger.warn(`${route.handler}: the lease ran out before the handler finished; its response was not saved`);
       }
     } catch (error) {
-      this.counters.count('storeErrors', config.handler);
-      const message = `${config.handler}: could not save the response (${(error as Error).message}); trying again until the lease ends`;
+      this.counters.count('storeErrors', route.handler);
+      const message = `${route.handler}: could not save the response (${(error as Error).message}); trying again until the lease ends`;
       // After a failed claim (fail-open) the outage was logged already; the save may have no claim to complete.
       if (uncertain) this.logger.debug(message);
       else this.logger.error(message);
-      void this.saveLater(key, token, response, config, leaseEndsAt, uncertain);
+      void this.saveLater(storageKey, token, response, route, leaseEndsAt, uncertain);
     }
   }
 
   private async saveLater(
-    key: string,
+    storageKey: string,
     token: string,
     response: SavedResponse,
-    config: GuardedRoute,
+    route: GuardedRoute,
     leaseEndsAt: number,
     uncertain: boolean,
   ) {
@@ -58,22 +65,22 @@ export class StoreCalls {
       await new Promise((resolve) => setTimeout(resolve, delayMs).unref());
       try {
         // false: a late copy of an earlier save (or of the claim's release) landed meanwhile.
-        if (await this.store.complete(key, token, response, config.expireMs)) {
-          this.logger.log(`${config.handler}: saved the response on a later try`);
+        if (await this.store.complete(storageKey, token, response, route.expireMs)) {
+          this.logger.log(`${route.handler}: saved the response on a later try`);
         }
         return;
       } catch {
-        this.counters.count('storeErrors', config.handler);
+        this.counters.count('storeErrors', route.handler);
       }
     }
-    const message = `${config.handler}: gave up saving the response; the key frees when its lease ends`;
+    const message = `${route.handler}: gave up saving the response; the key frees when its lease ends`;
     if (uncertain) this.logger.debug(message);
     else this.logger.error(message);
   }
 
-  private async release(key: string, token: string, handler: string): Promise<void> {
+  private async release(storageKey: string, token: string, handler: string): Promise<void> {
     try {
-      if (await this.timed('release', () => this.store.release(key, token))) this.counters.count('released', handler);
+      if (await this.timed('release', () => this.store.release(storageKey, token))) this.counters.count('released', handler);
     } catch (error) {
       this.counters.count('storeErrors', handler);
       this.logger.error(`Could not release an idempotency key (it frees when its lease ends): ${(error as Error).message}`);

@@ -1,7 +1,7 @@
 import { describe, it } from '@jest/globals';
 import fc from 'fast-check';
 import { fingerprintRequest } from './fingerprint.js';
-import { buildStorageKey, type StorageKeyParts, type KeyOwner } from './storage-key.js';
+import { buildStorageKey, type StorageKeyParts, type KeyUser } from './storage-key.js';
 
 /** Rebuilds a value with the keys of every object in reverse (a different insertion order). */
 function reorder(value: unknown): unknown {
@@ -86,9 +86,9 @@ describe('storage key properties', () => {
     if (!(rest.length === 3 || (tagged && rest[0] === 'ip') || (tagged && rest[0] === 'anon' && rest[1] === ''))) {
       throw new Error(`undecodable ${storageKey}`);
     }
-    const owner: KeyOwner = !tagged ? { id: unescape(rest[0]) } : rest[0] === 'ip' ? { ip: unescape(rest[1]) } : { anonymous: true };
+    const user: KeyUser = !tagged ? { id: unescape(rest[0]) } : rest[0] === 'ip' ? { ip: unescape(rest[1]) } : { anonymous: true };
     const [handler, key] = rest.slice(-2).map(unescape);
-    return { prefix, user: owner, handler, key };
+    return { prefix, user, handler, key };
   }
   const unescape = (segment: string) =>
     segment

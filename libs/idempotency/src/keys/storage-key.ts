@@ -1,14 +1,15 @@
 /**
- * Who a record belongs to: a user id; for anonymous callers keyed by address, their address; or
- * every anonymous caller at once (keyed only by keys the callers chose).
+ * The user segment of a storage key: whose record it is. A user id (empty for RPC messages,
+ * which have no user); for anonymous callers keyed by address, their address; or every anonymous
+ * caller at once (keyed only by keys the callers chose).
  */
-export type KeyOwner = { id: string } | { ip: string } | { anonymous: true };
+export type KeyUser = { id: string } | { ip: string } | { anonymous: true };
 
 /** The parts of a store key. */
 export interface StorageKeyParts {
   /** The module's `keyPrefix`, used verbatim (it may hold ':' or a Redis `{hash tag}`). */
   prefix: string;
-  user: KeyOwner;
+  user: KeyUser;
   /** `ControllerName.methodName`. */
   handler: string;
   /** The client's key, or the request fingerprint. */
@@ -53,6 +54,6 @@ function encodeSegment(value: string): string {
  * keeps callers from injecting a Redis Cluster `{hash tag}` to pick a slot.
  */
 export function buildStorageKey({ prefix, user, handler, key }: StorageKeyParts): string {
-  const owner = 'id' in user ? encodeSegment(user.id) : 'ip' in user ? `ip:${encodeSegment(user.ip)}` : 'anon:';
-  return `${prefix}:${owner}:${encodeSegment(handler)}:${encodeSegment(key)}`;
+  const userSegment = 'id' in user ? encodeSegment(user.id) : 'ip' in user ? `ip:${encodeSegment(user.ip)}` : 'anon:';
+  return `${prefix}:${userSegment}:${encodeSegment(handler)}:${encodeSegment(key)}`;
 }

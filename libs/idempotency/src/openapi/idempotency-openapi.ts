@@ -196,14 +196,14 @@ export async function documentDecoratedRoutes(defaults?: { failMode?: FailMode; 
     const controller = (onClass ? place.target : place.target.constructor) as { prototype: object };
     const methods = onClass
       ? controllerMethods(controller.prototype)
-      : [{ name: place.propertyKey!, handler: Object.getOwnPropertyDescriptor(place.target, place.propertyKey!)?.value as unknown, owner: place.target }];
-    for (const { name: key, handler, owner } of methods) {
+      : [{ name: place.propertyKey!, handler: Object.getOwnPropertyDescriptor(place.target, place.propertyKey!)?.value as unknown, declaredOn: place.target }];
+    for (const { name: key, handler, declaredOn } of methods) {
       if (typeof handler !== 'function') continue;
       // A method with its own @NoRepeatSubmit() is documented from its own place.
       if (onClass && Reflect.hasOwnMetadata(NO_REPEAT_SUBMIT_METADATA, handler)) continue;
       const metadata = guardedRouteMetadata(controller, handler);
       // Swagger keeps its metadata on the handler function, which subclasses share with their base.
-      if (metadata) documentRoute(documenting, owner, key, metadata);
+      if (metadata) documentRoute(documenting, declaredOn, key, metadata);
     }
   }
   return true;

@@ -27,7 +27,7 @@ export type UnreplayableReason = 'too_large' | 'not_delivered' | 'server_error';
 
 /** What a claim found; expected outcomes are values, not exceptions. */
 export type ClaimResult =
-  /** The caller owns the key until `leaseMs` runs out; complete or release with `token`. */
+  /** The caller owns the key until `leaseMs` runs out (`renew` extends it); complete or release with `token`. */
   | { status: 'acquired'; token: string }
   /** Another request holds the key; it frees or completes it within `retryAfterMs`. */
   | { status: 'in_progress'; retryAfterMs: number }
@@ -80,13 +80,20 @@ export abstract class IdempotencyStore {
   abstract claim(input: ClaimInput): Promise<ClaimResult>;
 
   /**
-   * Saves `response` and keeps it `ttlMs`, only while `token` still owns a processing claim.
-   * Returns false when the lease ran out or another claim took the key.
+   * Saves `response` and keeps it `retentionMs`, only while `token` still owns a processing
+   * claim. Returns false when the lease ran out or another claim took the key.
    */
-  abstract complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean>;
+  abstract complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean>;
 
   /** Deletes the claim only while `token` still owns it (compare-and-delete). */
   abstract release(key: string, token: string): Promise<boolean>;
+
+  /**
+   * Extends the live processing claim that `token` holds so that it ends `leaseMs` from now (by
+   * the store's clock). False when the token holds no live processing claim of `key` (it was
+   * completed, released, taken over or expired): the caller has lost the lease.
+   */
+  abstract renew(key: string, token: string, leaseMs: number): Promise<boolean>;
 
   /** Reads a record without changing it (tooling, tests). */
   abstract get(key: string): Promise<StoredRecord | undefined>;

@@ -1,3 +1,4 @@
 // The testing entry point, `nestjs-idempotency/testing`: the contract every `IdempotencyStore`
 // must meet, for the library's own stores and for yours. Runs under Jest or Vitest.
-export { describeStoreContract, type ContractMatchers, type ContractTestApi, type StoreHarness } from './store-contract.js';
+export { describeStoreContract } from './store-contract.js';
+export type { ContractMatchers, ContractTestApi, StoreHarness } from './contract-api.js';

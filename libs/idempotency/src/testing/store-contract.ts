@@ -1,13 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import { buildStorageKey, MAX_KEY_LENGTH, type IdempotencyStore, type SavedResponse, type UnreplayableReason } from '../index.js';
-
-/** How a store's test setup provides a fresh store and lets time pass. */
-export interface StoreHarness {
-  store: IdempotencyStore;
-  /** Lets `ms` milliseconds pass for the store (fake timers, or real time for Redis expiry). */
-  elapse(ms: number): Promise<void>;
-  close?(): Promise<void>;
-}
+import { buildStorageKey, MAX_KEY_LENGTH, type SavedResponse, type UnreplayableReason } from '../index.js';
+import { globalTestApi, type ContractSubject, type ContractTestApi, type StoreHarness } from './contract-api.js';
+import { describeRenewalCases } from './lease-renewal.contract.js';
 
 const response: SavedResponse = {
   statusCode: 201,
@@ -22,40 +16,6 @@ const binary: SavedResponse = {
   body: Buffer.from([0x00, 0xff, 0x0a, 0x80]).toString('base64'),
   encoding: 'base64',
 };
-
-/**
- * The matchers the contract uses: Jest's and Vitest's `expect` both have them. Test runners
- * that inject no globals pass their own API to `describeStoreContract`.
- */
-export interface ContractMatchers {
-  toBe(expected: unknown): void;
-  toEqual(expected: unknown): void;
-  toStrictEqual(expected: unknown): void;
-  toMatchObject(expected: object): void;
-  toBeGreaterThan(expected: number): void;
-  toBeLessThanOrEqual(expected: number): void;
-  toBeUndefined(): void;
-  toHaveLength(expected: number): void;
-}
-
-/** The test runner functions the contract calls (`describe`, `it`, hooks and `expect`). */
-export interface ContractTestApi {
-  describe(name: string, body: () => void): void;
-  it(name: string, body: () => Promise<void>): void;
-  beforeEach(body: () => Promise<void>): void;
-  afterEach(body: () => Promise<unknown>): void;
-  expect(actual: unknown): ContractMatchers;
-}
-
-/** The runner's globals (Jest; Vitest with `globals: true`). */
-function globalTestApi(): ContractTestApi {
-  const api = globalThis as unknown as Partial<ContractTestApi>;
-  const { describe, it, beforeEach, afterEach, expect } = api;
-  if (!describe || !it || !beforeEach || !afterEach || !expect) {
-    throw new Error('describeStoreContract: the test runner has no globals; pass { describe, it, beforeEach, afterEach, expect }');
-  }
-  return { describe, it, beforeEach, afterEach, expect };
-}
 
 /**
  * The longest client key the guard accepts (`MAX_KEY_LENGTH` characters), of 4-byte UTF-8
@@ -93,6 +53,17 @@ export function describeStoreContract(
     let key: string;
     const claim = (token: string, fingerprint = 'fp-1', lease = leaseMs) =>
       h.store.claim({ key, token, fingerprint, leaseMs: lease });
+
+    const subject: ContractSubject = {
+      get store() {
+        return h.store;
+      },
+      get key() {
+        return key;
+      },
+      elapse: (ms) => h.elapse(ms),
+      claim,
+    };
 
     beforeEach(async () => {
       h = await makeHarness();
@@ -255,5 +226,7 @@ export function describeStoreContract(
         token: 't2',
       });
     });
+
+    describeRenewalCases(subject, leaseMs, test);
   });
 }

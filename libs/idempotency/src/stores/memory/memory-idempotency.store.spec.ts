@@ -87,6 +87,19 @@ describe('MemoryIdempotencyStore', () => {
     expect((await store.get('completed'))?.state).toBe('completed');
   });
 
+  it('keeps a renewed claim past its first expiry when full, and drops it at its renewed one', async () => {
+    const store = new MemoryIdempotencyStore({ maxEntries: 2 });
+    await claimIn(store, 'renewed', 100);
+    expect(await store.renew('renewed', 't-renewed', 1_000)).toBe(true);
+    await claimIn(store, 'other');
+    jest.advanceTimersByTime(200);
+    await expect(claimIn(store, 'new')).rejects.toThrow('memory store full: 2 live records');
+    expect(await store.claim({ key: 'renewed', token: 'dup', fingerprint: 'fp', leaseMs: 100 })).toMatchObject({ status: 'in_progress' });
+    jest.advanceTimersByTime(1_000);
+    expect(await claimIn(store, 'new')).toMatchObject({ status: 'acquired' });
+    expect(await held(store, ['renewed', 'other', 'new'])).toEqual([false, true, true]);
+  });
+
   it('stays within maxEntries over many rounds of expiring keys, past released and completed ones', async () => {
     const store = new MemoryIdempotencyStore({ maxEntries: 1000 });
     let refused = 0;

@@ -43,7 +43,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   /**
    * Every entry by expiry, soonest first. A slot is stale, and skipped, when its entry is no
    * longer the map's (released, expired and read, claimed again) or has another expiry since
-   * (completed): stale slots are never taken for live entries.
+   * (completed, renewed): stale slots are never taken for live entries.
    */
   private readonly expiries = new ExpiryHeap<Entry>();
   private readonly watchers = new SettleWatchers();
@@ -73,13 +73,13 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     return { status: 'in_progress', retryAfterMs: entry.expiresAt - now };
   }
 
-  async complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean> {
+  async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
     const now = Date.now();
     const entry = this.live(key, now);
     if (entry?.state !== 'processing' || entry.token !== token) return false;
     entry.state = 'completed';
     entry.response = response;
-    entry.expiresAt = now + ttlMs;
+    entry.expiresAt = now + retentionMs;
     this.schedule(entry);
     this.watchers.notify(key);
     return true;
@@ -90,6 +90,20 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     if (entry?.state !== 'processing' || entry.token !== token) return false;
     this.entries.delete(key);
     this.watchers.notify(key);
+    return true;
+  }
+
+  async renew(key: string, token: string, leaseMs: number): Promise<boolean> {
+    const now = Date.now();
+    const entry = this.live(key, now);
+    if (entry?.state !== 'processing' || entry.token !== token) return false;
+    const expiresAt = now + leaseMs;
+    if (expiresAt !== entry.expiresAt) {
+      // The slot of the old expiry goes stale (its time no longer matches), so the heap never
+      // drops the renewed claim at its first lease's end.
+      entry.expiresAt = expiresAt;
+      this.schedule(entry);
+    }
     return true;
   }
 
@@ -129,8 +143,8 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   /** Gives the entry a heap slot for its (new) expiry. */
   private schedule(entry: Entry): void {
     this.expiries.push(entry, entry.expiresAt);
-    // Stale slots pile up when keys are released or completed: rebuild the heap from the map
-    // once they outnumber the entries (O(n) after at least n pushes, so O(1) per push).
+    // Stale slots pile up when keys are released, completed or renewed: rebuild the heap from
+    // the map once they outnumber the entries (O(n) after at least n pushes, so O(1) per push).
     if (this.expiries.length > 2 * this.entries.size + 1024) {
       this.expiries.rebuild(this.entries.values(), (live) => live.expiresAt);
     }

@@ -4,7 +4,7 @@ import { randomUUID } from 'node:crypto';
 import { connectRedis } from '../../../../../test/support/services.js';
 import { describeStoreContract } from '../../testing/index.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
-import { encodeProcessing } from './redis-record.js';
+import { decodeRecord, encodeProcessing } from './redis-record.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
@@ -63,6 +63,45 @@ describe('RedisIdempotencyStore', () => {
     expect(released.filter(Boolean)).toHaveLength(0);
     const owners = await Promise.all(keys.map((key) => store.get(key)));
     expect(owners.filter((r) => r?.state === 'processing' && r.token === 'fresh')).toHaveLength(1000);
+  });
+
+  it('renews in one script: Redis sets the new lease, the head gets the new lease end, a waiter\'s mark stays', async () => {
+    const store = new RedisIdempotencyStore(client);
+    const key = `renew:${randomUUID()}`;
+    await store.claim({ key, token: 't', fingerprint: 'fp', leaseMs: 1_000 });
+    await store.claim({ key, token: 'w', fingerprint: 'fp', leaseMs: 1_000, wait: true });
+    await store.renew(`warm:${randomUUID()}`, 't', 1_000); // loads the script: EVALSHA from here on
+    const sent: string[] = [];
+    const monitor = await client.monitor();
+    monitor.on('monitor', (_time: string, args: string[], source: string) => {
+      if (source !== 'lua' && args.includes(key)) sent.push(args[0].toLowerCase());
+    });
+    expect(await store.renew(key, 't', 60_000)).toBe(true);
+    await sleep(50);
+    monitor.disconnect();
+    expect(sent).toEqual(['evalsha']);
+    expect(await client.pttl(key)).toBeGreaterThan(59_000);
+    const value = (await client.get(key))!;
+    // Still marked by the waiter, so the completion below publishes the key.
+    expect(value[0]).toBe('W');
+    const record = decodeRecord(value);
+    expect(record).toMatchObject({ state: 'processing', token: 't', fingerprint: 'fp' });
+    expect(record.state === 'processing' && record.leaseEndMs).toBeGreaterThan(Date.now() + 59_000);
+    expect((await store.claim({ key, token: 'u', fingerprint: 'fp', leaseMs: 60_000 })).status).toBe('in_progress');
+  });
+
+  it('fences stale renewals: over 1,000 trials no late renewal extends the new owner\'s lease', async () => {
+    const store = new RedisIdempotencyStore(client);
+    const keys = Array.from({ length: 1000 }, () => `renew-fence:${randomUUID()}`);
+    const claimAll = (token: string, leaseMs: number) =>
+      Promise.all(keys.map((key) => store.claim({ key, token, fingerprint: '', leaseMs })));
+    expect((await claimAll('stale', 100)).every((r) => r.status === 'acquired')).toBe(true);
+    await sleep(150); // every stale lease runs out (Redis expiry under test)
+    expect((await claimAll('fresh', 5_000)).every((r) => r.status === 'acquired')).toBe(true);
+    const renewed = await Promise.all(keys.map((key) => store.renew(key, 'stale', 600_000)));
+    expect(renewed.filter(Boolean)).toHaveLength(0);
+    const pttls = await Promise.all(keys.map((key) => client.pttl(key)));
+    expect(pttls.filter((pttl) => pttl > 0 && pttl <= 5_000)).toHaveLength(1000);
   });
 
   it('keeps working after SCRIPT FLUSH (EVALSHA falls back to EVAL)', async () => {

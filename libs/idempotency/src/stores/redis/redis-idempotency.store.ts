@@ -21,12 +21,14 @@ import {
   type DecodedRecord,
 } from './redis-record.js';
 import { RELEASE_LUA } from './release.lua.js';
+import { RENEW_LUA } from './renew.lua.js';
 
 /** The scripts as commands on the client (registered with `defineCommand`, sent as EVALSHA). */
 interface ScriptedClient {
   idempotencyClaimWait(key: string, processing: string, leaseMs: number): Promise<[record: string, pttlMs: number] | null>;
-  idempotencyComplete(key: string, prefix: string, response: string, ttlMs: number, channel: string): Promise<0 | 1>;
+  idempotencyComplete(key: string, prefix: string, response: string, retentionMs: number, channel: string): Promise<0 | 1>;
   idempotencyRelease(key: string, prefix: string, channel: string): Promise<0 | 1>;
+  idempotencyRenew(key: string, prefix: string, leaseMs: number, leaseEndMs: number): Promise<0 | 1>;
 }
 
 export interface RedisIdempotencyStoreOptions {
@@ -37,10 +39,11 @@ export interface RedisIdempotencyStoreOptions {
   /** Pub/sub channel on which settled keys that someone waits for are published. */
   settleChannel?: string;
   /**
-   * Durability across a failover: after a claim and after a completion, `WAIT` until this many
-   * replicas acknowledged the write (one more round trip each). A claim not acknowledged in time
-   * is released and reported as a store error (the outage policy applies); a completion not
-   * acknowledged is logged. Single primary with replicas only: not on a Cluster client.
+   * Durability across a failover: after a claim, a renewal and a completion, `WAIT` until this
+   * many replicas acknowledged the write (one more round trip each). A claim not acknowledged in
+   * time is released and reported as a store error (the outage policy applies); a renewal or a
+   * completion not acknowledged is logged. Single primary with replicas only: not on a Cluster
+   * client.
    */
   waitForReplicas?: { replicas: number; timeoutMs: number };
 }
@@ -48,8 +51,8 @@ export interface RedisIdempotencyStoreOptions {
 /**
  * Redis store (Redis 7.0 or later): one round trip per operation, TTLs set by Redis. A claim is
  * the plain command `SET key <processing> NX PX <lease> GET`: it claims a free key, or returns
- * the record that holds it, so a duplicate is one command too. Completing and releasing are Lua
- * scripts that check the owner's token first (fencing). One string per record
+ * the record that holds it, so a duplicate is one command too. Completing, releasing and renewing
+ * are Lua scripts that check the owner's token first (fencing). One string per record
  * (`redis-record.ts`). Works on a single node and on a Cluster (every command touches one key).
  */
 export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
@@ -69,6 +72,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
       idempotencyClaimWait: CLAIM_WAIT_LUA,
       idempotencyComplete: COMPLETE_LUA,
       idempotencyRelease: RELEASE_LUA,
+      idempotencyRenew: RENEW_LUA,
     };
     for (const [name, lua] of Object.entries(commands)) {
       if (!(name in client)) client.defineCommand(name, { numberOfKeys: 1, lua });
@@ -90,12 +94,12 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
       return { status: 'acquired', token };
     }
     const record = this.decode(key, held);
-    return outcomeOf(record, fingerprint, leaseLeft(record, pttlMs, leaseMs));
+    return claimResultOf(record, fingerprint, leaseLeft(record, pttlMs, leaseMs));
   }
 
-  async complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean> {
+  async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
     const reply = await this.run(() =>
-      this.scripts.idempotencyComplete(key, tokenPrefix(token), encodeResponse(response), ttlMs, this.channel),
+      this.scripts.idempotencyComplete(key, tokenPrefix(token), encodeResponse(response), retentionMs, this.channel),
     );
     if (reply === 1) await this.replicate(key).catch((error: Error) => this.logger.warn(error.message));
     return reply === 1;
@@ -103,6 +107,12 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
 
   async release(key: string, token: string): Promise<boolean> {
     return (await this.run(() => this.scripts.idempotencyRelease(key, tokenPrefix(token), this.channel))) === 1;
+  }
+
+  async renew(key: string, token: string, leaseMs: number): Promise<boolean> {
+    const reply = await this.run(() => this.scripts.idempotencyRenew(key, tokenPrefix(token), leaseMs, Date.now() + leaseMs));
+    if (reply === 1) await this.replicate(key).catch((error: Error) => this.logger.warn(error.message));
+    return reply === 1;
   }
 
   /** With `waitForReplicas`, waits for the replicas; on a shortfall runs `undo` and throws. */
@@ -201,7 +211,7 @@ function leaseLeft(record: DecodedRecord, pttlMs: number | undefined, leaseMs: n
 }
 
 /** What a claim that found `held` answers; `retryAfterMs` is the lease left, if in progress. */
-function outcomeOf(held: DecodedRecord, fingerprint: string, retryAfterMs: number): ClaimResult {
+function claimResultOf(held: DecodedRecord, fingerprint: string, retryAfterMs: number): ClaimResult {
   if (fingerprint !== '' && held.fingerprint !== '' && held.fingerprint !== fingerprint) return { status: 'mismatch' };
   if (held.state === 'completed') return { status: 'completed', response: held.response };
   return { status: 'in_progress', retryAfterMs };

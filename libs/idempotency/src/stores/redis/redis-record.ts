@@ -4,7 +4,8 @@ import type { SavedResponse, StoredRecord } from '../idempotency-store.js';
  * One idempotency record as one Redis string, so that a claim is a single `SET ... NX PX GET`
  * (no script) and a duplicate reads everything in that one reply.
  *
- * - processing: `P` + the head `[token, fingerprint, leaseEndMs]` (JSON). `W` instead of `P`
+ * - processing: `P` + the head `[token, fingerprint, leaseEndMs]` (JSON; `leaseEndMs` by the
+ *   holder's clock, at the claim or its last renewal, only for a duplicate's hint). `W` instead of `P`
  *   once a waiting duplicate marked it (`claim-wait.lua`): complete and release then publish.
  * - completed: `C` + the same head + `\n` + the meta `[statusCode, headers]` (JSON), then, when
  *   the response has a body, `\n` and the body text as saved. The meta has a third element,
@@ -15,7 +16,8 @@ import type { SavedResponse, StoredRecord } from '../idempotency-store.js';
  *
  * `JSON.stringify` never writes a raw newline, so the first two `\n` end the JSON parts. The
  * scripts compare the head's first element with the caller's token ({@link tokenPrefix}) and
- * never parse the rest.
+ * never parse the rest; renewing replaces what follows the head's last comma (`leaseEndMs`, a
+ * number, so no comma of the token or fingerprint can come after it).
  */
 export type DecodedRecord =
   | { state: 'processing'; token: string; fingerprint: string; leaseEndMs: number }

@@ -40,6 +40,16 @@ describe('RedisIdempotencyStore with waitForReplicas (a primary and a replica th
     expect(await onReplica.get(key)).toMatchObject({ state: 'completed', token: 't' });
   });
 
+  it('returns a renewal once the replica has the new lease', async () => {
+    const store = new RedisIdempotencyStore(client, { waitForReplicas: { replicas: 1, timeoutMs: 2000 } });
+    const key = `renewed:${randomUUID()}`;
+    expect((await store.claim({ key, token: 't', fingerprint: '', leaseMs: 1_000 })).status).toBe('acquired');
+    expect(await store.renew(key, 't', 60_000)).toBe(true);
+    expect(await replicaClient.pttl(key)).toBeGreaterThan(59_000);
+    expect(await store.renew(key, 'other', 120_000)).toBe(false);
+    expect(await replicaClient.pttl(key)).toBeLessThanOrEqual(60_000);
+  });
+
   it('releases the claim and reports a store error when too few replicas acknowledge it', async () => {
     const store = new RedisIdempotencyStore(client, { waitForReplicas: { replicas: 2, timeoutMs: 100 } });
     const key = `unreplicated:${randomUUID()}`;

@@ -1,13 +1,14 @@
 import type { MigrationInterface, QueryRunner } from 'typeorm';
 import { IDEMPOTENCY_CONSUME_LOG_TABLE } from './consume-log.entity.js';
-import { tableIn } from '../postgres/table-name.js';
+import { qualifiedTable } from '../postgres/table-name.js';
 
 /** Creates `idempotency_consume_log`, the table of `consumeOnce` (PostgreSQL). */
 export class IdempotencyConsumeLog1764460800001 implements MigrationInterface {
   readonly name = 'IdempotencyConsumeLog1764460800001';
 
   async up(queryRunner: QueryRunner): Promise<void> {
-    await queryRunner.query(`CREATE TABLE ${tableIn(queryRunner, IDEMPOTENCY_CONSUME_LOG_TABLE)} (
+    const table = qualifiedTable(IDEMPOTENCY_CONSUME_LOG_TABLE, queryRunner.connection.driver.schema);
+    await queryRunner.query(`CREATE TABLE ${table} (
       "consumer" character varying(128) NOT NULL,
       "message_id" character varying(255) NOT NULL,
       "consumed_at" TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
@@ -16,6 +17,7 @@ export class IdempotencyConsumeLog1764460800001 implements MigrationInterface {
   }
 
   async down(queryRunner: QueryRunner): Promise<void> {
-    await queryRunner.query(`DROP TABLE ${tableIn(queryRunner, IDEMPOTENCY_CONSUME_LOG_TABLE)}`);
+    const table = qualifiedTable(IDEMPOTENCY_CONSUME_LOG_TABLE, queryRunner.connection.driver.schema);
+    await queryRunner.query(`DROP TABLE ${table}`);
   }
 }

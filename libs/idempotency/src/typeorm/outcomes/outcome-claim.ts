@@ -31,7 +31,7 @@ export interface OutcomeClaimInput {
 /** Which key recognised a repeat. */
 export type MatchedBy = 'request_id' | 'content_hash';
 
-/** A claim this caller holds: pass it to `succeed`, `fail` or `succeedWith`. */
+/** A claim this caller holds: pass it to `succeed`, `fail` or `succeedWith`, and to `renew` while the work goes on. */
 export interface HeldOutcome {
   /** The record's id (a bigint, as text). */
   recordId: string;

@@ -192,6 +192,51 @@ describe('PostgresOutcomeRecorder', () => {
       expect(await recorder.succeed(late, { statusCode: 201 })).toBe(true);
     });
 
+    it("renews its holder's lease past the original end (by default for the recorder's leaseMs), so a new claim is refused", async () => {
+      const scope = newScope();
+      const input = { scope, requestId: 'r', contentHash: hash('renew'), leaseMs: 300 };
+      const holder = held(await recorder.claim(input));
+      const [{ end }] = await rows(`SELECT expires_at::text AS end FROM ${table()} WHERE scope = $1`, [scope]);
+      expect(await recorder.renew(holder)).toBe(true);
+      await until(async () => (await rows(`SELECT $1::timestamptz <= now() AS over`, [end]))[0].over);
+      const repeat = await recorder.claim(input);
+      expect(repeat).toMatchObject({ status: 'processing', matchedBy: 'request_id' });
+      expect(repeat.status === 'processing' && repeat.retryAfterMs).toBeGreaterThan(25_000);
+      expect(await recorder.renew(holder, 60_000)).toBe(true);
+      expect((await recorder.get(scope, { requestId: 'r' }))?.ttlMs).toBeGreaterThan(55_000);
+      expect(await recorder.succeed(holder, { statusCode: 201 })).toBe(true);
+      await expect(recorder.renew(holder, 0)).rejects.toThrow(/leaseMs/);
+    });
+
+    it('refuses to renew for an owner whose lease ran out, before and after a take-over', async () => {
+      const scope = newScope();
+      const input = { scope, requestId: 'r', contentHash: hash('stale-renew'), leaseMs: 60_000 };
+      const stale = held(await recorder.claim(input));
+      await expire(scope);
+      // Nobody claimed again, yet the lease is lost: renewing would revive a claim others may take.
+      expect(await recorder.renew(stale)).toBe(false);
+      const fresh = await recorder.claim(input);
+      expect(fresh).toMatchObject({ status: 'acquired', previousState: 'PROCESSING', held: { recordId: stale.recordId, attempt: 2 } });
+      expect(await recorder.renew(stale, 60_000)).toBe(false);
+      expect(await recorder.renew(held(fresh), 60_000)).toBe(true);
+      expect((await record(scope))[0]).toMatchObject({ state: 'PROCESSING', token: held(fresh).token });
+    });
+
+    it('refuses to renew a record already recorded SUCCESS or FAILED, and leaves its retention alone', async () => {
+      const scope = newScope();
+      const done = held(await recorder.claim({ scope, requestId: 'ok', contentHash: hash('done') }));
+      expect(await recorder.succeed(done, { statusCode: 201 })).toBe(true);
+      expect(await recorder.renew(done, 1_000)).toBe(false);
+      const failed = held(await recorder.claim({ scope, requestId: 'ko', contentHash: hash('failed') }));
+      expect(await recorder.fail(failed, { statusCode: 500 })).toBe(true);
+      expect(await recorder.renew(failed, 1_000)).toBe(false);
+      for (const [requestId, state] of [['ok', 'SUCCESS'], ['ko', 'FAILED']]) {
+        const view = await recorder.get(scope, { requestId });
+        expect(view?.state).toBe(state);
+        expect(view?.ttlMs).toBeGreaterThan(24 * 60 * 60 * 1000);
+      }
+    });
+
     it('commits the work and the SUCCESS together, and rolls both back when the work throws', async () => {
       const scope = newScope();
       const input = { scope, requestId: 'r', contentHash: hash('tx') };

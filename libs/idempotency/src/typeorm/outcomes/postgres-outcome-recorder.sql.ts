@@ -1,10 +1,10 @@
+import { heldBy, LEASE_RUNNING, msFromNow, REMAINING_MS } from '../postgres/lease-sql.js';
+
 /**
  * The statements of `PostgresOutcomeRecorder`, one per operation. `table` is the quoted
- * (optionally schema-qualified) table name. Every time comes from the database clock (`now()`);
- * durations are milliseconds.
+ * (optionally schema-qualified) table name. Every time comes from the database clock
+ * (`../postgres/lease-sql.ts`); durations are milliseconds. The purge is `purgeExpiredSql(table, 'id')`.
  */
-
-const MS = `interval '1 millisecond'`;
 
 /**
  * Claim an operation by (request id, content hash), or report the records that hold it.
@@ -34,14 +34,14 @@ const MS = `interval '1 millisecond'`;
 export const claimSql = (table: string) => `
 WITH inserted AS (
   INSERT INTO ${table} AS r ("scope", "request_id", "content_hash", "state", "token", "attempt", "expires_at")
-  VALUES ($1, $2, $3, 'PROCESSING', $4, 1, now() + $5::float8 * ${MS})
+  VALUES ($1, $2, $3, 'PROCESSING', $4, 1, ${msFromNow('$5')})
   ON CONFLICT DO NOTHING
   RETURNING r."id", r."attempt"
 ),
 found AS (
   SELECT r."id", r."request_id", r."content_hash", r."state", r."status_code", r."body",
          (r."state" = 'FAILED' OR r."expires_at" <= now()) AS retryable,
-         ceil(extract(epoch FROM r."expires_at" - now()) * 1000)::float8 AS remaining_ms
+         ${REMAINING_MS} AS remaining_ms
     FROM ${table} AS r
    WHERE r."scope" = $1 AND (r."request_id" = $2 OR r."content_hash" = $3)
      AND NOT EXISTS (SELECT 1 FROM inserted)
@@ -66,7 +66,7 @@ taken AS (
   UPDATE ${table} AS r
      SET "state" = 'PROCESSING', "token" = $4, "attempt" = r."attempt" + 1,
          "request_id" = p.new_request_id, "content_hash" = p.new_content_hash,
-         "status_code" = NULL, "body" = NULL, "updated_at" = now(), "expires_at" = now() + $5::float8 * ${MS}
+         "status_code" = NULL, "body" = NULL, "updated_at" = now(), "expires_at" = ${msFromNow('$5')}
     FROM pick AS p
    WHERE r."id" = p."id"
   RETURNING r."id", r."attempt", p."state" AS previous_state
@@ -86,15 +86,28 @@ SELECT 'found', f."id", NULL, NULL, f."request_id", f."content_hash", f."state",
 
 /**
  * Record the outcome while the token still holds the row (fencing: after a take-over the token
- * differs and nothing is written).
+ * differs and nothing is written). Unlike the store's `completeSql`, a lease that ran out does
+ * not refuse the owner while nobody has taken the row over: the work is done, and `succeedWith`
+ * holds the row lock (so no claim can take it over) while the lease runs out.
  *
  * $1 id, $2 owner token, $3 'SUCCESS' | 'FAILED', $4 status code, $5 body (JSON text) or NULL,
  * $6 retention (ms). Affects 1 row when recorded, 0 when refused.
  */
 export const finishSql = (table: string) => `
 UPDATE ${table} AS r
-   SET "state" = $3, "status_code" = $4, "body" = $5, "updated_at" = now(), "expires_at" = now() + $6::float8 * ${MS}
- WHERE r."id" = $1 AND r."token" = $2 AND r."state" = 'PROCESSING'`;
+   SET "state" = $3, "status_code" = $4, "body" = $5, "updated_at" = now(), "expires_at" = ${msFromNow('$6')}
+ WHERE ${heldBy('id', 'PROCESSING')}`;
+
+/**
+ * Extend the token's live PROCESSING claim so that it ends $3 milliseconds from now. Refused
+ * once the lease ran out, even when nobody took the row over: the owner has lost the lease.
+ *
+ * $1 id, $2 owner token, $3 lease (ms). Affects 1 row when renewed, 0 when refused.
+ */
+export const renewSql = (table: string) => `
+UPDATE ${table} AS r
+   SET "updated_at" = now(), "expires_at" = ${msFromNow('$3')}
+ WHERE ${heldBy('id', 'PROCESSING')} AND ${LEASE_RUNNING}`;
 
 /**
  * Lock the row for a fenced transaction, if the token still holds it. $1 id, $2 owner token.
@@ -102,7 +115,7 @@ UPDATE ${table} AS r
  */
 export const lockSql = (table: string) => `
 SELECT r."id" FROM ${table} AS r
- WHERE r."id" = $1 AND r."token" = $2 AND r."state" = 'PROCESSING'
+ WHERE ${heldBy('id', 'PROCESSING')}
    FOR UPDATE`;
 
 /**
@@ -111,21 +124,7 @@ SELECT r."id" FROM ${table} AS r
  */
 export const getSql = (table: string) => `
 SELECT r."id", r."request_id", r."content_hash", r."state", r."attempt", r."status_code", r."body",
-       ceil(extract(epoch FROM r."expires_at" - now()) * 1000)::float8 AS ttl_ms
+       ${REMAINING_MS} AS ttl_ms
   FROM ${table} AS r
  WHERE r."scope" = $1 AND (r."request_id" = $2 OR ($2 IS NULL AND r."content_hash" = $3))
    AND r."expires_at" > now()`;
-
-/**
- * Delete up to $1 expired records (retention over, or a lease that ran out), oldest first. Rows
- * a concurrent claim or fenced transaction holds are skipped; the outer condition re-checks.
- */
-export const purgeSql = (table: string) => `
-DELETE FROM ${table} AS r
- WHERE r."id" IN (
-         SELECT e."id" FROM ${table} AS e
-          WHERE e."expires_at" <= now()
-          ORDER BY e."expires_at"
-          LIMIT $1
-            FOR UPDATE SKIP LOCKED)
-   AND r."expires_at" <= now()`;

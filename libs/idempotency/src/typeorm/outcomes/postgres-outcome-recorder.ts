@@ -1,6 +1,6 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
-import type { DataSource, EntityManager, QueryResult, QueryRunner } from 'typeorm';
+import type { DataSource, EntityManager } from 'typeorm';
 import { IdempotencyConfigError, IdempotencyStoreError } from '../../index.js';
 import { uniqueViolationOf } from '../helpers/unique-violation.js';
 import {
@@ -14,8 +14,10 @@ import {
   type OutcomeState,
   type RecordedOutcome,
 } from './outcome-claim.js';
-import { claimSql, finishSql, getSql, lockSql, purgeSql } from './postgres-outcome-recorder.sql.js';
-import { PurgeSchedule, purgeInBatches } from '../postgres/purge-schedule.js';
+import { claimSql, finishSql, getSql, lockSql, renewSql } from './postgres-outcome-recorder.sql.js';
+import { PurgeSchedule, purgeExpiredSql, purgeInBatches } from '../postgres/purge.js';
+import { claimUntilAnswered, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresOutcomeRecorderOptions {
   /** Table, `name` or `schema.name`. Default `idempotency_outcomes` in the DataSource's `schema`. */
@@ -49,8 +51,6 @@ type ClaimRow = FoundRecord & { kind: 'acquired' | 'found'; attempt: number | nu
 
 const DEFAULT_LEASE_MS = 30_000;
 const DEFAULT_RETENTION_MS = 7 * 24 * 60 * 60 * 1000;
-/** How often a claim runs again when its snapshot missed a concurrent commit (see `claimSql`). */
-const CLAIM_ATTEMPTS = 5;
 /** PostgreSQL `deadlock_detected`: two claims took the same rows' locks in another order. */
 const DEADLOCK = '40P01';
 
@@ -64,7 +64,8 @@ const DEADLOCK = '40P01';
  */
 export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresOutcomeRecorder.name);
-  private readonly sql: Record<'claim' | 'finish' | 'lock' | 'get' | 'purge', string>;
+  private readonly sql: Record<'claim' | 'finish' | 'renew' | 'lock' | 'get' | 'purge', string>;
+  private readonly run: RunStatement;
   private readonly leaseMs: number;
   private readonly retentionMs: number;
   private readonly purgeSchedule = new PurgeSchedule(() => this.purgeExpired(), this.logger, 'outcome records');
@@ -78,8 +79,16 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
     }
     this.leaseMs = positive('leaseMs', options.leaseMs ?? DEFAULT_LEASE_MS);
     this.retentionMs = positive('retentionMs', options.retentionMs ?? DEFAULT_RETENTION_MS);
+    this.run = statementRunner(dataSource);
     const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_OUTCOMES_TABLE, dataSource.options.schema);
-    this.sql = { claim: claimSql(table), finish: finishSql(table), lock: lockSql(table), get: getSql(table), purge: purgeSql(table) };
+    this.sql = {
+      claim: claimSql(table),
+      finish: finishSql(table),
+      renew: renewSql(table),
+      lock: lockSql(table),
+      get: getSql(table),
+      purge: purgeExpiredSql(table, 'id'),
+    };
   }
 
   /**
@@ -87,11 +96,11 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
    * otherwise what holds it (`success` with the recorded answer, `processing`, `mismatch`).
    * One statement; it runs again in the rare case its snapshot missed a concurrent claim.
    */
-  async claim(input: OutcomeClaimInput): Promise<OutcomeClaim> {
+  claim(input: OutcomeClaimInput): Promise<OutcomeClaim> {
     const token = randomUUID();
     const leaseMs = positive('leaseMs', input.leaseMs ?? this.leaseMs);
     const params = [input.scope, input.requestId ?? null, input.contentHash, token, leaseMs];
-    for (let attempt = 1; attempt <= CLAIM_ATTEMPTS; attempt++) {
+    return claimUntilAnswered<OutcomeClaim>(`outcome claim in ${JSON.stringify(input.scope)}`, async () => {
       let rows: ClaimRow[];
       try {
         rows = (await this.run(this.sql.claim, params)).records as ClaimRow[];
@@ -99,7 +108,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
         // A key taken by a concurrent claim after this statement's snapshot, or a lock-order
         // deadlock between two claims: both resolve on a fresh statement.
         const cause = (error as Error).cause;
-        if (uniqueViolationOf(cause) || sqlStateOf(cause) === DEADLOCK) continue;
+        if (uniqueViolationOf(cause) || sqlStateOf(cause) === DEADLOCK) return undefined;
         throw error;
       }
       const acquired = rows.find((row) => row.kind === 'acquired');
@@ -107,10 +116,8 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
         const held = { recordId: String(acquired.id), token, attempt: acquired.attempt ?? 1 };
         return acquired.previous_state ? { status: 'acquired', held, previousState: acquired.previous_state } : { status: 'acquired', held };
       }
-      const answer = answerFromFound(rows.map(normalized), input);
-      if (answer) return answer;
-    }
-    throw new IdempotencyStoreError(`PostgreSQL outcome claim in ${JSON.stringify(input.scope)} found no answer in ${CLAIM_ATTEMPTS} attempts`);
+      return answerFromFound(rows.map(normalized), input);
+    });
   }
 
   /** Records SUCCESS and its answer if `held` still holds the record; false when refused. */
@@ -124,6 +131,19 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
    */
   fail(held: HeldOutcome, outcome: RecordedOutcome): Promise<boolean> {
     return this.finish(held, 'FAILED', outcome);
+  }
+
+  /**
+   * Extends the lease of the PROCESSING claim `held` holds so that it ends `leaseMs` from now (by
+   * the database clock; default: the recorder's `leaseMs`), in one fenced statement. Call it
+   * before the lease runs out while the work goes on, so that no other claim takes the record
+   * over. False when `held` no longer holds a live PROCESSING claim (it was recorded, taken over,
+   * or its lease ran out, even if nobody claimed it again): the caller has lost the lease and
+   * should stop. (`succeed` and `fail` still accept a late owner that nobody took over.)
+   */
+  async renew(held: HeldOutcome, leaseMs: number = this.leaseMs): Promise<boolean> {
+    const params = [held.recordId, held.token, positive('leaseMs', leaseMs)];
+    return (await this.run(this.sql.renew, params)).affected === 1;
   }
 
   /**
@@ -189,21 +209,6 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
     const body = outcome.body === undefined ? null : JSON.stringify(outcome.body);
     return [held.recordId, held.token, state, outcome.statusCode, body ?? null, this.retentionMs];
   }
-
-  /**
-   * Runs one statement on `runner` (a transaction's) or a pooled connection; database errors
-   * become `IdempotencyStoreError` with the driver's error as `cause`.
-   */
-  private async run(sql: string, params: unknown[], runner?: QueryRunner): Promise<QueryResult> {
-    const own = runner ? undefined : this.dataSource.createQueryRunner();
-    try {
-      return await (runner ?? own!).query(sql, params, true);
-    } catch (error) {
-      throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
-    } finally {
-      await own?.release();
-    }
-  }
 }
 
 function sqlStateOf(error: unknown): unknown {
@@ -221,11 +226,4 @@ function positive(name: string, value: number): number {
     throw new IdempotencyConfigError(`PostgresOutcomeRecorder: ${name} must be a positive number of milliseconds, got ${value}`);
   }
   return value;
-}
-
-function qualifiedTable(name: string, schema: string | undefined): string {
-  const dot = name.indexOf('.');
-  const [owner, table] = dot > 0 ? [name.slice(0, dot), name.slice(dot + 1)] : [schema, name];
-  const quote = (identifier: string) => `"${identifier.replace(/"/g, '""')}"`;
-  return owner ? `${quote(owner)}.${quote(table)}` : quote(table);
 }

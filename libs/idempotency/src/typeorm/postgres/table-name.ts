@@ -1,11 +1,14 @@
-import type { QueryRunner } from 'typeorm';
-
 /**
- * The quoted table name, in the DataSource's `schema` when it sets one (as TypeORM places the
- * entities and its own `migrations` table there), else unqualified (the search path decides).
+ * A table name quoted for SQL. `name` is `table` or `schema.table`; a bare name goes into
+ * `schema` when one is given (the DataSource's, where TypeORM places the entities and its own
+ * `migrations` table), else stays unqualified (the search path decides).
  */
-export function tableIn(queryRunner: QueryRunner, table: string): string {
-  const { schema } = queryRunner.connection.driver;
-  const quote = (identifier: string) => `"${identifier.replace(/"/g, '""')}"`;
-  return schema ? `${quote(schema)}.${quote(table)}` : quote(table);
+export function qualifiedTable(name: string, schema: string | undefined): string {
+  const dot = name.indexOf('.');
+  const [owner, table] = dot > 0 ? [name.slice(0, dot), name.slice(dot + 1)] : [schema, name];
+  return owner ? `${quoteIdent(owner)}.${quoteIdent(table)}` : quoteIdent(table);
+}
+
+function quoteIdent(identifier: string): string {
+  return `"${identifier.replace(/"/g, '""')}"`;
 }

@@ -1,12 +1,12 @@
+import { heldBy, LEASE_RUNNING, msFromNow, REMAINING_MS } from '../postgres/lease-sql.js';
+
 /**
  * The statements of `PostgresIdempotencyStore`, one per operation, each a single round trip.
  * `table` is the quoted (optionally schema-qualified) table name; `$1` key is the column's value
- * (`recordKey`), not the store key itself. Every time is taken from the
- * database clock (`now()`), never from the client's. Durations are milliseconds.
+ * (`recordKey`), not the store key itself. Every time is taken from the database clock
+ * (`../postgres/lease-sql.ts`), never from the client's. Durations are milliseconds. The purge
+ * is `purgeExpiredSql(table, 'key')`.
  */
-
-const MS = `interval '1 millisecond'`;
-const REMAINING_MS = `ceil(extract(epoch FROM r.expires_at - now()) * 1000)::float8`;
 
 /**
  * Claim a key, or report what holds it.
@@ -35,7 +35,7 @@ WITH live AS (
 ), claimed AS (
   INSERT INTO ${table} AS r ("key", "state", "token", "fingerprint", "status_code", "headers", "body", "has_body",
                             "body_encoding", "unreplayable", "expires_at")
-  SELECT $1, 'processing', $2, $3, NULL, NULL, NULL, false, NULL, NULL, now() + $4::float8 * ${MS}
+  SELECT $1, 'processing', $2, $3, NULL, NULL, NULL, false, NULL, NULL, ${msFromNow('$4')}
    WHERE NOT EXISTS (SELECT 1 FROM live)
   ON CONFLICT ("key") DO UPDATE
     SET "state" = 'processing', "token" = excluded."token", "fingerprint" = excluded."fingerprint",
@@ -65,8 +65,8 @@ SELECT false, l."state", l."fingerprint", l."status_code", l."headers", l."body"
 export const completeSql = (table: string) => `
 UPDATE ${table} AS r
    SET "state" = 'completed', "status_code" = $3, "headers" = $4::jsonb, "body" = $5, "has_body" = $6,
-       "body_encoding" = $8, "unreplayable" = $9, "expires_at" = now() + $7::float8 * ${MS}
- WHERE r."key" = $1 AND r."token" = $2 AND r."state" = 'processing' AND r."expires_at" > now()`;
+       "body_encoding" = $8, "unreplayable" = $9, "expires_at" = ${msFromNow('$7')}
+ WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
 
 /**
  * Compare-and-delete a live processing claim.
@@ -75,7 +75,19 @@ UPDATE ${table} AS r
  */
 export const releaseSql = (table: string) => `
 DELETE FROM ${table} AS r
- WHERE r."key" = $1 AND r."token" = $2 AND r."state" = 'processing' AND r."expires_at" > now()`;
+ WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
+
+/**
+ * Extend the token's live processing claim so that it ends $3 milliseconds from now, under the
+ * fence of `completeSql` (an owner whose lease ran out is refused even when nobody claimed the
+ * key again: it has lost the lease).
+ *
+ * $1 key, $2 owner token, $3 lease (ms). Affects 1 row when renewed, 0 when refused.
+ */
+export const renewSql = (table: string) => `
+UPDATE ${table} AS r
+   SET "expires_at" = ${msFromNow('$3')}
+ WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
 
 /** Read a live record. $1 key. Returns its row with `ttl_ms`, or no row. */
 export const getSql = (table: string) => `
@@ -83,17 +95,3 @@ SELECT r."state", r."token", r."fingerprint", r."status_code", r."headers", r."b
        r."body_encoding", r."unreplayable", ${REMAINING_MS} AS ttl_ms
   FROM ${table} AS r
  WHERE r."key" = $1 AND r."expires_at" > now()`;
-
-/**
- * Delete up to $1 expired records, oldest first. Rows a concurrent claim is taking over are
- * locked by it and skipped; the outer condition re-checks expiry on the locked row.
- */
-export const purgeSql = (table: string) => `
-DELETE FROM ${table} AS r
- WHERE r."key" IN (
-         SELECT e."key" FROM ${table} AS e
-          WHERE e."expires_at" <= now()
-          ORDER BY e."expires_at"
-          LIMIT $1
-            FOR UPDATE SKIP LOCKED)
-   AND r."expires_at" <= now()`;

@@ -97,6 +97,23 @@ describe('PostgresIdempotencyStore', () => {
     expect(Number(await expiresInMs())).toBeGreaterThan(86_000_000);
   });
 
+  it('renews in one statement by the database clock, and refuses an owner whose lease ran out though nobody claimed again', async () => {
+    // Over the bound, so the renewal must find the row by its digest form (`recordKey`).
+    const key = `renew:${randomUUID()}:${'é'.repeat(600)}`;
+    const expiresInMs = async () =>
+      Number((await rows(`SELECT extract(epoch FROM expires_at - now()) * 1000 AS ms FROM "${schema}".idempotency_records WHERE key = $1`, [recordKey(key)]))[0].ms);
+    await store.claim({ key, token: 't', fingerprint: '', leaseMs: 1_000 });
+    const before = statements.statements.length;
+    expect(await store.renew(key, 't', 60_000)).toBe(true);
+    expect(statements.statements.length - before).toBe(1);
+    expect(await expiresInMs()).toBeGreaterThan(59_000);
+    expect(await store.renew(key, 'someone-else', 60_000)).toBe(false);
+    await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 ms' WHERE key = $1`, [recordKey(key)]);
+    expect(await store.renew(key, 't', 60_000)).toBe(false);
+    expect(await expiresInMs()).toBeLessThanOrEqual(0);
+    expect(await store.get(key)).toBeUndefined();
+  });
+
   it('takes over an expired completed record with a new claim and a clean slate', async () => {
     const key = `takeover:${randomUUID()}`;
     await store.claim({ key, token: 't1', fingerprint: 'fp-old', leaseMs: 60_000 });

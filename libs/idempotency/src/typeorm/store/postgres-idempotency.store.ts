@@ -1,9 +1,8 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
-import type { DataSource, QueryResult, QueryRunner } from 'typeorm';
+import type { DataSource } from 'typeorm';
 import {
   IdempotencyConfigError,
   IdempotencyStore,
-  IdempotencyStoreError,
   type ClaimInput,
   type ClaimResult,
   type SavedResponse,
@@ -11,9 +10,11 @@ import {
   type UnreplayableReason,
 } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
-import { claimSql, completeSql, getSql, purgeSql, releaseSql } from './postgres-idempotency.sql.js';
+import { claimSql, completeSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
-import { PurgeSchedule, purgeInBatches } from '../postgres/purge-schedule.js';
+import { PurgeSchedule, purgeExpiredSql, purgeInBatches } from '../postgres/purge.js';
+import { claimUntilAnswered, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresIdempotencyStoreOptions {
   /**
@@ -49,9 +50,6 @@ interface RecordRow extends Omit<ClaimRow, 'acquired' | 'remaining_ms'> {
   ttl_ms: number;
 }
 
-/** How often a claim runs again when its snapshot missed a concurrent commit (see `claimSql`). */
-const CLAIM_ATTEMPTS = 5;
-
 /**
  * PostgreSQL store on a logged table: survives restarts and needs no Redis. Each operation is one
  * SQL statement (one round trip) on the DataSource's pool, each time taken from the database
@@ -61,7 +59,8 @@ const CLAIM_ATTEMPTS = 5;
  */
 export class PostgresIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
-  private readonly sql: Record<'claim' | 'complete' | 'release' | 'get' | 'purge', string>;
+  private readonly sql: Record<'claim' | 'complete' | 'release' | 'renew' | 'get' | 'purge', string>;
+  private readonly run: RunStatement;
   private readonly purgeSchedule = new PurgeSchedule(() => this.purgeExpired(), this.logger, 'idempotency records');
 
   constructor(
@@ -72,29 +71,31 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     if (dataSource.options.type !== 'postgres') {
       throw new IdempotencyConfigError(`PostgresIdempotencyStore needs a postgres DataSource, not ${dataSource.options.type}`);
     }
+    this.run = statementRunner(dataSource);
     const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, dataSource.options.schema);
     this.sql = {
       claim: claimSql(table),
       complete: completeSql(table),
       release: releaseSql(table),
+      renew: renewSql(table),
       get: getSql(table),
-      purge: purgeSql(table),
+      purge: purgeExpiredSql(table, 'key'),
     };
   }
 
-  async claim({ key, token, fingerprint, leaseMs }: ClaimInput): Promise<ClaimResult> {
-    for (let attempt = 1; attempt <= CLAIM_ATTEMPTS; attempt++) {
-      const [row] = (await this.run(this.sql.claim, [recordKey(key), token, fingerprint, leaseMs])).records as ClaimRow[];
-      if (!row) continue;
+  claim({ key, token, fingerprint, leaseMs }: ClaimInput): Promise<ClaimResult> {
+    const params = [recordKey(key), token, fingerprint, leaseMs];
+    return claimUntilAnswered<ClaimResult>(`claim of ${JSON.stringify(key)}`, async () => {
+      const [row] = (await this.run(this.sql.claim, params)).records as ClaimRow[];
+      if (!row) return undefined;
       if (row.acquired) return { status: 'acquired', token };
       if (fingerprint !== '' && row.fingerprint !== '' && row.fingerprint !== fingerprint) return { status: 'mismatch' };
       if (row.state === 'completed') return { status: 'completed', response: toSaved(row) };
       return { status: 'in_progress', retryAfterMs: Math.max(row.remaining_ms ?? 0, 0) };
-    }
-    throw new IdempotencyStoreError(`PostgreSQL claim of ${JSON.stringify(key)} found no answer in ${CLAIM_ATTEMPTS} attempts`);
+    });
   }
 
-  async complete(key: string, token: string, response: SavedResponse, ttlMs: number): Promise<boolean> {
+  async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
     const { statusCode, headers, body, encoding, unreplayable } = response;
     const hasBody = body !== undefined;
     const params = [
@@ -104,7 +105,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       JSON.stringify(headers),
       hasBody ? body : null,
       hasBody,
-      ttlMs,
+      retentionMs,
       encoding ?? null,
       unreplayable ?? null,
     ];
@@ -113,6 +114,10 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
 
   async release(key: string, token: string): Promise<boolean> {
     return (await this.run(this.sql.release, [recordKey(key), token])).affected === 1;
+  }
+
+  async renew(key: string, token: string, leaseMs: number): Promise<boolean> {
+    return (await this.run(this.sql.renew, [recordKey(key), token, leaseMs])).affected === 1;
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {
@@ -142,19 +147,6 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     // The DataSource closes after its module shuts down; let a running purge finish first.
     await this.purgeSchedule.stop();
   }
-
-  /** Runs one statement on a pooled connection; database errors become `IdempotencyStoreError`. */
-  private async run(sql: string, params: unknown[]): Promise<QueryResult> {
-    let runner: QueryRunner | undefined;
-    try {
-      runner = this.dataSource.createQueryRunner();
-      return await runner.query(sql, params, true);
-    } catch (error) {
-      throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
-    } finally {
-      await runner?.release();
-    }
-  }
 }
 
 type ResponseColumns = 'status_code' | 'headers' | 'body' | 'has_body' | 'body_encoding' | 'unreplayable';
@@ -166,14 +158,4 @@ function toSaved(row: Pick<ClaimRow, ResponseColumns>): SavedResponse {
   if (row.body_encoding !== null) response.encoding = row.body_encoding as 'base64';
   if (row.unreplayable !== null) response.unreplayable = row.unreplayable as UnreplayableReason;
   return response;
-}
-
-function qualifiedTable(name: string, schema: string | undefined): string {
-  const dot = name.indexOf('.');
-  const [owner, table] = dot > 0 ? [name.slice(0, dot), name.slice(dot + 1)] : [schema, name];
-  return owner ? `${quoteIdent(owner)}.${quoteIdent(table)}` : quoteIdent(table);
-}
-
-function quoteIdent(identifier: string): string {
-  return `"${identifier.replace(/"/g, '""')}"`;
 }

@@ -1,5 +1,20 @@
 import type { Logger } from '@nestjs/common';
 
+/**
+ * Delete up to $1 expired rows of `table` (identified by `idColumn`), oldest first. Rows a
+ * concurrent statement holds (a claim taking one over, a fenced transaction) are locked by it and
+ * skipped; the outer condition re-checks expiry on the row it deletes. Affects the rows deleted.
+ */
+export const purgeExpiredSql = (table: string, idColumn: 'key' | 'id') => `
+DELETE FROM ${table} AS r
+ WHERE r."${idColumn}" IN (
+         SELECT e."${idColumn}" FROM ${table} AS e
+          WHERE e."expires_at" <= now()
+          ORDER BY e."expires_at"
+          LIMIT $1
+            FOR UPDATE SKIP LOCKED)
+   AND r."expires_at" <= now()`;
+
 /** Runs `deleteBatch(size)` until a batch deletes fewer rows than `size`; returns how many in all. */
 export async function purgeInBatches(deleteBatch: (size: number) => Promise<number>, size: number): Promise<number> {
   let total = 0;

@@ -1,7 +1,7 @@
 import { Observable } from 'rxjs';
 
-/** What a transport does at the two ends of a handler it runs while owning the key. */
-export interface OwnedRunHooks {
+/** What a transport does at the two ends of a handler it runs while holding the claim. */
+export interface HeldRunHooks {
   /**
    * The handler succeeded: its first value (or its completion without one). `cut` is true when
    * the run was cut off from the client before (an outer timeout, a client that went away), so
@@ -15,14 +15,14 @@ export interface OwnedRunHooks {
 }
 
 /**
- * The handler's Observable, run while owning its key. Nothing outside the handler frees the key
+ * The handler's Observable, run while holding its claim. Nothing outside the handler frees the key
  * while it runs: when the subscriber goes away first (an outer `timeout()`, a client that
  * disconnected), the handler is still listened to, until it settles or `keepAliveMs` pass (the
  * lease, after which the store frees the key anyway), so that its success is recorded and its
  * failure releases the key. One Observable rather than an operator chain: this runs on every
  * first request.
  */
-export function runOwned(handler: Observable<unknown>, hooks: OwnedRunHooks, keepAliveMs: number): Observable<unknown> {
+export function runHeld(handler: Observable<unknown>, hooks: HeldRunHooks, keepAliveMs: number): Observable<unknown> {
   return new Observable<unknown>((subscriber) => {
     let state: 'running' | 'succeeded' | 'failed' = 'running';
     let cut = false;

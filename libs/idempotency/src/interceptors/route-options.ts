@@ -3,12 +3,17 @@ import { controllerMethods, type NoRepeatSubmitMetadata } from '../decorators/no
 import type { ResolvedIdempotencyOptions } from '../idempotency.config.js';
 import type { FailMode } from '../idempotency.options.js';
 
-/** A decorated handler's settings, merged over the module's once and cached per handler. */
+/**
+ * A decorated handler's settings: the decorator's options (method over controller) merged over
+ * the module's, once per handler. Durations in milliseconds.
+ */
 export interface GuardedRoute {
   metadata: NoRepeatSubmitMetadata;
   /** `ControllerName.methodName`: the key's handler segment. */
   handler: string;
+  /** How long a completed response is replayed (the store's `retentionMs`), from `expireSeconds`. */
   expireMs: number;
+  /** How long a claim holds while the handler runs, from `leaseSeconds`. */
   leaseMs: number;
   waitForResultMs: number;
   failMode: FailMode;
@@ -29,7 +34,8 @@ export interface GuardedRoute {
   skipIf: ((ctx: ExecutionContext) => boolean) | undefined;
 }
 
-export function route(
+/** The route options of a handler the decorator guards (`metadata`: what it recorded there). */
+export function routeOptions(
   metadata: NoRepeatSubmitMetadata,
   ctx: ExecutionContext,
   defaults: ResolvedIdempotencyOptions,

@@ -1,11 +1,11 @@
 import { describe, expect, it } from '@jest/globals';
 import { EMPTY, NEVER, Subject, concat, lastValueFrom, of, throwError, toArray } from 'rxjs';
-import { runOwned, type OwnedRunHooks } from './owned-run.js';
+import { runHeld, type HeldRunHooks } from './held-run.js';
 
 /** Hooks that record what the run told them; `succeeded` takes a few ms, as a store save does. */
 function recorder() {
   const events: string[] = [];
-  const hooks: OwnedRunHooks = {
+  const hooks: HeldRunHooks = {
     succeeded: async (value, cut) => {
       await new Promise((resolve) => setTimeout(resolve, 5));
       events.push(`succeeded ${JSON.stringify(value)}${cut ? ' (cut)' : ''}`);
@@ -20,11 +20,11 @@ function recorder() {
 
 const tick = () => new Promise((resolve) => setImmediate(resolve));
 
-describe('runOwned: a handler run while its key is held', () => {
+describe('runHeld: a handler run while its key is held', () => {
   it('records success before the first value is sent on, and sends every value in order', async () => {
     const { events, hooks } = recorder();
     const values: unknown[] = [];
-    const result = runOwned(of(1, 2, 3), hooks, 1000);
+    const result = runHeld(of(1, 2, 3), hooks, 1000);
     await new Promise<void>((resolve) =>
       result.subscribe({
         next: (value) => {
@@ -41,20 +41,20 @@ describe('runOwned: a handler run while its key is held', () => {
   it('reports a failure before any value, then passes the error on', async () => {
     const { events, hooks } = recorder();
     const failure = new Error('planned');
-    await expect(lastValueFrom(runOwned(throwError(() => failure), hooks, 1000))).rejects.toBe(failure);
+    await expect(lastValueFrom(runHeld(throwError(() => failure), hooks, 1000))).rejects.toBe(failure);
     expect(events).toEqual(['failed']);
   });
 
   it('counts a completion without a value as success (the app answered)', async () => {
     const { events, hooks } = recorder();
-    await expect(lastValueFrom(runOwned(EMPTY, hooks, 1000), { defaultValue: 'none' })).resolves.toBe('none');
+    await expect(lastValueFrom(runHeld(EMPTY, hooks, 1000), { defaultValue: 'none' })).resolves.toBe('none');
     expect(events).toEqual(['succeeded undefined']);
   });
 
   it('keeps a success when the handler fails after its first value', async () => {
     const { events, hooks } = recorder();
     const failure = new Error('late');
-    const values = lastValueFrom(runOwned(concat(of(1), throwError(() => failure)), hooks, 1000).pipe(toArray()));
+    const values = lastValueFrom(runHeld(concat(of(1), throwError(() => failure)), hooks, 1000).pipe(toArray()));
     await expect(values).rejects.toBe(failure);
     expect(events).toEqual(['succeeded 1']);
   });
@@ -62,7 +62,7 @@ describe('runOwned: a handler run while its key is held', () => {
   it('keeps listening when the subscriber goes away mid-run, and records the late success as cut', async () => {
     const { events, hooks } = recorder();
     const handler = new Subject<number>();
-    const subscription = runOwned(handler, hooks, 1000).subscribe();
+    const subscription = runHeld(handler, hooks, 1000).subscribe();
     subscription.unsubscribe(); // an outer timeout, a client gone
     expect(events).toEqual(['cut']);
     expect(handler.observed).toBe(true);
@@ -75,7 +75,7 @@ describe('runOwned: a handler run while its key is held', () => {
   it('keeps listening when the subscriber goes away mid-run, and reports the late failure', async () => {
     const { events, hooks } = recorder();
     const handler = new Subject<number>();
-    runOwned(handler, hooks, 1000).subscribe().unsubscribe();
+    runHeld(handler, hooks, 1000).subscribe().unsubscribe();
     handler.error(new Error('late failure'));
     await tick();
     expect(events).toEqual(['cut', 'failed']);
@@ -84,7 +84,7 @@ describe('runOwned: a handler run while its key is held', () => {
   it('stops listening after keepAliveMs, so a handler that never settles is not held forever', async () => {
     const { hooks } = recorder();
     const handler = new Subject<number>();
-    runOwned(handler, hooks, 20).subscribe().unsubscribe();
+    runHeld(handler, hooks, 20).subscribe().unsubscribe();
     expect(handler.observed).toBe(true);
     await new Promise((resolve) => setTimeout(resolve, 40));
     expect(handler.observed).toBe(false);
@@ -93,7 +93,7 @@ describe('runOwned: a handler run while its key is held', () => {
   it('stops the handler at once when the subscriber goes away after it succeeded', async () => {
     const { events, hooks } = recorder();
     const handler = new Subject<number>();
-    const subscription = runOwned(handler, hooks, 1000).subscribe();
+    const subscription = runHeld(handler, hooks, 1000).subscribe();
     handler.next(1);
     subscription.unsubscribe();
     expect(handler.observed).toBe(false);
@@ -103,7 +103,7 @@ describe('runOwned: a handler run while its key is held', () => {
 
   it('never settles a handler that never answers while subscribed', async () => {
     const { events, hooks } = recorder();
-    const subscription = runOwned(NEVER, hooks, 1000).subscribe();
+    const subscription = runHeld(NEVER, hooks, 1000).subscribe();
     await tick();
     expect(events).toEqual([]);
     subscription.unsubscribe();

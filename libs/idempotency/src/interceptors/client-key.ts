@@ -1,0 +1,37 @@
+import type { ExecutionContext } from '@nestjs/common';
+import { IdempotencyKeyError } from '../errors/idempotency.errors.js';
+import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
+import { evaluateKeyPath } from '../keys/key-expression.js';
+import type { HttpRequest } from './http-request.js';
+import type { GuardedRoute } from './route-options.js';
+
+/**
+ * The client key a call carries: what the route's expression or function reads, else the key
+ * header (`keyHeader`, default `Idempotency-Key`; a message has none). Undefined when the call
+ * carries none.
+ *
+ * @throws IdempotencyKeyError for an unusable key, over any transport (each answers it its own way)
+ */
+export function readClientKey(ctx: ExecutionContext, route: GuardedRoute): string | undefined {
+  const source = route.metadata.key;
+  const req = ctx.getType() === 'http' ? ctx.getArgByIndex<HttpRequest>(0) : undefined;
+  let clientKey: string | undefined;
+  if ('header' in source) {
+    const parsed = parseKeyHeader(req?.headers[route.keyHeader]);
+    if (parsed && 'invalid' in parsed) throw new IdempotencyKeyError(parsed.invalid);
+    clientKey = parsed?.key;
+  } else if ('resolve' in source) {
+    clientKey = source.resolve(ctx);
+  } else {
+    clientKey = evaluateKeyPath(
+      source.path,
+      req
+        ? { body: req.body, headers: req.headers, query: req.query, params: req.params, user: req.user }
+        : { data: ctx.switchToRpc().getData() },
+    );
+  }
+  if (clientKey === undefined) return undefined;
+  const problem = validateKey(clientKey);
+  if (problem) throw new IdempotencyKeyError(problem);
+  return clientKey;
+}

@@ -1,0 +1,29 @@
+import type { AnonymousPolicy } from '../idempotency.options.js';
+import type { KeyUser } from '../keys/storage-key.js';
+import type { HttpRequest } from './http-request.js';
+
+/** A message's user: messages have none, so the user segment of their keys is empty (an HTTP request's never is). */
+export const MESSAGE_USER: KeyUser = Object.freeze({ id: '' });
+
+/**
+ * Whose record an HTTP request's is, from the id `getUser` gave: the user's id; an anonymous
+ * request's follows `anonymous`. `undefined` for an authenticated request without a usable id:
+ * it is refused, never keyed by address (which many users can share).
+ */
+export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy): KeyUser | undefined {
+  const text = idText(id);
+  if (text !== undefined) return { id: text };
+  if (req.user || (id !== undefined && id !== null && id !== '')) return undefined;
+  return anonymous === 'address' ? { ip: req.ip ?? 'unknown' } : { anonymous: true };
+}
+
+/**
+ * A user id as its key segment: a non-empty string, a finite number or a bigint. Anything else
+ * (an object, a Buffer, an array) has no text that tells every user apart, so it is refused.
+ */
+function idText(id: unknown): string | undefined {
+  if (typeof id === 'string') return id === '' ? undefined : id;
+  if (typeof id === 'number') return Number.isFinite(id) ? String(id) : undefined;
+  if (typeof id === 'bigint') return String(id);
+  return undefined;
+}
