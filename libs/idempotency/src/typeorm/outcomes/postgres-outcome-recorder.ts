@@ -15,7 +15,7 @@ import {
   type RecordedOutcome,
 } from './outcome-claim.js';
 import { claimSql, finishSql, getSql, lockSql, renewSql } from './postgres-outcome-recorder.sql.js';
-import { PurgeSchedule, purgeExpiredSql, purgeInBatches } from '../postgres/purge.js';
+import { ExpiredRowsPurge } from '../postgres/purge.js';
 import { claimUntilAnswered, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
 
@@ -64,15 +64,15 @@ const DEADLOCK = '40P01';
  */
 export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresOutcomeRecorder.name);
-  private readonly sql: Record<'claim' | 'finish' | 'renew' | 'lock' | 'get' | 'purge', string>;
+  private readonly sql: Record<'claim' | 'finish' | 'renew' | 'lock' | 'get', string>;
   private readonly run: RunStatement;
   private readonly leaseMs: number;
   private readonly retentionMs: number;
-  private readonly purgeSchedule = new PurgeSchedule(() => this.purgeExpired(), this.logger, 'outcome records');
+  private readonly purgeSchedule: ExpiredRowsPurge;
 
   constructor(
     readonly dataSource: DataSource,
-    private readonly options: PostgresOutcomeRecorderOptions = {},
+    options: PostgresOutcomeRecorderOptions = {},
   ) {
     if (dataSource.options.type !== 'postgres') {
       throw new IdempotencyConfigError(`PostgresOutcomeRecorder needs a postgres DataSource, not ${dataSource.options.type}`);
@@ -87,8 +87,16 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
       renew: renewSql(table),
       lock: lockSql(table),
       get: getSql(table),
-      purge: purgeExpiredSql(table, 'id'),
     };
+    this.purgeSchedule = new ExpiredRowsPurge({
+      run: this.run,
+      table,
+      idColumn: 'id',
+      batchSize: options.purgeBatchSize,
+      intervalMs: options.purgeIntervalMs,
+      logger: this.logger,
+      what: 'outcome records',
+    });
   }
 
   /**
@@ -187,13 +195,12 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
   }
 
   /** Deletes expired records (retention over, or an abandoned lease) in batches; returns how many. */
-  async purgeExpired(): Promise<number> {
-    const deleteBatch = async (size: number) => (await this.run(this.sql.purge, [size])).affected ?? 0;
-    return purgeInBatches(deleteBatch, this.options.purgeBatchSize ?? 1000);
+  purgeExpired(): Promise<number> {
+    return this.purgeSchedule.purgeExpired();
   }
 
   onModuleInit(): void {
-    this.purgeSchedule.start(this.options.purgeIntervalMs);
+    this.purgeSchedule.start();
   }
 
   async onApplicationShutdown(): Promise<void> {

@@ -12,7 +12,7 @@ import {
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
 import { claimSql, completeSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
-import { PurgeSchedule, purgeExpiredSql, purgeInBatches } from '../postgres/purge.js';
+import { ExpiredRowsPurge } from '../postgres/purge.js';
 import { claimUntilAnswered, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
 
@@ -59,13 +59,13 @@ interface RecordRow extends Omit<ClaimRow, 'acquired' | 'remaining_ms'> {
  */
 export class PostgresIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
-  private readonly sql: Record<'claim' | 'complete' | 'release' | 'renew' | 'get' | 'purge', string>;
+  private readonly sql: Record<'claim' | 'complete' | 'release' | 'renew' | 'get', string>;
   private readonly run: RunStatement;
-  private readonly purgeSchedule = new PurgeSchedule(() => this.purgeExpired(), this.logger, 'idempotency records');
+  private readonly purgeSchedule: ExpiredRowsPurge;
 
   constructor(
     readonly dataSource: DataSource,
-    private readonly options: PostgresIdempotencyStoreOptions = {},
+    options: PostgresIdempotencyStoreOptions = {},
   ) {
     super();
     if (dataSource.options.type !== 'postgres') {
@@ -79,8 +79,16 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       release: releaseSql(table),
       renew: renewSql(table),
       get: getSql(table),
-      purge: purgeExpiredSql(table, 'key'),
     };
+    this.purgeSchedule = new ExpiredRowsPurge({
+      run: this.run,
+      table,
+      idColumn: 'key',
+      batchSize: options.purgeBatchSize,
+      intervalMs: options.purgeIntervalMs,
+      logger: this.logger,
+      what: 'idempotency records',
+    });
   }
 
   claim({ key, token, fingerprint, leaseMs }: ClaimInput): Promise<ClaimResult> {
@@ -134,13 +142,12 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 
   /** Deletes expired records, in batches of `purgeBatchSize`; returns how many. */
-  async purgeExpired(): Promise<number> {
-    const deleteBatch = async (size: number) => (await this.run(this.sql.purge, [size])).affected ?? 0;
-    return purgeInBatches(deleteBatch, this.options.purgeBatchSize ?? 1000);
+  purgeExpired(): Promise<number> {
+    return this.purgeSchedule.purgeExpired();
   }
 
   onModuleInit(): void {
-    this.purgeSchedule.start(this.options.purgeIntervalMs);
+    this.purgeSchedule.start();
   }
 
   async onApplicationShutdown(): Promise<void> {
