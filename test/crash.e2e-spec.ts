@@ -28,7 +28,7 @@ describe('kill -9 of an app process in the middle of a request', () => {
     await db?.end();
   });
 
-  it('frees the key after the lease: the retry succeeds exactly once', async () => {
+  it('keeps the key while the handler lives, frees it within one lease of the kill: the retry succeeds exactly once', async () => {
     const orderNo = `CRASH-${randomUUID()}`;
     const key = buildStorageKey({ prefix: 'demo', user: { id: 'crash' }, handler: 'OrdersController.create', key: orderNo });
     const post = (instance: DemoProcess) =>
@@ -44,7 +44,12 @@ describe('kill -9 of an app process in the middle of a request', () => {
     const lost = post(victim).catch((error: Error) => error);
     const store = new RedisIdempotencyStore(redis);
     await until(async () => (await store.get(key))?.state === 'processing');
+    // Three leases later the live handler still holds its key: its process renews the claim.
+    await new Promise((resolve) => setTimeout(resolve, 3 * LEASE_SECONDS * 1000));
+    const whileAlive = await post(survivor);
+    expect(whileAlive.status).toBe(409);
     await victim.stop('SIGKILL');
+    const killedAt = Date.now();
     expect(await lost).toHaveProperty('message', 'fetch failed'); // the client saw the connection die
 
     const atOnce = await post(survivor);
@@ -57,6 +62,9 @@ describe('kill -9 of an app process in the middle of a request', () => {
       retry = await post(survivor);
       return retry.status !== 409;
     }, 10_000);
+    // Nobody renews a dead process's claim: the key frees within one lease (and a little slack
+    // for the retry loop and the survivor's answer).
+    expect(Date.now() - killedAt).toBeLessThan(LEASE_SECONDS * 1000 + 1500);
     // 201 if the dead request's INSERT never ran; 200 (the existing order) if PostgreSQL ran it
     // after the lock was released (it does not notice a dead client before it commits).
     expect([200, 201]).toContain(retry.status);

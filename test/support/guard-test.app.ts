@@ -85,9 +85,9 @@ class GuardTestController {
     return this.probe.run({ run: this.probe.runs + 1 });
   }
 
-  /** A lease shorter than the handler can take. */
+  /** A lease shorter than the handler can take, never renewed (`maxHoldSeconds` = the lease). */
   @Post('short-lease')
-  @NoRepeatSubmit({ leaseSeconds: 0.3 })
+  @NoRepeatSubmit({ leaseSeconds: 0.3, maxHoldSeconds: 0.3 })
   shortLease() {
     return this.probe.run({ run: this.probe.runs + 1 });
   }

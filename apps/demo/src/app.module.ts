@@ -23,6 +23,9 @@ import { UploadsModule } from './uploads/uploads.module.js';
 import type { UploadsOptions } from './uploads/uploads.options.js';
 import { XmlUpload } from './uploads/xml-upload.entity.js';
 
+/** The demo's lease: a few seconds, renewed while a handler runs. */
+const DEMO_LEASE_SECONDS = 5;
+
 export interface AppModuleOptions {
   /** PostgreSQL connection URL. */
   databaseUrl: string;
@@ -30,7 +33,10 @@ export interface AppModuleOptions {
   redisUrl?: string;
   /** First segment of every idempotency key. Default `demo`. */
   keyPrefix?: string;
-  /** How long an idempotency claim holds while a handler runs, in seconds. Default: the library's (30). */
+  /**
+   * How long an idempotency claim holds without renewal, in seconds. Default 5: the guard renews
+   * it while a handler runs, so a short lease frees a crashed process's keys fast.
+   */
   leaseSeconds?: number;
   /** AMQP URL of RabbitMQ; without it the `payment.succeeded` consumer is off. */
   rabbitmqUrl?: string;
@@ -56,7 +62,7 @@ export class AppModule {
   static register(options: AppModuleOptions): DynamicModule {
     const idempotency: IdempotencyModuleOptions = {
       keyPrefix: options.keyPrefix ?? 'demo',
-      leaseSeconds: options.leaseSeconds,
+      leaseSeconds: options.leaseSeconds ?? DEMO_LEASE_SECONDS,
       metrics: true,
     };
     if (options.redisUrl) idempotency.store = { redis: options.redisUrl };

@@ -21,7 +21,7 @@ const adapterFromEnv = (): HttpAdapterName => {
  * `orders.create` message pattern over the Redis transport), `RABBITMQ_URL` (default: no
  * `payment.succeeded` consumer), `PAYMENT_QUEUE` (default `payment.succeeded`),
  * `PAYMENT_DEAD_LETTER_QUEUE` (default: none; rejected payment messages go there) and
- * `IDEMPOTENCY_LEASE_SECONDS` (default: the library's).
+ * `IDEMPOTENCY_LEASE_SECONDS` (default 5; the guard renews the claim while a handler runs).
  */
 async function bootstrap(): Promise<void> {
   const port = Number(process.env.PORT ?? 3000);

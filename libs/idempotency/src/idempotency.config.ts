@@ -8,6 +8,7 @@ export interface ResolvedIdempotencyOptions {
   keyPrefix: string;
   expireSeconds: number;
   leaseSeconds: number;
+  maxHoldSeconds: number;
   failMode: FailMode;
   replayHeaders: readonly string[];
   ignoreFields: readonly string[];
@@ -37,6 +38,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     keyPrefix: options.keyPrefix ?? DEFAULTS.keyPrefix,
     expireSeconds: options.expireSeconds ?? DEFAULTS.expireSeconds,
     leaseSeconds: options.leaseSeconds ?? DEFAULTS.leaseSeconds,
+    maxHoldSeconds: options.maxHoldSeconds ?? DEFAULTS.maxHoldSeconds,
     failMode: options.failMode ?? DEFAULTS.failMode,
     replayHeaders: (options.replayHeaders ?? DEFAULTS.replayHeaders)
       .map((name) => name.toLowerCase())
@@ -50,6 +52,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
   };
   assertPositive('expireSeconds', resolved.expireSeconds);
   assertPositive('leaseSeconds', resolved.leaseSeconds);
+  assertPositive('maxHoldSeconds', resolved.maxHoldSeconds);
   assertBytes(resolved.maxResponseBytes);
   if (resolved.anonymous !== 'client-key' && resolved.anonymous !== 'address') {
     throw new IdempotencyConfigError(`IdempotencyModule: anonymous must be 'client-key' or 'address' (got '${String(resolved.anonymous)}')`);

@@ -17,7 +17,8 @@ export const MAX_KEY_LENGTH = 255;
 export const DEFAULTS = Object.freeze({
   keyPrefix: 'no_repeat',
   expireSeconds: 3600,
-  leaseSeconds: 30,
+  leaseSeconds: 10,
+  maxHoldSeconds: 300,
   failMode: 'open' as const,
   required: true,
   anonymous: 'client-key' as const,

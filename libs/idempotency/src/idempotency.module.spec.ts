@@ -38,7 +38,7 @@ describe('IdempotencyModule', () => {
       imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore(), expireSeconds: 10 })],
     }).compile();
     const options = moduleRef.get<ResolvedIdempotencyOptions>(IDEMPOTENCY_RESOLVED_OPTIONS);
-    expect(options).toMatchObject({ keyPrefix: 'no_repeat', expireSeconds: 10, leaseSeconds: 30, failMode: 'open' });
+    expect(options).toMatchObject({ keyPrefix: 'no_repeat', expireSeconds: 10, leaseSeconds: 10, maxHoldSeconds: 300, failMode: 'open' });
     expect(Object.isFrozen(options)).toBe(true);
     await moduleRef.close();
   });

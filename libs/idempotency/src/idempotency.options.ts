@@ -33,8 +33,18 @@ export interface IdempotencyModuleOptions {
   keyPrefix?: string;
   /** How long a completed response is replayed, in seconds. Default 3600. */
   expireSeconds?: number;
-  /** How long a claim holds while the handler runs, in seconds. Default 30. */
+  /**
+   * How long a claim holds without renewal, in seconds. Default 10. While the handler runs the
+   * guard renews the claim every third of the lease, so this is how soon the key of a crashed
+   * process frees, not how long a handler may run (see `maxHoldSeconds`).
+   */
   leaseSeconds?: number;
+  /**
+   * The longest a running handler keeps its claim, in seconds. Default 300. Past it the guard
+   * stops renewing, and the key frees one lease later (logged and counted as a lost lease).
+   * Set it to `leaseSeconds` for a lease that is never renewed.
+   */
+  maxHoldSeconds?: number;
   /**
    * Who the request belongs to (a key segment, so users never share records). Default:
    * `request.user.id`, else `request.user.sub` (Nest's JWT recipe). Return undefined for an
@@ -92,8 +102,10 @@ export interface NoRepeatSubmitOptions {
   idempotentKey?: string | KeyResolver;
   /** With no key in the request, use the request fingerprint as the key instead of answering 400. */
   useRequestFingerprint?: boolean;
-  /** How long the claim holds while the handler runs, in seconds. */
+  /** How long the claim holds without renewal, in seconds (renewed while the handler runs). */
   leaseSeconds?: number;
+  /** The longest a running handler keeps its claim, in seconds. */
+  maxHoldSeconds?: number;
   /** Store outage policy of this route. */
   failMode?: FailMode;
   /** Fields removed at any depth before fingerprinting. */

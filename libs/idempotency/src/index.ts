@@ -12,6 +12,7 @@ export type {
   NoRepeatSubmitOptions,
 } from './idempotency.options.js';
 export { NoRepeatSubmit, SkipIdempotency } from './decorators/no-repeat-submit.decorator.js';
+export { LeaseSignal } from './decorators/lease-signal.decorator.js';
 export { UNSAFE_METHODS } from './decorators/no-repeat-submit.metadata.js';
 export { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
 export {

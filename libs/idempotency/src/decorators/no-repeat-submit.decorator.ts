@@ -35,6 +35,7 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     const where = propertyKey === undefined ? className : `${className}.${String(propertyKey)}`;
     assertPositive('expireSeconds', options.expireSeconds, where);
     assertPositive('leaseSeconds', options.leaseSeconds, where);
+    assertPositive('maxHoldSeconds', options.maxHoldSeconds, where);
     assertBytes(options.maxResponseBytes, where);
     const unknown = options.methods?.filter((method) => typeof RequestMethod[method as keyof typeof RequestMethod] !== 'number');
     if (unknown?.length) throw new IdempotencyConfigError(`${where}: methods holds unknown HTTP methods (${unknown.join(', ')})`);

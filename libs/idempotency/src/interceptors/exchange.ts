@@ -22,8 +22,13 @@ export interface HeldClaim {
   save(response: SavedResponse): Promise<void>;
   /** Frees the key for a retry (compare-and-delete); never rejects. */
   release(): Promise<void>;
-  /** How long the claim holds, in milliseconds. */
-  leaseMs: number;
+  /**
+   * How long the run may keep the claim, in milliseconds: the longest a handler is listened to
+   * after its caller went away (an outer timeout), so that its answer is still saved.
+   */
+  holdMs: number;
+  /** Aborted when the claim is lost while the handler runs (`@LeaseSignal()` hands it over). */
+  signal: AbortSignal;
 }
 
 /**

@@ -85,7 +85,7 @@ export class HttpExchange implements GuardExchange {
         },
         cut: () => capture.passThrough(),
       },
-      claim.leaseMs,
+      claim.holdMs,
     );
   }
 

@@ -8,6 +8,7 @@ import {
 } from '@nestjs/common';
 import { HttpAdapterHost } from '@nestjs/core';
 import { Observable, type Subscription } from 'rxjs';
+import { rememberLeaseSignal } from '../decorators/lease-signal.decorator.js';
 import { guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { IdempotencyError, IdempotencyKeyError } from '../errors/idempotency.errors.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
@@ -136,7 +137,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       return { result: route.required ? exchange.refuse({ reason: 'key_missing', source: route.keySource }) : next.handle() };
     }
     const storageKey = buildStorageKey({ prefix: this.options.keyPrefix, user, handler: route.handler, key: keySegment });
-    return this.claim(exchange, next, route, { key: storageKey, token: claimToken(), fingerprint, leaseMs: route.leaseMs });
+    return this.claim(ctx, exchange, next, route, { key: storageKey, token: claimToken(), fingerprint, leaseMs: route.leaseMs });
   }
 
   /** The call as its transport sees it; undefined for a transport the guard does not know. */
@@ -196,7 +197,13 @@ export class IdempotencyInterceptor implements NestInterceptor {
   }
 
   /** Claims the storage key and answers by what the store holds: run, replay or refuse. */
-  private async claim(exchange: GuardExchange, next: CallHandler, route: GuardedRoute, input: ClaimInput): Promise<Guarded> {
+  private async claim(
+    ctx: ExecutionContext,
+    exchange: GuardExchange,
+    next: CallHandler,
+    route: GuardedRoute,
+    input: ClaimInput,
+  ): Promise<Guarded> {
     let claim: ClaimResult;
     try {
       claim = await this.calls.timed('claim', () => this.store.claim(input));
@@ -218,7 +225,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       this.logger.warn(`${message}; running unguarded`);
       // A claim that timed out may still land when the store recovers: run as its possible
       // holder, so that the answer completes it or a failure releases it, never a stranded key.
-      return this.runHolding(exchange, next, this.calls.hold(input, route, true));
+      return this.runHolding(ctx, exchange, next, this.calls.hold(input, route, true));
     }
     switch (claim.status) {
       case 'in_progress':
@@ -232,11 +239,12 @@ export class IdempotencyInterceptor implements NestInterceptor {
         return { result: exchange.replay(claim.response) };
       case 'acquired':
         this.counters.count('acquired', route.handler);
-        return this.runHolding(exchange, next, this.calls.hold(input, route, false));
+        return this.runHolding(ctx, exchange, next, this.calls.hold(input, route, false));
     }
   }
 
-  private runHolding(exchange: GuardExchange, next: CallHandler, claim: HeldClaim): Guarded {
+  private runHolding(ctx: ExecutionContext, exchange: GuardExchange, next: CallHandler, claim: HeldClaim): Guarded {
+    rememberLeaseSignal(ctx, claim.signal);
     return { result: exchange.run(next, claim), release: claim.release };
   }
 

@@ -13,8 +13,10 @@ export interface GuardedRoute {
   handler: string;
   /** How long a completed response is replayed (the store's `retentionMs`), from `expireSeconds`. */
   expireMs: number;
-  /** How long a claim holds while the handler runs, from `leaseSeconds`. */
+  /** How long a claim holds without renewal, from `leaseSeconds`. */
   leaseMs: number;
+  /** The longest a running handler keeps its claim (renewed), from `maxHoldSeconds`; at least `leaseMs`. */
+  maxHoldMs: number;
   waitForResultMs: number;
   failMode: FailMode;
   useFingerprint: boolean;
@@ -43,11 +45,13 @@ export function routeOptions(
   const { options, key } = metadata;
   const method = methodName(ctx);
   const keyHeader = options.keyHeader ?? defaults.keyHeader;
+  const leaseMs = Math.ceil((options.leaseSeconds ?? defaults.leaseSeconds) * 1000);
   return {
     metadata,
     handler: `${ctx.getClass().name}.${method}`,
     expireMs: Math.ceil((options.expireSeconds ?? defaults.expireSeconds) * 1000),
-    leaseMs: Math.ceil((options.leaseSeconds ?? defaults.leaseSeconds) * 1000),
+    leaseMs,
+    maxHoldMs: Math.max(leaseMs, Math.ceil((options.maxHoldSeconds ?? defaults.maxHoldSeconds) * 1000)),
     waitForResultMs: options.waitForResultMs ?? 0,
     failMode: options.failMode ?? defaults.failMode,
     useFingerprint: options.useRequestFingerprint ?? false,

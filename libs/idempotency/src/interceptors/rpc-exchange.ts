@@ -56,7 +56,7 @@ export class RpcExchange implements GuardExchange {
         },
         failed: () => claim.release(),
       },
-      claim.leaseMs,
+      claim.holdMs,
     );
   }
 

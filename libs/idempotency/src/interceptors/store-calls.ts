@@ -2,7 +2,13 @@ import type { Logger } from '@nestjs/common';
 import type { IdempotencyCounters, IdempotencyMetricsSink } from '../metrics/idempotency-counters.js';
 import type { ClaimInput, IdempotencyStore, SavedResponse } from '../stores/idempotency-store.js';
 import type { HeldClaim } from './exchange.js';
+import { LeaseRenewal } from './lease-renewal.js';
 import type { GuardedRoute } from './route-options.js';
+
+type StoreOperation = 'claim' | 'complete' | 'release' | 'renew';
+
+/** The signal of a claim that is never renewed (fail-open): nothing to lose. */
+const NEVER_ABORTED = new AbortController().signal;
 
 /**
  * The guard's calls to its store, timed when a metrics sink is configured, with what each
@@ -15,14 +21,42 @@ export class StoreCalls {
     private readonly logger: Logger,
   ) {}
 
-  /** The claim this run holds (or may hold, after a failed claim: `uncertain`). */
+  /**
+   * The claim this run holds, renewed while the handler runs; or, after a failed claim, the one
+   * it may hold (`uncertain`: not renewed, the store is down).
+   */
   hold({ key: storageKey, token }: ClaimInput, route: GuardedRoute, uncertain: boolean): HeldClaim {
-    const leaseEndsAt = Date.now() + route.leaseMs;
+    const renewal = uncertain ? undefined : this.renewal(storageKey, token, route);
+    const claimedAt = Date.now();
     return {
-      leaseMs: route.leaseMs,
-      save: (response) => this.save(storageKey, token, response, route, leaseEndsAt, uncertain),
-      release: () => this.release(storageKey, token, route.handler),
+      holdMs: renewal ? route.maxHoldMs : route.leaseMs,
+      signal: renewal?.signal ?? NEVER_ABORTED,
+      save: (response) => {
+        renewal?.stop();
+        const leaseEndsAt = renewal?.leaseEndsAt ?? claimedAt + route.leaseMs;
+        return this.save(storageKey, token, response, route, leaseEndsAt, uncertain);
+      },
+      release: () => {
+        renewal?.stop();
+        return this.release(storageKey, token, route.handler);
+      },
     };
+  }
+
+  private renewal(storageKey: string, token: string, route: GuardedRoute): LeaseRenewal {
+    const { handler, leaseMs } = route;
+    return new LeaseRenewal(leaseMs, route.maxHoldMs, {
+      renew: () => this.timed('renew', () => this.store.renew(storageKey, token, leaseMs)),
+      renewed: () => this.counters.count('renewed', handler),
+      failed: (error) => {
+        this.counters.count('storeErrors', handler);
+        this.logger.warn(`${handler}: could not renew the claim (${(error as Error).message}); trying again until its lease ends`);
+      },
+      lost: (why) => {
+        this.counters.count('leasesLost', handler);
+        this.logger.error(`${handler}: lost the claim while the handler runs (${why}); a retry may run the handler again`);
+      },
+    });
   }
 
   /**
@@ -88,12 +122,12 @@ export class StoreCalls {
   }
 
   /** Runs a store call, timing it when a metrics sink is configured (else the call's own promise). */
-  timed<T>(operation: 'claim' | 'complete' | 'release', call: () => Promise<T>): Promise<T> {
+  timed<T>(operation: StoreOperation, call: () => Promise<T>): Promise<T> {
     const { sink } = this.counters;
     return sink ? this.timedBy(sink, operation, call) : call();
   }
 
-  private async timedBy<T>(sink: IdempotencyMetricsSink, operation: 'claim' | 'complete' | 'release', call: () => Promise<T>): Promise<T> {
+  private async timedBy<T>(sink: IdempotencyMetricsSink, operation: StoreOperation, call: () => Promise<T>): Promise<T> {
     const started = performance.now();
     try {
       return await call();

@@ -1,6 +1,6 @@
 import { Injectable } from '@nestjs/common';
 
-/** What the guard decided for one call. */
+/** What the guard decided for one call, and what happened to the claims of running handlers. */
 export type IdempotencyOutcome =
   | 'acquired'
   | 'replayed'
@@ -10,13 +10,15 @@ export type IdempotencyOutcome =
   | 'released'
   | 'lateCompletions'
   | 'storeErrors'
-  | 'failOpen';
+  | 'failOpen'
+  | 'renewed'
+  | 'leasesLost';
 
 /** Where outcomes go besides the totals (Prometheus, when `metrics` is on). */
 export interface IdempotencyMetricsSink {
   count(outcome: IdempotencyOutcome, handler: string): void;
   /** Duration of one store call, in seconds. */
-  observeStore(operation: 'claim' | 'complete' | 'release', seconds: number): void;
+  observeStore(operation: 'claim' | 'complete' | 'release' | 'renew', seconds: number): void;
 }
 
 /**
@@ -43,6 +45,10 @@ export class IdempotencyCounters implements Record<IdempotencyOutcome, number> {
   storeErrors = 0;
   /** Requests run unguarded because the store was down (fail-open). */
   failOpen = 0;
+  /** Claims renewed while their handlers ran (a renewal every third of the lease). */
+  renewed = 0;
+  /** Claims lost while their handlers ran (a renewal refused, or failing until the lease ended). */
+  leasesLost = 0;
 
   constructor(readonly sink?: IdempotencyMetricsSink) {}
 

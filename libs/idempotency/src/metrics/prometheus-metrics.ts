@@ -10,7 +10,11 @@ export interface PrometheusMetricsOptions {
   prefix?: string;
 }
 
-const OUTCOME_LABELS: Record<IdempotencyOutcome, string> = {
+type LeaseEvent = 'renewed' | 'leasesLost';
+const LEASE_EVENTS: Record<LeaseEvent, string> = { renewed: 'renewed', leasesLost: 'lost' };
+const isLeaseEvent = (outcome: IdempotencyOutcome): outcome is LeaseEvent => outcome in LEASE_EVENTS;
+
+const OUTCOME_LABELS: Record<Exclude<IdempotencyOutcome, LeaseEvent>, string> = {
   acquired: 'acquired',
   replayed: 'replayed',
   inProgress: 'in_progress',
@@ -24,7 +28,8 @@ const OUTCOME_LABELS: Record<IdempotencyOutcome, string> = {
 
 /**
  * `<prefix>requests_total{handler, outcome}` (handler = `Controller.method`, so label values are
- * bounded by the routes) and `<prefix>store_duration_seconds{operation}`.
+ * bounded by the routes), `<prefix>leases_total{handler, event}` (claims `renewed` and `lost`
+ * while their handlers ran) and `<prefix>store_duration_seconds{operation}`.
  */
 export async function createPrometheusSink(options: PrometheusMetricsOptions = {}): Promise<IdempotencyMetricsSink> {
   const prom = await import('prom-client').catch((error: unknown) => {
@@ -41,6 +46,14 @@ export async function createPrometheusSink(options: PrometheusMetricsOptions = {
       labelNames: ['handler', 'outcome'] as const,
       registers: [registry],
     });
+  const leases =
+    (registry.getSingleMetric(`${prefix}leases_total`) as InstanceType<typeof prom.Counter<'handler' | 'event'>>) ??
+    new prom.Counter({
+      name: `${prefix}leases_total`,
+      help: 'Claims renewed and lost while their handlers ran, by handler and event',
+      labelNames: ['handler', 'event'] as const,
+      registers: [registry],
+    });
   const store =
     (registry.getSingleMetric(`${prefix}store_duration_seconds`) as InstanceType<typeof prom.Histogram<'operation'>>) ??
     new prom.Histogram({
@@ -51,7 +64,10 @@ export async function createPrometheusSink(options: PrometheusMetricsOptions = {
       registers: [registry],
     });
   return {
-    count: (outcome, handler) => requests.inc({ handler, outcome: OUTCOME_LABELS[outcome] }),
+    count: (outcome, handler) =>
+      isLeaseEvent(outcome)
+        ? leases.inc({ handler, event: LEASE_EVENTS[outcome] })
+        : requests.inc({ handler, outcome: OUTCOME_LABELS[outcome] }),
     observeStore: (operation, seconds) => store.observe({ operation }, seconds),
   };
 }
