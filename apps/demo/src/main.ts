@@ -82,6 +82,8 @@ async function bootstrap(): Promise<void> {
 }
 
 bootstrap().catch((error: unknown) => {
-  logger.error(error instanceof Error ? error.stack ?? error.message : String(error));
+  // The embedded database's failures say what to change; a stack would only hide that.
+  const known = error instanceof Error && error.name === 'EmbeddedDatabaseError';
+  logger.error(error instanceof Error ? (known ? error.message : error.stack ?? error.message) : String(error));
   process.exit(1);
 });
