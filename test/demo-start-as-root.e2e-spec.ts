@@ -15,7 +15,7 @@ describe('the demo started as root from a directory only root may enter', () => 
   (asRoot ? it : it.skip)('refuses with its own one-line message naming the directory and the fixes', async () => {
     const closed = await mkdtemp(join(tmpdir(), 'demo-700-')); // mode 700, owned by root
     try {
-      const env = { ...process.env, PORT: '0' };
+      const env: NodeJS.ProcessEnv = { ...process.env, PORT: '0' };
       delete env.DATABASE_URL;
       const result = await new Promise<{ code: number | null; output: string }>((done) => {
         execFile(

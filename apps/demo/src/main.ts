@@ -15,7 +15,8 @@ const adapterFromEnv = (): HttpAdapterName => {
 };
 
 /**
- * Starts the demo from the environment: `PORT` (default 3000), `HOST` (default: the adapter's),
+ * Starts the demo from the environment: `PORT` (default 3000), `HOST` (default 127.0.0.1, both
+ * adapters; 0.0.0.0 in a container),
  * `HTTP_ADAPTER` (`express` | `fastify`), `DATABASE_URL` (default: an embedded PostgreSQL in
  * `.data/pg`), `REDIS_URL` (default: the memory store; with it the demo also serves the
  * `orders.create` message pattern over the Redis transport), `RABBITMQ_URL` (default: no
@@ -29,6 +30,7 @@ async function bootstrap(): Promise<void> {
     throw new Error(`PORT must be a port number, got "${process.env.PORT}"`);
   }
   const adapter = adapterFromEnv();
+  const host = process.env.HOST || '127.0.0.1';
   const redisUrl = process.env.REDIS_URL || undefined;
   const rabbitmqUrl = process.env.RABBITMQ_URL || undefined;
   const paymentQueue = process.env.PAYMENT_QUEUE || undefined;
@@ -43,9 +45,6 @@ async function bootstrap(): Promise<void> {
     embedded = await startEmbeddedDatabase();
     databaseUrl = embedded.url;
   }
-  logger.log(`Database: ${redactUrl(databaseUrl)}${embedded ? ' (embedded)' : ''}`);
-  logger.log(`Idempotency store: ${redisUrl ? `Redis ${redactUrl(redisUrl)}` : 'memory (one process only)'}`);
-  logger.log(`Payment events: ${rabbitmqUrl ? `RabbitMQ ${redactUrl(rabbitmqUrl)}` : 'off (no RABBITMQ_URL)'}`);
 
   let app: INestApplication | undefined;
   let closing: Promise<void> | undefined;
@@ -72,13 +71,24 @@ async function bootstrap(): Promise<void> {
 
   try {
     app = await createDemoApp({ adapter, databaseUrl, redisUrl, rpcRedisUrl: redisUrl, rabbitmqUrl, paymentQueue, paymentDeadLetterQueue, leaseSeconds });
-    // HOST: e.g. 0.0.0.0 in a container (Fastify listens on localhost by default).
-    await (process.env.HOST ? app.listen(port, process.env.HOST) : app.listen(port));
+    // One rule for both adapters (Express alone would listen on every interface).
+    await app.listen(port, host);
   } catch (error) {
     await shutdown('startup failed');
     throw error;
   }
-  logger.log(`Demo (${adapter}) listening on ${await app.getUrl()}`);
+  const url = await app.getUrl();
+  const summary = [
+    `Demo (${adapter}) listening on ${url}  (PORT, HOST; HTTP_ADAPTER=express|fastify)`,
+    `  API docs      ${url}/docs`,
+    `  metrics       ${url}/metrics`,
+    `  health        ${url}/health`,
+    `  database      ${redactUrl(databaseUrl)}${embedded ? ' (embedded; set DATABASE_URL for your own)' : '  (DATABASE_URL)'}`,
+    `  idempotency   ${redisUrl ? `Redis ${redactUrl(redisUrl)}  (REDIS_URL)` : 'memory store, one process only  (set REDIS_URL for Redis)'}`,
+    `  payments      ${rabbitmqUrl ? `RabbitMQ ${redactUrl(rabbitmqUrl)}  (RABBITMQ_URL)` : 'no consumer  (set RABBITMQ_URL for the payment.succeeded consumer)'}`,
+    `  lease         ${leaseSeconds ?? 5} s, renewed while a handler runs  (IDEMPOTENCY_LEASE_SECONDS)`,
+  ];
+  logger.log(summary.join('\n'));
 }
 
 bootstrap().catch((error: unknown) => {
