@@ -113,6 +113,15 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('demo basics (%s)', (adap
   });
 
   it.each([
+    ['an amount as a string', { amount: '12' }, ['amount must be a number conforming to the specified constraints']],
+    ['a negative amount', { amount: -1 }, ['amount must not be less than 0.01']],
+    ['no amount and a bad orderNo', { orderNo: 'A B' }, ['orderNo may only contain letters, digits and _ . : -', 'amount must be a number conforming to the specified constraints']],
+  ])('answers one message per field for %s, the most basic one first', async (_name, patch, messages) => {
+    const res = await post({ orderNo: newOrderNo(), ...patch }, 'alice').expect(400);
+    expect(res.body.message).toEqual(messages);
+  });
+
+  it.each([
     ['a __proto__ key', '{"orderNo":"P-1","amount":1,"__proto__":{"admin":true}}'],
     ['a nested constructor.prototype', '{"orderNo":"P-1","amount":1,"x":[{"constructor":{"prototype":{"admin":true}}}]}'],
   ])('answers 400 INVALID_JSON for a body with %s, and creates nothing', async (_what, body) => {
