@@ -73,6 +73,7 @@ export async function startEmbeddedDatabase(options: EmbeddedDatabaseOptions = {
       throw failure('initdb', cause);
     });
   }
+  logger.log(`Starting PostgreSQL on 127.0.0.1:${port} (data in ${dataDir})`);
   await server.start().catch((cause: unknown) => {
     throw failure('start', cause);
   });
