@@ -3,6 +3,7 @@
 // once and quickly. A service that is down gets one line (its URL, how to start it) and the run
 // stops here, before the type-check. A missing test database is created.
 import { Redis } from 'ioredis';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import pg from 'pg';
 
 const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
@@ -84,3 +85,8 @@ if (down.length > 0) {
   process.exit(1);
 }
 console.log(`  services up: ${SERVICES.map((service) => service.name).join(', ')}`);
+// The apps under test log here (test/support/app-logs.ts): one file per run.
+const logs = new URL('../../.test-logs/', import.meta.url);
+mkdirSync(logs, { recursive: true });
+writeFileSync(new URL('apps.log', logs), '');
+console.log('  the apps under test log to .test-logs/apps.log');

@@ -1,8 +1,5 @@
 import { Redis } from 'ioredis';
-import { mkdirSync, writeFileSync } from 'node:fs';
-import { dirname } from 'node:path';
 import pg from 'pg';
-import { APP_LOG } from './app-logs.js';
 
 /** The services the tests use: the local ones unless REDIS_URL / DATABASE_URL say otherwise. */
 export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
@@ -54,13 +51,8 @@ export async function checkRabbitMq(url = RABBITMQ_URL): Promise<void> {
   }
 }
 
-/**
- * Jest global setup: starts the run's app log afresh (see app-logs.ts), and fails the whole run
- * at once, naming the URL, when a service is down.
- */
+/** Jest global setup: fails the whole run at once, naming the URL, when a service is down. */
 export default async function checkServices(): Promise<void> {
-  mkdirSync(dirname(APP_LOG), { recursive: true });
-  writeFileSync(APP_LOG, '');
   const redis = await connectRedis();
   redis.disconnect();
   await checkPostgres();
