@@ -1,7 +1,10 @@
 import { createParamDecorator, type ExecutionContext } from '@nestjs/common';
 
-/** The signal of each guarded call that holds a claim, by the call's request (or RPC context). */
-const signals = new WeakMap<object, AbortSignal>();
+/**
+ * The signal of each guarded call that holds a claim, by the call's request (or RPC context),
+ * then by handler: Nest calls every `@EventPattern` handler of one pattern with the same objects.
+ */
+const signals = new WeakMap<object, WeakMap<object, AbortSignal>>();
 const NEVER_ABORTED = new AbortController().signal;
 
 /** The object that stands for the call: the HTTP request; for a message, its context (else its data). */
@@ -14,7 +17,10 @@ function callOf(ctx: ExecutionContext): object | undefined {
 /** Hands the claim's signal to `@LeaseSignal()` parameters of this call (the guard calls it). */
 export function rememberLeaseSignal(ctx: ExecutionContext, signal: AbortSignal): void {
   const call = callOf(ctx);
-  if (call) signals.set(call, signal);
+  if (!call) return;
+  let byHandler = signals.get(call);
+  if (!byHandler) signals.set(call, (byHandler = new WeakMap()));
+  byHandler.set(ctx.getHandler(), signal);
 }
 
 /**
@@ -36,5 +42,5 @@ export function rememberLeaseSignal(ctx: ExecutionContext, signal: AbortSignal):
  */
 export const LeaseSignal = createParamDecorator((_data: unknown, ctx: ExecutionContext): AbortSignal => {
   const call = callOf(ctx);
-  return (call && signals.get(call)) ?? NEVER_ABORTED;
+  return (call && signals.get(call)?.get(ctx.getHandler())) ?? NEVER_ABORTED;
 });

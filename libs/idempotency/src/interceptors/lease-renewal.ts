@@ -1,3 +1,5 @@
+import { performance } from 'node:perf_hooks';
+
 /** What a renewal does and reports: the store call, and what each result means to the guard. */
 export interface LeaseRenewalHooks {
   /** Renews the claim in the store (fenced by its token): false when the token holds it no more. */
@@ -11,6 +13,10 @@ export interface LeaseRenewalHooks {
 
 /** Renewals per lease: a claim is renewed every third of its lease. */
 const RENEWALS_PER_LEASE = 3;
+/** A failed renewal is tried again this soon, then backing off (never past half the lease left). */
+const RETRY_MS = 100;
+/** A monotonic clock: a stepped wall clock neither ends a lease early nor holds a key past `maxHoldMs`. */
+const now = () => performance.now();
 
 /**
  * Keeps a held claim alive while its handler runs. Every third of the lease it renews the claim
@@ -18,18 +24,23 @@ const RENEWALS_PER_LEASE = 3;
  * runs once, while a crashed process renews nothing and its keys free within one lease. A
  * handler shorter than a third of the lease costs no renewal.
  *
- * The claim is lost when a renewal is refused (the token holds it no more: the lease ran out
- * before the renewal landed, or somebody deleted the key), when renewals fail until the lease
- * ends (the store is down), or at `maxHoldMs` (no lease is renewed past it, so a handler that
- * never ends cannot hold its key for ever). Then `signal` aborts, for a handler that reads it
- * (`@LeaseSignal()`) to stop before its effect.
+ * The claim is lost when the lease ends with no renewal landed (a renewal refused because the
+ * token holds the key no more, renewals failing or hanging while the store is down or its pool
+ * is busy), or at `maxHoldMs` (no lease is renewed past it, so a handler that never ends cannot
+ * hold its key for ever). A deadline timer at the lease's end decides, whatever a renewal in
+ * flight still does. Then `signal` aborts, for a handler that reads it (`@LeaseSignal()`) to
+ * stop before its effect.
  */
 export class LeaseRenewal {
   private readonly aborter = new AbortController();
   private readonly everyMs: number;
   private readonly holdEndsAt: number;
+  /** Wall-clock time minus the monotonic clock, for `leaseEndsAt`. */
+  private readonly wallOffset = Date.now() - now();
   private timer?: NodeJS.Timeout;
+  private deadline?: NodeJS.Timeout;
   private stopped = false;
+  /** When the lease ends unless renewed, by the monotonic clock. */
   private endsAt: number;
 
   constructor(
@@ -37,11 +48,12 @@ export class LeaseRenewal {
     maxHoldMs: number,
     private readonly hooks: LeaseRenewalHooks,
   ) {
-    const now = Date.now();
-    this.endsAt = now + leaseMs;
-    this.holdEndsAt = now + maxHoldMs;
+    const start = now();
+    this.endsAt = start + leaseMs;
+    this.holdEndsAt = start + maxHoldMs;
     this.everyMs = leaseMs / RENEWALS_PER_LEASE;
     this.next(this.everyMs);
+    this.armDeadline();
   }
 
   /** Aborted when the claim is lost while the handler runs. */
@@ -49,41 +61,54 @@ export class LeaseRenewal {
     return this.aborter.signal;
   }
 
-  /** When the lease ends, by this process's clock, unless renewed again. */
+  /** When the lease ends, by this process's wall clock, unless renewed again. */
   get leaseEndsAt(): number {
-    return this.endsAt;
+    return this.endsAt + this.wallOffset;
   }
 
   /** The claim is settled (saved or released): no more renewals, and nothing more to lose. */
   stop(): void {
     this.stopped = true;
     clearTimeout(this.timer);
+    clearTimeout(this.deadline);
   }
 
-  /** Renews in `delayMs`, unless that lease would end past `maxHoldMs`: then lets it run out. */
+  /** Whatever a renewal in flight does, the claim is lost when the lease ends unrenewed. */
+  private armDeadline(): void {
+    clearTimeout(this.deadline);
+    const pastHold = this.endsAt + this.everyMs + this.leaseMs > this.holdEndsAt;
+    const why = pastHold ? 'the handler ran past maxHoldSeconds, so the claim was not renewed' : 'no renewal landed before the lease ended';
+    this.deadline = setTimeout(() => this.lose(why), Math.max(this.endsAt - now(), 0));
+    this.deadline.unref();
+  }
+
+  /** Renews in `delayMs`, unless that lease would end past `maxHoldMs`: then the deadline ends it. */
   private next(delayMs: number): void {
-    const renewing = Date.now() + delayMs + this.leaseMs <= this.holdEndsAt;
-    const run = renewing ? () => void this.renewNow() : () => this.lose('the handler ran past maxHoldSeconds, so the claim was not renewed');
-    this.timer = setTimeout(run, renewing ? delayMs : Math.max(this.endsAt - Date.now(), 0));
+    if (now() + delayMs + this.leaseMs > this.holdEndsAt) return;
+    this.timer = setTimeout(() => void this.renewNow(), delayMs);
     this.timer.unref();
   }
 
-  private async renewNow(): Promise<void> {
+  private async renewNow(failures = 0): Promise<void> {
     if (this.stopped) return;
-    const startedAt = Date.now();
+    const startedAt = now();
     let held: boolean;
     try {
       held = await this.hooks.renew();
     } catch (error) {
       if (this.stopped) return;
       this.hooks.failed(error);
-      const left = this.endsAt - Date.now();
-      if (left <= 0) return this.lose('renewals failed until the lease ended');
-      return this.next(Math.min(this.everyMs, left));
+      // Soon, then backing off, never at or past the lease's end: the deadline decides there.
+      const delay = Math.min(this.everyMs, RETRY_MS * 2 ** failures, Math.max((this.endsAt - now()) / 2, 10));
+      if (now() + delay >= this.endsAt) return;
+      this.timer = setTimeout(() => void this.renewNow(failures + 1), delay);
+      this.timer.unref();
+      return;
     }
     if (this.stopped) return;
     if (!held) return this.lose('the store refused the renewal: the lease had run out, or the key was deleted');
-    this.endsAt = startedAt + this.leaseMs;
+    this.endsAt = Math.max(this.endsAt, startedAt + this.leaseMs);
+    this.armDeadline();
     this.hooks.renewed();
     this.next(this.everyMs);
   }

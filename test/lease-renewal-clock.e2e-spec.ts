@@ -1,0 +1,88 @@
+// the wall clock steps (NTP step, VM resumed, an operator's `date -s`) while a
+// handler runs. Redis keeps its TTLs by its own clock, so the claim in the store is unaffected;
+// the guard's renewal schedule must not be either. A real clock step needs CAP_SYS_TIME and would
+// move the clock of every process on this machine, so this spec steps Date.now() in this process
+// only (the one thing the guard reads), and leaves timers, Redis and the network real.
+import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
+import { Controller, Post } from '@nestjs/common';
+import { randomUUID } from 'node:crypto';
+import { IdempotencyCounters, LeaseSignal, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { codeOf, makeApp, raw, sleep, type EdgeApp } from './support/edge-app.js';
+import { REDIS_URL } from './support/services.js';
+
+const realNow = Date.now.bind(Date);
+let offsetMs = 0;
+const stepClock = (ms: number) => {
+  offsetMs += ms;
+  Date.now = () => realNow() + offsetMs;
+};
+
+let runs = 0;
+
+@Controller()
+class ClockController {
+  @Post('forward')
+  @NoRepeatSubmit({ leaseSeconds: 0.6 })
+  async forward(@LeaseSignal() signal: AbortSignal) {
+    runs++;
+    await Promise.race([sleep(2000), new Promise((resolve) => signal.addEventListener('abort', resolve))]);
+    return { aborted: signal.aborted };
+  }
+
+  @Post('backward')
+  @NoRepeatSubmit({ leaseSeconds: 0.3, maxHoldSeconds: 1.2 })
+  async backward(@LeaseSignal() signal: AbortSignal) {
+    runs++;
+    await Promise.race([sleep(3000), new Promise((resolve) => signal.addEventListener('abort', resolve))]);
+    return { aborted: signal.aborted };
+  }
+}
+
+describe('wall-clock steps while a handler holds its claim (Redis store)', () => {
+  let edge: EdgeApp;
+  let counters: IdempotencyCounters;
+  beforeAll(async () => {
+    edge = await makeApp('express', [ClockController], { store: { redis: REDIS_URL }, keyPrefix: `clock-${randomUUID()}` }, { setup: (app) => app.useLogger(false) });
+    counters = edge.app.get(IdempotencyCounters);
+  });
+  afterEach(() => {
+    Date.now = realNow;
+    offsetMs = 0;
+  });
+  afterAll(() => edge?.close());
+
+  it('a clock stepped forward by an hour neither aborts the LeaseSignal nor drops the claim', async () => {
+    runs = 0;
+    const lostBefore = counters.leasesLost;
+    const key = randomUUID();
+    const first = raw(edge.url, '/forward', { key }).answer;
+    while (runs === 0) await sleep(5);
+    await sleep(300);
+    stepClock(3_600_000);
+    await sleep(1200); // two leases later: the claim should still be renewed
+    const duplicate = await raw(edge.url, '/forward', { key }).answer;
+    const answer = await first;
+    expect({
+      first: JSON.parse(answer.text),
+      duplicate: codeOf(duplicate) ?? duplicate.status,
+      runs,
+      lost: counters.leasesLost - lostBefore,
+    }).toEqual({ first: { aborted: false }, duplicate: 'IDEMPOTENCY_IN_PROGRESS', runs: 1, lost: 0 });
+  }, 15_000);
+
+  it('a clock stepped back by an hour still ends the claim at maxHoldSeconds', async () => {
+    runs = 0;
+    const key = randomUUID();
+    const started = realNow();
+    const first = raw(edge.url, '/backward', { key }).answer;
+    while (runs === 0) await sleep(5);
+    await sleep(100);
+    stepClock(-3_600_000);
+    const answer = await first;
+    // maxHoldSeconds is 1.2 s: the signal aborts then (one lease's slack), not after the handler's 3 s.
+    expect({ first: JSON.parse(answer.text), endedWithinMs: realNow() - started < 2000 }).toEqual({
+      first: { aborted: true },
+      endedWithinMs: true,
+    });
+  }, 15_000);
+});
