@@ -1,7 +1,10 @@
 import type { ExecutionContext } from '@nestjs/common';
 import { DEFAULTS } from './idempotency.constants.js';
 import { IdempotencyConfigError } from './errors/idempotency.errors.js';
-import type { AnonymousPolicy, FailMode, IdempotencyModuleOptions } from './idempotency.options.js';
+import type { AnonymousPolicy, FailMode, IdempotencyModuleOptions, SaveStatuses } from './idempotency.options.js';
+
+/** Whether the answer to a handler's error, of this status, is saved (only asked for 400-499). */
+export type SavesStatus = (status: number) => boolean;
 
 /** Module options with every default filled in; built once, in one place. */
 export interface ResolvedIdempotencyOptions {
@@ -18,6 +21,8 @@ export interface ResolvedIdempotencyOptions {
   required: boolean;
   /** As the user spelled it (messages, docs); compared case-insensitively. */
   keyHeader: string;
+  /** From `saveStatuses`; undefined when no answer to an error is saved. */
+  savesStatus: SavesStatus | undefined;
 }
 
 /** Token of the resolved options. */
@@ -49,11 +54,13 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     maxResponseBytes: options.maxResponseBytes ?? DEFAULTS.maxResponseBytes,
     required: options.required ?? DEFAULTS.required,
     keyHeader: options.keyHeader ?? 'Idempotency-Key',
+    savesStatus: savesStatus(options.saveStatuses),
   };
   assertPositive('expireSeconds', resolved.expireSeconds);
   assertPositive('leaseSeconds', resolved.leaseSeconds);
   assertPositive('maxHoldSeconds', resolved.maxHoldSeconds);
   assertBytes(resolved.maxResponseBytes);
+  assertSaveStatuses(options.saveStatuses);
   if (resolved.anonymous !== 'client-key' && resolved.anonymous !== 'address') {
     throw new IdempotencyConfigError(`IdempotencyModule: anonymous must be 'client-key' or 'address' (got '${String(resolved.anonymous)}')`);
   }
@@ -72,5 +79,27 @@ export function assertPositive(name: string, value: number | undefined, where = 
 export function assertBytes(value: number | undefined, where = 'IdempotencyModule'): void {
   if (value !== undefined && !(Number.isInteger(value) && value >= 0)) {
     throw new IdempotencyConfigError(`${where}: maxResponseBytes must be a whole number of bytes, 0 or more (got ${value})`);
+  }
+}
+
+/**
+ * `saveStatuses` as a test of a status: undefined when it saves none (unset, or an empty list).
+ * A function is asked only about 4xx statuses; a 5xx is never saved.
+ */
+export function savesStatus(saveStatuses: SaveStatuses | undefined): SavesStatus | undefined {
+  if (typeof saveStatuses === 'function') return (status) => status >= 400 && status < 500 && Boolean(saveStatuses(status));
+  if (!saveStatuses?.length) return undefined;
+  const saved = new Set(saveStatuses);
+  return (status) => saved.has(status);
+}
+
+export function assertSaveStatuses(value: unknown, where = 'IdempotencyModule'): void {
+  if (value === undefined || typeof value === 'function') return;
+  const statuses: unknown[] | undefined = Array.isArray(value) ? value : undefined;
+  const bad = statuses?.filter((status) => !(Number.isInteger(status) && (status as number) >= 400 && (status as number) < 500));
+  if (!statuses || bad!.length > 0) {
+    throw new IdempotencyConfigError(
+      `${where}: saveStatuses must be a list of 4xx statuses or a function of the status (got ${statuses ? bad!.map(String).join(', ') : String(value)}); 5xx answers are never saved`,
+    );
   }
 }

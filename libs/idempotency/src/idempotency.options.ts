@@ -9,6 +9,12 @@ export type FailMode = 'open' | 'closed';
 /** How anonymous calls are keyed (see `IdempotencyModuleOptions.anonymous`). */
 export type AnonymousPolicy = 'client-key' | 'address';
 
+/**
+ * Which answers to a handler's error are saved (see `IdempotencyModuleOptions.saveStatuses`): a
+ * list of 4xx statuses, or a test each 4xx status is put to.
+ */
+export type SaveStatuses = readonly number[] | ((status: number) => boolean);
+
 /** Reads the key from the request; return undefined when there is none. */
 export type KeyResolver = (ctx: ExecutionContext) => string | undefined;
 
@@ -81,6 +87,19 @@ export interface IdempotencyModuleOptions {
   replayHeaders?: string[];
   /** Fields removed at any depth before fingerprinting (e.g. `timestamp`, `nonce`). Default none. */
   ignoreFields?: string[];
+  /**
+   * The 4xx answers to a handler's error that are saved and replayed like a success, as Stripe
+   * does: a list (`[409, 402]`), or a function of the status (`(status) => status !== 429`).
+   * Once the handler itself has begun, an error it throws (an `HttpException`, or one the app's
+   * exception filter answers) whose answer has such a status is saved as the client received it,
+   * after the filters: a retry with the key gets the same status, body bytes and allowlisted
+   * headers, with `Idempotent-Replayed: true`, and the handler does not run again.
+   * Never saved, whatever this says: an answer before the handler began (a Nest guard's 401 or
+   * 403, a pipe's 400 such as `ValidationPipe`'s, a parameter decorator's error), any 5xx, and
+   * any status outside 400-499: the key is released and a retry runs the handler. HTTP only: a
+   * message handler that throws releases its key. Default none: every error releases the key.
+   */
+  saveStatuses?: SaveStatuses;
   /** Maximum entries of the default memory store. Default 100,000. */
   memoryMaxEntries?: number;
   /**
@@ -116,6 +135,11 @@ export interface NoRepeatSubmitOptions {
   keyHeader?: string;
   /** Whether a call without a key is refused (400) or runs unguarded (see the module option). */
   required?: boolean;
+  /**
+   * The 4xx answers to this handler's errors that are saved and replayed like a success (see the
+   * module option); `[]` saves none on a route under a module that saves some.
+   */
+  saveStatuses?: SaveStatuses;
   /** Calls for which this returns true run unguarded (e.g. internal callers, dry runs). */
   skipIf?: (ctx: ExecutionContext) => boolean;
   /**

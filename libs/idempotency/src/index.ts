@@ -10,6 +10,7 @@ export type {
   IdempotencyModuleOptions,
   KeyResolver,
   NoRepeatSubmitOptions,
+  SaveStatuses,
 } from './idempotency.options.js';
 export { NoRepeatSubmit, SkipIdempotency } from './decorators/no-repeat-submit.decorator.js';
 export { LeaseSignal } from './decorators/lease-signal.decorator.js';
@@ -34,7 +35,8 @@ export { MemoryIdempotencyStore, type MemoryIdempotencyStoreOptions } from './st
 export { RedisIdempotencyStore, type RedisIdempotencyStoreOptions } from './stores/redis/redis-idempotency.store.js';
 export { REDIS_CLIENT_DEFAULTS } from './stores/create-store.js';
 export { IdempotencyConfigError, IdempotencyError, IdempotencyKeyError, IdempotencyStoreError } from './errors/idempotency.errors.js';
-export { IdempotencyErrorCode, IdempotencyHttpException } from './errors/idempotency-http.exceptions.js';
+export { IdempotencyErrorCode, IdempotencyHttpException, IdempotencyRefusals } from './errors/idempotency-http.exceptions.js';
+export { parseKeyHeader, type ParsedKeyHeader } from './keys/idempotency-key.js';
 export {
   DEFAULTS as IDEMPOTENCY_DEFAULTS,
   IDEMPOTENCY_KEY_HEADER,

@@ -1,6 +1,7 @@
 import { describe, expect, it } from '@jest/globals';
 import { Controller, Post } from '@nestjs/common';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
+import { resolveOptions } from '../idempotency.config.js';
 import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
 import { NoRepeatSubmit } from './no-repeat-submit.decorator.js';
 import type { NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
@@ -55,5 +56,31 @@ describe('@NoRepeatSubmit()', () => {
       return OrdersController;
     };
     expect(define).toThrow(/OrdersController\.create: expireSeconds/);
+  });
+
+  it.each([[[500]], [[200, 409]], [[409.5]], ['409']])('refuses saveStatuses %p, on a method and on the module', (saveStatuses) => {
+    const define = () => {
+      class OrdersController {
+        @NoRepeatSubmit({ saveStatuses: saveStatuses as number[] })
+        create() {}
+      }
+      return OrdersController;
+    };
+    expect(define).toThrow(/OrdersController\.create: saveStatuses must be a list of 4xx statuses/);
+    expect(() => resolveOptions({ saveStatuses: saveStatuses as number[] })).toThrow(/IdempotencyModule: saveStatuses/);
+  });
+
+  it('takes a list of 4xx statuses or a function; a function is asked about 4xx statuses only', () => {
+    class OrdersController {
+      @NoRepeatSubmit({ saveStatuses: [400, 409, 499] })
+      create() {}
+    }
+    expect(Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, OrdersController.prototype.create).options.saveStatuses).toEqual([400, 409, 499]);
+    const asked: number[] = [];
+    const { savesStatus } = resolveOptions({ saveStatuses: (status) => (asked.push(status), true) });
+    expect([200, 302, 409, 500, 503].map((status) => savesStatus?.(status))).toEqual([false, false, true, false, false]);
+    expect(asked).toEqual([409]);
+    expect(resolveOptions({}).savesStatus).toBeUndefined();
+    expect(resolveOptions({ saveStatuses: [] }).savesStatus).toBeUndefined();
   });
 });

@@ -1,6 +1,6 @@
 import { RequestMethod, SetMetadata, UseInterceptors, applyDecorators } from '@nestjs/common';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
-import { assertBytes, assertPositive } from '../idempotency.config.js';
+import { assertBytes, assertPositive, assertSaveStatuses } from '../idempotency.config.js';
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import type { NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { IdempotencyInterceptor } from '../interceptors/idempotency.interceptor.js';
@@ -37,6 +37,7 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     assertPositive('leaseSeconds', options.leaseSeconds, where);
     assertPositive('maxHoldSeconds', options.maxHoldSeconds, where);
     assertBytes(options.maxResponseBytes, where);
+    assertSaveStatuses(options.saveStatuses, where);
     const unknown = options.methods?.filter((method) => typeof RequestMethod[method as keyof typeof RequestMethod] !== 'number');
     if (unknown?.length) throw new IdempotencyConfigError(`${where}: methods holds unknown HTTP methods (${unknown.join(', ')})`);
     const { idempotentKey } = options;

@@ -92,3 +92,10 @@ export const userUnresolved = () =>
     'Internal Server Error',
     'The server cannot tell which user sent this authenticated request, so it cannot guard it against duplicates.',
   );
+
+/**
+ * The guard's HTTP refusals, for entrances of your own (a controller in front of
+ * `IdempotentTransactions`, say): the same status, `code`, message and `retryAfterSeconds`
+ * (sent as `Retry-After` by the guard; your filter sends it) as the guard's.
+ */
+export const IdempotencyRefusals = Object.freeze({ keyMissing, keyInvalid, inProgress, keyReused });

@@ -39,7 +39,10 @@ export interface HeldClaim {
 export interface GuardExchange {
   /** What the fingerprint hashes: the route, its parameters, query and body; or the message. */
   fingerprintInput(): FingerprintInput;
-  /** Runs the handler while holding the claim: saves its answer, or releases the key if it fails. */
+  /**
+   * Runs the handler while holding the claim: saves its answer, or releases the key if it fails
+   * (HTTP under `saveStatuses`: saves the answer to a failure of the method itself, by status).
+   */
   run(next: CallHandler, claim: HeldClaim): Observable<unknown>;
   /** Answers a duplicate with the saved answer. */
   replay(saved: SavedResponse): Observable<unknown>;

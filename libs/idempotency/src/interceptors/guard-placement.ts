@@ -2,6 +2,7 @@ import { Logger, type Type } from '@nestjs/common';
 import type { ModulesContainer } from '@nestjs/core';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { controllerMethods, guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
+import { watchRouteMethod } from './handler-start.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 
 /** Metadata keys of `@nestjs/common` and `@nestjs/microservices` (stable across Nest 10-12). */
@@ -24,7 +25,9 @@ const withoutGuard = (list: Interceptors) => list.filter((item) => item !== Idem
  * - refuses two guarded handlers of different classes with one `Controller.method` name (their
  *   keys would share records: one route would replay the other's answers);
  * - leaves `@Sse()` routes of a guarded controller unguarded (a stream of events is no answer to
- *   replay, and `EventSource` cannot send a key), with a warning.
+ *   replay, and `EventSource` cannot send a key), with a warning;
+ * - puts a watcher in front of each guarded HTTP route's method (`watchRouteMethod`), so that the
+ *   guard knows whether a failed call failed in the method itself (`saveStatuses`) or before it.
  */
 export function placeGuards(modules: ModulesContainer): void {
   const logger = new Logger('IdempotencyModule');
@@ -40,17 +43,20 @@ export function placeGuards(modules: ModulesContainer): void {
       if (classInterceptors.includes(IdempotencyInterceptor)) {
         Reflect.defineMetadata(INTERCEPTORS_METADATA, withoutGuard(classInterceptors), controller);
       }
-      for (const { name: method, handler } of controllerMethods(controller.prototype)) {
-        const isRoute = Reflect.hasMetadata(PATH_METADATA, handler) || Reflect.hasMetadata(PATTERN_METADATA, handler);
-        if (!isRoute || !guardedRouteMetadata(controller, handler)) continue;
+      for (const { name: method, handler: declared, declaredOn } of controllerMethods(controller.prototype)) {
+        const isHttpRoute = Reflect.hasMetadata(PATH_METADATA, declared);
+        const isRoute = isHttpRoute || Reflect.hasMetadata(PATTERN_METADATA, declared);
+        if (!isRoute || !guardedRouteMetadata(controller, declared)) continue;
         // A handler a base class shares with other controllers gets the guard for all of them;
         // the guard resolves each (controller, handler) on its own, so an unguarded one passes.
-        const others = withoutGuard(interceptorsOf(handler));
-        if (Reflect.getMetadata(SSE_METADATA, handler)) {
-          Reflect.defineMetadata(INTERCEPTORS_METADATA, others, handler);
+        if (Reflect.getMetadata(SSE_METADATA, declared)) {
+          Reflect.defineMetadata(INTERCEPTORS_METADATA, withoutGuard(interceptorsOf(declared)), declared);
           logger.warn(`${controller.name}.${method} is an @Sse() route: @NoRepeatSubmit does not guard it`);
           continue;
         }
+        // The function the router will call: for an HTTP route, a watcher in front of the method.
+        const handler = isHttpRoute ? watchRouteMethod(declaredOn, method) : declared;
+        const others = withoutGuard(interceptorsOf(handler));
         Reflect.defineMetadata(INTERCEPTORS_METADATA, [...others, IdempotencyInterceptor], handler);
         const name = `${controller.name}.${method}`;
         const other = names.get(name);

@@ -8,8 +8,11 @@ export interface HeldRunHooks {
    * the client never got this value. The value is sent on once this settles.
    */
   succeeded(value: unknown, cut: boolean): Promise<void>;
-  /** The handler failed before any value; its error is sent on once this settles. */
-  failed(): Promise<void>;
+  /**
+   * The handler failed before any value; its error is sent on once this settles. `cut` as for
+   * `succeeded`: the client never gets the answer to this error.
+   */
+  failed(cut: boolean): Promise<void>;
   /** The run was cut off from the client while the handler still ran. */
   cut?(): void;
 }
@@ -40,7 +43,7 @@ export function runHeld(handler: Observable<unknown>, hooks: HeldRunHooks, keepA
       },
       error: (error: unknown) => {
         clearTimeout(keepAlive);
-        const ready = state === 'running' ? ((state = 'failed'), hooks.failed()) : sent;
+        const ready = state === 'running' ? ((state = 'failed'), hooks.failed(cut)) : sent;
         void ready.then(() => {
           finished = true;
           subscriber.error(error);

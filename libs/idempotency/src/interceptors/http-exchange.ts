@@ -1,4 +1,4 @@
-import type { CallHandler } from '@nestjs/common';
+import { Logger, type CallHandler } from '@nestjs/common';
 import type { AbstractHttpAdapter } from '@nestjs/core';
 import { isUtf8 } from 'node:buffer';
 import type { ServerResponse } from 'node:http';
@@ -17,6 +17,7 @@ import {
 import type { FingerprintInput } from '../keys/fingerprint.js';
 import type { SavedResponse, UnreplayableReason } from '../stores/idempotency-store.js';
 import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
+import { watchHandler } from './handler-start.js';
 import { runHeld } from './held-run.js';
 import type { HttpRequest, HttpResponse } from './http-request.js';
 import { ResponseCapture, type CapturedResponse } from './response-capture.js';
@@ -33,14 +34,24 @@ const NOT_REPLAYABLE: Record<UnreplayableReason, string> = {
   server_error: 'the server failed while answering the first request',
 };
 
+const logger = new Logger('Idempotency');
+
+/**
+ * The latest exchange of each request, on routes that save answers to errors: an outer `retry()`
+ * subscribes the guard again within one request (see `HttpExchange.create`).
+ */
+const latestOf = new WeakMap<object, HttpExchange>();
+
 /**
  * An HTTP request under the guard (Express or Fastify). The answer it saves and replays is the
  * one the client received, read off the Node.js response after the whole app pipeline.
  */
 export class HttpExchange implements GuardExchange {
   private readonly raw: ServerResponse;
+  /** Set while the answer to an error of the method is awaited: frees the key and lets that answer go unsaved. */
+  private forgoFailure: (() => Promise<void>) | undefined;
 
-  constructor(
+  private constructor(
     private readonly req: HttpRequest,
     private readonly res: HttpResponse,
     private readonly route: GuardedRoute,
@@ -48,6 +59,29 @@ export class HttpExchange implements GuardExchange {
     private readonly replayHeaders: readonly string[],
   ) {
     this.raw = 'raw' in res ? res.raw : res;
+  }
+
+  /**
+   * The exchange of one subscription to the guard. On a route with `saveStatuses`, a request
+   * subscribed again (an outer `retry()` after the method failed) first frees the key the
+   * earlier run holds while its error's answer is awaited: that answer will not be the earlier
+   * run's, and the new run would otherwise find the key held (409 in progress, every time).
+   * The retry then runs the handler again, as it does without `saveStatuses`.
+   */
+  static async create(
+    req: HttpRequest,
+    res: HttpResponse,
+    route: GuardedRoute,
+    adapter: AbstractHttpAdapter,
+    replayHeaders: readonly string[],
+  ): Promise<HttpExchange> {
+    const exchange = new HttpExchange(req, res, route, adapter, replayHeaders);
+    if (route.savesStatus) {
+      const earlier = latestOf.get(req);
+      latestOf.set(req, exchange);
+      await earlier?.forgoFailure?.();
+    }
+    return exchange;
   }
 
   /**
@@ -66,20 +100,38 @@ export class HttpExchange implements GuardExchange {
     };
   }
 
+  /**
+   * Runs the handler: saves the answer the client gets to its value, or releases the key when it
+   * fails. On a route with `saveStatuses`, a failure in the method itself (not in a pipe before
+   * it) leaves the answer to the app's exception filters, and that answer is saved when its
+   * status is one the route saves; otherwise the key is released as it goes out.
+   */
   run(next: CallHandler, claim: HeldClaim): Observable<unknown> {
-    const { maxResponseBytes, sendsOwnResponse } = this.route;
+    const { maxResponseBytes, sendsOwnResponse, savesStatus } = this.route;
+    let failedInMethod = false;
     const capture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, sendsOwnResponse, (sent) =>
-      claim.save(toSaved(sent, this.raw.statusCode)),
+      failedInMethod ? this.settleFailure(claim, sent) : claim.save(toSaved(sent, this.raw.statusCode)),
     );
+    const watched = savesStatus ? watchHandler(next) : undefined;
     return runHeld(
-      next.handle(),
+      watched ? watched.handled : next.handle(),
       {
         succeeded: async (_value, cut) => {
           // Cut off first: the client got another answer (the capture let it through).
           if (cut) return claim.save(toSaved(undefined, this.raw.statusCode));
           capture.succeed();
         },
-        failed: async () => {
+        failed: async (cut) => {
+          if (watched?.began() && !cut) {
+            failedInMethod = true;
+            this.forgoFailure = () => {
+              this.forgoFailure = undefined;
+              capture.passThrough();
+              return claim.release();
+            };
+            capture.succeed();
+            return;
+          }
           await claim.release();
           capture.passThrough();
         },
@@ -87,6 +139,25 @@ export class HttpExchange implements GuardExchange {
       },
       claim.holdMs,
     );
+  }
+
+  /**
+   * The answer the app gave to an error of the method: saved when the route saves its status,
+   * else the key is released (a 5xx, another status, or no answer).
+   */
+  private settleFailure(claim: HeldClaim, sent: CapturedResponse | undefined): Promise<void> {
+    this.forgoFailure = undefined;
+    return sent && this.savesStatus(sent.statusCode) ? claim.save(toSaved(sent, sent.statusCode)) : claim.release();
+  }
+
+  /** The route's `saveStatuses` on this status; a function that throws saves nothing (logged). */
+  private savesStatus(status: number): boolean {
+    try {
+      return this.route.savesStatus?.(status) ?? false;
+    } catch (error) {
+      logger.error(`${this.route.handler}: saveStatuses threw (${(error as Error).message}); the answer is not saved and the key is released`);
+      return false;
+    }
   }
 
   replay(saved: SavedResponse): Observable<unknown> {

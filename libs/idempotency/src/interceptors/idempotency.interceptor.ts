@@ -150,7 +150,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
         // first run's, so it never runs the handler unguarded.
         const req = ctx.getArgByIndex<HttpRequest>(0);
         const res = ctx.getArgByIndex<HttpResponse>(1);
-        return new HttpExchange(req, res, route, this.adapterHost.httpAdapter, this.options.replayHeaders);
+        return HttpExchange.create(req, res, route, this.adapterHost.httpAdapter, this.options.replayHeaders);
       }
       case 'rpc':
         return RpcExchange.create(ctx, route);

@@ -74,7 +74,11 @@ export class ResponseCapture {
     raw.once('close', () => this.onClose());
   }
 
-  /** The handler succeeded: the answer (now or to come) is its own, and is saved before it ends. */
+  /**
+   * The answer (now or to come) is the handler's, and is saved before it ends: the handler
+   * succeeded, or (`saveStatuses`) failed in its method, and the answer is what the app's
+   * exception filters make of its error.
+   */
   succeed(): void {
     if (this.mode === 'foreign') {
       this.mode = 'pass';
@@ -83,9 +87,12 @@ export class ResponseCapture {
     if (this.mode === 'pending') this.mode = 'save';
   }
 
-  /** The answer is not the handler's (it failed, or the run was cut off): it goes out unsaved. */
+  /**
+   * The answer is not the handler's (it failed, or the run was cut off, or an answer to its error
+   * is no longer awaited): it goes out unsaved. An answer already ending is left as it is.
+   */
   passThrough(): void {
-    if (this.mode !== 'pending' && this.mode !== 'foreign') return;
+    if (this.mode === 'pass' || (this.mode === 'save' && this.state !== 'open')) return;
     this.mode = 'pass';
     this.flush();
   }

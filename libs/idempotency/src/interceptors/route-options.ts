@@ -1,6 +1,6 @@
 import type { ExecutionContext } from '@nestjs/common';
 import { controllerMethods, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
-import type { ResolvedIdempotencyOptions } from '../idempotency.config.js';
+import { savesStatus, type ResolvedIdempotencyOptions, type SavesStatus } from '../idempotency.config.js';
 import type { FailMode } from '../idempotency.options.js';
 
 /**
@@ -33,6 +33,11 @@ export interface GuardedRoute {
   requestMethods: ReadonlySet<string> | undefined;
   /** A call without a key is refused (else it runs unguarded). */
   required: boolean;
+  /**
+   * Whether the 4xx answer to the handler's error, once the handler began, is saved (from
+   * `saveStatuses`, the route's over the module's); undefined: every error releases the key.
+   */
+  savesStatus: SavesStatus | undefined;
   skipIf: ((ctx: ExecutionContext) => boolean) | undefined;
 }
 
@@ -61,6 +66,7 @@ export function routeOptions(
     maxResponseBytes: options.maxResponseBytes ?? defaults.maxResponseBytes,
     sendsOwnResponse: sendsOwnResponse(ctx, method),
     required: options.required ?? defaults.required,
+    savesStatus: options.saveStatuses === undefined ? defaults.savesStatus : savesStatus(options.saveStatuses),
     skipIf: options.skipIf,
     requestMethods: metadata.requestMethods && new Set(metadata.requestMethods),
   };
