@@ -20,6 +20,7 @@ const MIGRATIONS = [
   'DemoInvoices1795996800001',
   'IdempotencyResponseFlags1795996800002',
   'DemoXmlUploads1796083200000',
+  'DemoPayments1796169600000',
 ];
 
 async function admin<T>(work: (client: pg.Client) => Promise<T>, url = DATABASE_URL): Promise<T> {

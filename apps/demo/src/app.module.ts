@@ -18,6 +18,8 @@ import { Order } from './orders/order.entity.js';
 import { OpsModule } from './ops/ops.module.js';
 import { OrdersModule } from './orders/orders.module.js';
 import { PaymentEventsModule } from './payments/payment-events.module.js';
+import { Payment } from './payments/payment.entity.js';
+import { PaymentsModule } from './payments/payments.module.js';
 import type { PaymentEventsFaults } from './payments/payment-events.options.js';
 import { UploadsModule } from './uploads/uploads.module.js';
 import type { UploadsOptions } from './uploads/uploads.options.js';
@@ -55,7 +57,7 @@ export interface AppModuleOptions {
 }
 
 /** Every entity of the demo's database: the library's tables and the demo's own. */
-export const DEMO_ENTITIES = [...IDEMPOTENCY_ENTITIES, ...IDEMPOTENCY_OUTCOME_ENTITIES, Order, Invoice, XmlUpload];
+export const DEMO_ENTITIES = [...IDEMPOTENCY_ENTITIES, ...IDEMPOTENCY_OUTCOME_ENTITIES, Order, Invoice, XmlUpload, Payment];
 
 @Module({})
 export class AppModule {
@@ -98,6 +100,7 @@ export class AppModule {
         }),
         IdempotencyModule.forRoot(idempotency),
         OrdersModule,
+        PaymentsModule,
         InvoicesModule,
         UploadsModule.register(options.uploads),
         OpsModule,

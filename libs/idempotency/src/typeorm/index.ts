@@ -3,7 +3,9 @@
 // - helpers/: the storage layer (insert-once, conditional transition, consume-once) and its consume log;
 // - store/: the PostgreSQL store of the guard's records;
 // - outcomes/: the outcome recorder (a request id and a content hash, with a fenced transaction);
-// - postgres/: what the store and the recorder share (table names, statements, leases, purges).
+// - postgres/: what the store and the recorder share (table names, statements, leases, purges);
+// - transactional/: IdempotentTransactions, the claim, the work and its answer in one transaction
+//   (on the store's table).
 export { uniqueViolationOf, type UniqueViolation } from './helpers/unique-violation.js';
 export { insertOnce, type InsertOnceResult } from './helpers/insert-once.js';
 export {
@@ -40,3 +42,9 @@ export {
 } from './outcomes/outcome-claim.js';
 export { IDEMPOTENCY_OUTCOME_ENTITIES, OutcomeRecordEntity } from './outcomes/outcome-record.entity.js';
 export { IDEMPOTENCY_OUTCOME_MIGRATIONS, IdempotencyOutcomes1764547200000 } from './outcomes/idempotency-outcomes.migration.js';
+export {
+  IdempotentTransactions,
+  provideIdempotentTransactions,
+  type IdempotentTransactionsOptions,
+} from './transactional/idempotent-transactions.js';
+export type { IdempotentAnswer, IdempotentRunInput, IdempotentRunResult } from './transactional/idempotent-run.js';

@@ -16,7 +16,7 @@ import {
 } from './outcome-claim.js';
 import { claimSql, finishSql, getSql, lockSql, renewSql } from './postgres-outcome-recorder.sql.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
-import { claimUntilAnswered, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { claimUntilAnswered, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresOutcomeRecorderOptions {
@@ -77,8 +77,8 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
     if (dataSource.options.type !== 'postgres') {
       throw new IdempotencyConfigError(`PostgresOutcomeRecorder needs a postgres DataSource, not ${dataSource.options.type}`);
     }
-    this.leaseMs = positive('leaseMs', options.leaseMs ?? DEFAULT_LEASE_MS);
-    this.retentionMs = positive('retentionMs', options.retentionMs ?? DEFAULT_RETENTION_MS);
+    this.leaseMs = positiveMs('PostgresOutcomeRecorder', 'leaseMs', options.leaseMs ?? DEFAULT_LEASE_MS);
+    this.retentionMs = positiveMs('PostgresOutcomeRecorder', 'retentionMs', options.retentionMs ?? DEFAULT_RETENTION_MS);
     this.run = statementRunner(dataSource);
     const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_OUTCOMES_TABLE, dataSource.options.schema);
     this.sql = {
@@ -106,7 +106,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
    */
   claim(input: OutcomeClaimInput): Promise<OutcomeClaim> {
     const token = randomUUID();
-    const leaseMs = positive('leaseMs', input.leaseMs ?? this.leaseMs);
+    const leaseMs = positiveMs('PostgresOutcomeRecorder', 'leaseMs', input.leaseMs ?? this.leaseMs);
     const params = [input.scope, input.requestId ?? null, input.contentHash, token, leaseMs];
     return claimUntilAnswered<OutcomeClaim>(`outcome claim in ${JSON.stringify(input.scope)}`, async () => {
       let rows: ClaimRow[];
@@ -150,7 +150,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
    * should stop. (`succeed` and `fail` still accept a late owner that nobody took over.)
    */
   async renew(held: HeldOutcome, leaseMs: number = this.leaseMs): Promise<boolean> {
-    const params = [held.recordId, held.token, positive('leaseMs', leaseMs)];
+    const params = [held.recordId, held.token, positiveMs('PostgresOutcomeRecorder', 'leaseMs', leaseMs)];
     return (await this.run(this.sql.renew, params)).affected === 1;
   }
 
@@ -218,19 +218,9 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
   }
 }
 
-function sqlStateOf(error: unknown): unknown {
-  const shape = error as { code?: unknown; driverError?: { code?: unknown } } | undefined;
-  return shape?.driverError?.code ?? shape?.code;
-}
 
 /** pg returns bigint ids as text; keep them so, and the lease as a number. */
 function normalized(row: ClaimRow): FoundRecord {
   return { ...row, id: String(row.id), remaining_ms: Number(row.remaining_ms ?? 0) };
 }
 
-function positive(name: string, value: number): number {
-  if (!Number.isFinite(value) || value <= 0) {
-    throw new IdempotencyConfigError(`PostgresOutcomeRecorder: ${name} must be a positive number of milliseconds, got ${value}`);
-  }
-  return value;
-}

@@ -16,7 +16,7 @@
 // whose lease ran out while nobody took the record over (`succeedWith` relies on it); every
 // other fenced write, and both renewals, also need the lease to be running.
 import type { DataSource, QueryResult, QueryRunner } from 'typeorm';
-import { IdempotencyStoreError } from '../../index.js';
+import { IdempotencyConfigError, IdempotencyStoreError } from '../../index.js';
 
 /** Runs one statement: `sql` with `params`, on `runner` when given (a transaction's). */
 export type RunStatement = (sql: string, params: unknown[], runner?: QueryRunner) => Promise<QueryResult>;
@@ -56,4 +56,18 @@ export async function claimUntilAnswered<T>(what: string, attempt: () => Promise
     if (answer !== undefined) return answer;
   }
   throw new IdempotencyStoreError(`PostgreSQL ${what} found no answer in ${CLAIM_ATTEMPTS} attempts`);
+}
+
+/** The SQLSTATE of a database error (TypeORM's `QueryFailedError` or pg's own), e.g. `40P01`. */
+export function sqlStateOf(error: unknown): unknown {
+  const shape = error as { code?: unknown; driverError?: { code?: unknown } } | undefined;
+  return shape?.driverError?.code ?? shape?.code;
+}
+
+/** `value`, a positive number of milliseconds, or an `IdempotencyConfigError` naming `owner` and `name`. */
+export function positiveMs(owner: string, name: string, value: number): number {
+  if (!Number.isFinite(value) || value <= 0) {
+    throw new IdempotencyConfigError(`${owner}: ${name} must be a positive number of milliseconds, got ${value}`);
+  }
+  return value;
 }

@@ -1,0 +1,63 @@
+import { Body, Controller, Get, Headers, Param, Post, Res, UseGuards } from '@nestjs/common';
+import { IDEMPOTENCY_KEY_HEADER, IdempotencyRefusals, REPLAYED_HEADER, parseKeyHeader } from 'nestjs-idempotency';
+import { CurrentUser } from '../current-user.decorator.js';
+import type { DemoUser } from '../demo-user.js';
+import { JsonBodyGuard } from '../json-body.guard.js';
+import { ANONYMOUS_USER_ID } from '../orders/orders.controller.js';
+import { OrderNoPipe } from '../orders/order-no.pipe.js';
+import { CreatePaymentDto } from './create-payment.dto.js';
+import { PaymentsService, type PaymentView } from './payments.service.js';
+
+/** The part of an Express response or a Fastify reply this controller sets. */
+interface Reply {
+  status(code: number): unknown;
+  header(name: string, value: string): unknown;
+}
+
+/**
+ * Payments in the transactional mode: no `@NoRepeatSubmit` here. The key, the payment row and
+ * the answer commit in one PostgreSQL transaction (`IdempotentTransactions`), so even a crash
+ * between the payment's write and the answer leaves both or neither.
+ */
+@Controller()
+export class PaymentsController {
+  constructor(private readonly payments: PaymentsService) {}
+
+  /**
+   * Pays an order, once per `Idempotency-Key` (per user): 201 `{ id, orderNo, amount, userId,
+   * createdAt }`. A retry with the key gets the same payment, `Idempotent-Replayed: true`; while
+   * the first runs, 409 `IDEMPOTENCY_IN_PROGRESS`; the key with another body, 422
+   * `IDEMPOTENCY_KEY_REUSED`; no key, 400 `IDEMPOTENCY_KEY_MISSING`; an unknown order, 404
+   * `ORDER_NOT_FOUND` (and nothing recorded: the retry may run again).
+   */
+  @Post('payments')
+  @UseGuards(JsonBodyGuard)
+  async pay(
+    @Headers(IDEMPOTENCY_KEY_HEADER) header: string | undefined,
+    @Body() dto: CreatePaymentDto,
+    @CurrentUser() user: DemoUser | undefined,
+    @Res({ passthrough: true }) reply: Reply,
+  ): Promise<PaymentView> {
+    const parsed = parseKeyHeader(header);
+    if (!parsed) throw IdempotencyRefusals.keyMissing('the Idempotency-Key header');
+    if ('invalid' in parsed) throw IdempotencyRefusals.keyInvalid(parsed.invalid);
+    const result = await this.payments.pay(user?.id ?? ANONYMOUS_USER_ID, parsed.key, dto);
+    switch (result.status) {
+      case 'ran':
+      case 'replayed':
+        reply.status(result.statusCode);
+        if (result.status === 'replayed') reply.header(REPLAYED_HEADER, 'true');
+        return result.body;
+      case 'in_progress':
+        throw IdempotencyRefusals.inProgress(Math.max(1, Math.ceil(result.retryAfterMs / 1000)));
+      case 'mismatch':
+        throw IdempotencyRefusals.keyReused();
+    }
+  }
+
+  /** The payments recorded for an order (anyone can count them): 200 `PaymentView[]`, oldest first. */
+  @Get('orders/:orderNo/payments')
+  ofOrder(@Param('orderNo', OrderNoPipe) orderNo: string): Promise<PaymentView[]> {
+    return this.payments.ofOrder(orderNo);
+  }
+}

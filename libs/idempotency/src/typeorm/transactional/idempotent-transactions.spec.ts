@@ -1,0 +1,290 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { randomUUID } from 'node:crypto';
+import type { Pool } from 'pg';
+import { Column, Entity, PrimaryGeneratedColumn, type DataSource, type EntityManager } from 'typeorm';
+import { IdempotencyConfigError, IdempotencyKeyError } from '../../index.js';
+import { IDEMPOTENCY_ENTITIES } from '../entities.js';
+import { IDEMPOTENCY_MIGRATIONS } from '../migrations.js';
+import { PostgresIdempotencyStore } from '../store/postgres-idempotency.store.js';
+import { recordKey } from '../store/record-key.js';
+import { IdempotentTransactions } from './idempotent-transactions.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
+
+/** The business effect; deliberately without a unique key, so that a second run shows as a second row. */
+@Entity({ name: 'payments' })
+class Payment {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @Column({ name: 'op_key', type: 'varchar', length: 4000 })
+  opKey!: string;
+
+  @Column({ type: 'integer' })
+  amount!: number;
+
+  @Column({ name: 'created_at', type: 'timestamptz', default: () => 'now()' })
+  createdAt!: Date;
+}
+
+/** A promise the test opens when it chooses: holds a transaction open at a known point. */
+function gate() {
+  let open!: () => void;
+  const opened = new Promise<void>((resolve) => (open = resolve));
+  return { open, opened };
+}
+
+describe('IdempotentTransactions (PostgreSQL)', () => {
+  const schema = testSchemaName();
+  let dataSource: DataSource;
+  let transactions: IdempotentTransactions;
+  const sql = (text: string, params: unknown[] = []) => dataSource.query(text, params);
+  const records = `"${schema}".idempotency_records`;
+  const payments = async (opKey: string) => dataSource.getRepository(Payment).countBy({ opKey });
+  const record = async (key: string) => (await sql(`SELECT * FROM ${records} WHERE key = $1`, [recordKey(key)]))[0];
+  const expire = (key: string) => sql(`UPDATE ${records} SET expires_at = now() - interval '1 second' WHERE key = $1`, [recordKey(key)]);
+  /** Statements of this schema waiting for a lock: a duplicate queued on the first transaction's row. */
+  const waitingOnLock = async (marker: string) =>
+    (await sql(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1 AND query LIKE $2`, [
+      `%${marker}%`,
+      `%"${schema}"%`,
+    ]))[0].n as number;
+  /** Polls a state of the database (not a timer) for up to two seconds. */
+  const until = async (condition: () => Promise<boolean>) => {
+    for (let i = 0; i < 400; i++) {
+      if (await condition()) return;
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    throw new Error('condition not reached in 2 s');
+  };
+  const pay = (opKey: string, amount = 10) => async (manager: EntityManager) => {
+    const payment = await manager.save(Payment, { opKey, amount });
+    return { statusCode: 201, body: payment };
+  };
+
+  beforeAll(async () => {
+    dataSource = await openSchemaDataSource(schema, {
+      entities: [...IDEMPOTENCY_ENTITIES, Payment],
+      migrations: IDEMPOTENCY_MIGRATIONS,
+      migrationsRun: true,
+      extra: { max: 20 },
+    });
+    await sql(`CREATE TABLE "${schema}".payments (id serial PRIMARY KEY, op_key varchar(4000) NOT NULL, amount integer NOT NULL,
+      created_at timestamptz NOT NULL DEFAULT now())`);
+    transactions = new IdempotentTransactions(dataSource);
+  });
+  afterAll(async () => {
+    await dropSchemaDataSource(dataSource);
+  });
+
+  it('runs the work once, in a transaction, and replays its answer (as JSON) without running it again', async () => {
+    const key = `pay:${randomUUID()}`;
+    let runs = 0;
+    const work = async (manager: EntityManager) => {
+      runs++;
+      expect(manager.queryRunner?.isTransactionActive).toBe(true);
+      return pay(key, 42)(manager);
+    };
+    const first = await transactions.run({ key, fingerprint: 'fp' }, work);
+    expect(first).toEqual({ status: 'ran', statusCode: 201, body: { id: expect.any(Number), opKey: key, amount: 42, createdAt: expect.any(String) } });
+    const again = await transactions.run({ key, fingerprint: 'fp' }, work);
+    expect(again).toEqual({ ...first, status: 'replayed' });
+    expect(runs).toBe(1);
+    expect(await payments(key)).toBe(1);
+    expect(await record(key)).toMatchObject({ state: 'completed', status_code: 201, has_body: true, fingerprint: 'fp' });
+  });
+
+  it("writes the guard store's row format: the store reads the answer, and its claim of the key replays it", async () => {
+    const key = `format:${randomUUID()}`;
+    const store = new PostgresIdempotencyStore(dataSource);
+    await transactions.run({ key }, async () => ({ statusCode: 202, body: { accepted: true } }));
+    expect(await store.get(key)).toMatchObject({
+      state: 'completed',
+      response: { statusCode: 202, headers: { 'content-type': 'application/json; charset=utf-8' }, body: '{"accepted":true}' },
+    });
+    expect(await store.claim({ key, token: 't', fingerprint: '', leaseMs: 1000 })).toMatchObject({ status: 'completed' });
+  });
+
+  it('saves an answer without a body, and a 200 when the work names no status', async () => {
+    const key = `nobody:${randomUUID()}`;
+    expect(await transactions.run({ key }, async () => ({ body: undefined }))).toEqual({ status: 'ran', statusCode: 200, body: undefined });
+    expect(await transactions.run({ key }, async () => ({ body: 'never' }))).toEqual({ status: 'replayed', statusCode: 200, body: undefined });
+    expect(await record(key)).toMatchObject({ has_body: false, body: null });
+  });
+
+  it('answers mismatch to another fingerprint; an empty fingerprint on either side is not compared', async () => {
+    const key = `fp:${randomUUID()}`;
+    await transactions.run({ key, fingerprint: 'a' }, pay(key));
+    const never = async (): Promise<never> => {
+      throw new Error('the work must not run');
+    };
+    expect(await transactions.run({ key, fingerprint: 'b' }, never)).toEqual({ status: 'mismatch' });
+    expect(await transactions.run({ key }, never)).toMatchObject({ status: 'replayed' });
+    const open = `fp-open:${randomUUID()}`;
+    await transactions.run({ key: open }, pay(open));
+    expect(await transactions.run({ key: open, fingerprint: 'b' }, never)).toMatchObject({ status: 'replayed' });
+    expect(await payments(key)).toBe(1);
+  });
+
+  it('takes an expired answer over in the same transaction and runs again', async () => {
+    const key = `expired:${randomUUID()}`;
+    const first = await transactions.run({ key, fingerprint: 'old' }, pay(key, 1));
+    await expire(key);
+    const second = await transactions.run({ key, fingerprint: 'new' }, pay(key, 2));
+    expect(second).toMatchObject({ status: 'ran', body: { amount: 2 } });
+    expect(await payments(key)).toBe(2);
+    expect(await record(key)).toMatchObject({ state: 'completed', fingerprint: 'new' });
+    expect(first.status === 'ran' && first.body.id).not.toBe(second.status === 'ran' && second.body.id);
+  });
+
+  it("answers in_progress to a live claim of the guard's store, and takes it over once its lease has run out", async () => {
+    const key = `store-claim:${randomUUID()}`;
+    const store = new PostgresIdempotencyStore(dataSource);
+    await store.claim({ key, token: 'guard', fingerprint: '', leaseMs: 10_000 });
+    const refused = await transactions.run({ key }, pay(key));
+    expect(refused).toEqual({ status: 'in_progress', retryAfterMs: expect.any(Number) });
+    expect((refused as { retryAfterMs: number }).retryAfterMs).toBeGreaterThan(8000);
+    await expire(key); // the guard's process died: nobody renews its lease
+    expect(await transactions.run({ key }, pay(key))).toMatchObject({ status: 'ran' });
+    expect(await store.complete(key, 'guard', { statusCode: 200, headers: {} }, 1000)).toBe(false); // fenced out
+    expect(await payments(key)).toBe(1);
+  });
+
+  it('rolls everything back when the work throws, rethrows its error, and the retry runs', async () => {
+    const key = `throws:${randomUUID()}`;
+    const failure = new Error('card declined');
+    await expect(
+      transactions.run({ key }, async (manager) => {
+        await pay(key)(manager);
+        throw failure;
+      }),
+    ).rejects.toBe(failure);
+    expect(await payments(key)).toBe(0);
+    expect(await record(key)).toBeUndefined();
+    // An answer that is not JSON-able fails inside the transaction too.
+    await expect(transactions.run({ key }, async (manager) => ({ body: { id: (await pay(key)(manager)).body.id, big: 1n } }))).rejects.toThrow(
+      TypeError,
+    );
+    expect(await payments(key)).toBe(0);
+    expect(await transactions.run({ key }, pay(key))).toMatchObject({ status: 'ran' });
+    expect(await payments(key)).toBe(1);
+  });
+
+  it('gives one key to one of 50 concurrent duplicates over a pool of 20: one effect, the others replay', async () => {
+    const key = `race:${randomUUID()}`;
+    const results = await Promise.all(
+      Array.from({ length: 50 }, () =>
+        transactions.run({ key, fingerprint: 'fp' }, async (manager) => {
+          const answer = await pay(key)(manager);
+          // Hold the transaction open, so that the duplicates queue on its uncommitted row.
+          await manager.query('SELECT pg_sleep(0.05)');
+          return answer;
+        }),
+      ),
+    );
+    expect((dataSource.driver as unknown as { master: Pool }).master.totalCount).toBeGreaterThanOrEqual(10);
+    const ran = results.filter((r) => r.status === 'ran');
+    expect(ran).toHaveLength(1);
+    expect(results.filter((r) => r.status === 'replayed' || r.status === 'in_progress')).toHaveLength(49);
+    for (const r of results.filter((r) => r.status === 'replayed')) expect(r).toEqual({ ...ran[0], status: 'replayed' });
+    expect(await payments(key)).toBe(1);
+  });
+
+  describe('a duplicate that arrives while the first transaction runs', () => {
+    /** Starts a first run whose work has written its payment and waits for `release` before it ends. */
+    async function holdFirst(key: string, end: 'commit' | 'throw') {
+      const inside = gate();
+      const release = gate();
+      const first = transactions.run({ key }, async (manager) => {
+        const answer = await pay(key, 1)(manager);
+        inside.open();
+        await release.opened;
+        if (end === 'throw') throw new Error('first failed');
+        return answer;
+      });
+      first.catch(() => undefined);
+      await inside.opened;
+      return { first, release: release.open };
+    }
+
+    it('waits on its uncommitted row and replays when it commits', async () => {
+      const key = `wait-commit:${randomUUID()}`;
+      const { first, release } = await holdFirst(key, 'commit');
+      const duplicate = transactions.run({ key }, pay(key, 2));
+      await until(async () => (await waitingOnLock('inserted AS (')) > 0);
+      expect(await waitingOnLock('inserted AS (')).toBe(1);
+      release();
+      const ran = await first;
+      expect(await duplicate).toEqual({ ...ran, status: 'replayed' });
+      expect(await payments(key)).toBe(1);
+    });
+
+    it('takes the key and runs when it rolls back', async () => {
+      const key = `wait-rollback:${randomUUID()}`;
+      const { first, release } = await holdFirst(key, 'throw');
+      const duplicate = transactions.run({ key }, pay(key, 2));
+      await until(async () => (await waitingOnLock('inserted AS (')) > 0);
+      release();
+      await expect(first).rejects.toThrow('first failed');
+      expect(await duplicate).toMatchObject({ status: 'ran', body: { amount: 2 } });
+      expect(await payments(key)).toBe(1);
+    });
+
+    it('answers in_progress once lockTimeoutMs has passed, without bounding the work\'s own lock waits', async () => {
+      const key = `wait-timeout:${randomUUID()}`;
+      const impatient = new IdempotentTransactions(dataSource, { lockTimeoutMs: 150 });
+      const { first, release } = await holdFirst(key, 'commit');
+      let workTimeout = '';
+      const started = Date.now();
+      const refused = await impatient.run({ key }, pay(key, 2));
+      expect(refused).toEqual({ status: 'in_progress', retryAfterMs: 150 });
+      expect(Date.now() - started).toBeGreaterThanOrEqual(140);
+      release();
+      await first;
+      expect(await impatient.run({ key }, pay(key, 2))).toMatchObject({ status: 'replayed', body: { amount: 1 } });
+      const other = `wait-timeout-work:${randomUUID()}`;
+      await impatient.run({ key: other }, async (manager) => {
+        workTimeout = (await manager.query(`SELECT current_setting('lock_timeout') AS t`))[0].t;
+        return { body: null };
+      });
+      expect(workTimeout).toBe((await sql(`SELECT current_setting('lock_timeout') AS t`))[0].t);
+      expect(await payments(key)).toBe(1);
+    });
+
+    it("makes the guard store's claim of the key wait, then see the answer", async () => {
+      const key = `wait-store:${randomUUID()}`;
+      const store = new PostgresIdempotencyStore(dataSource);
+      const { first, release } = await holdFirst(key, 'commit');
+      const claim = store.claim({ key, token: 'guard', fingerprint: '', leaseMs: 10_000 });
+      await until(async () => (await waitingOnLock('claimed AS (')) > 0);
+      release();
+      const ran = await first;
+      expect(await claim).toEqual({ status: 'completed', response: expect.objectContaining({ statusCode: 201 }) });
+      expect(ran.status).toBe('ran');
+    });
+  });
+
+  it('files a key over 1,020 bytes under its digest form (recordKey), which a retry finds', async () => {
+    const key = `long:${randomUUID()}:${'é'.repeat(1500)}`;
+    expect(await transactions.run({ key }, pay(key))).toMatchObject({ status: 'ran' });
+    expect(await transactions.run({ key }, pay(key))).toMatchObject({ status: 'replayed' });
+    expect(recordKey(key)).toMatch(/#sha256:/);
+    expect(await record(key)).toMatchObject({ state: 'completed' });
+    expect(await payments(key)).toBe(1);
+  });
+
+  it('purges expired records of the shared table', async () => {
+    const key = `purge:${randomUUID()}`;
+    await transactions.run({ key }, async () => ({ body: 1 }));
+    await expire(key);
+    expect(await transactions.purgeExpired()).toBeGreaterThanOrEqual(1);
+    expect(await record(key)).toBeUndefined();
+  });
+
+  it('refuses an empty key, a DataSource other than postgres and a wait bound that is not positive', async () => {
+    await expect(transactions.run({ key: '' }, async () => ({ body: 1 }))).rejects.toThrow(IdempotencyKeyError);
+    const mysql = { options: { type: 'mysql' } } as DataSource;
+    expect(() => new IdempotentTransactions(mysql)).toThrow(IdempotencyConfigError);
+    expect(() => new IdempotentTransactions(dataSource, { lockTimeoutMs: 0 })).toThrow(IdempotencyConfigError);
+    expect(() => new IdempotentTransactions(dataSource, { retentionMs: -1 })).toThrow(IdempotencyConfigError);
+  });
+});

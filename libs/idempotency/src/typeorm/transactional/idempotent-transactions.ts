@@ -1,0 +1,213 @@
+// The transactional mode on PostgreSQL: the claim row, the work's writes and the saved answer
+// commit in ONE transaction, so that a crash leaves either nothing (the retry runs once) or
+// everything (the retry replays). It writes `PostgresIdempotencyStore`'s table and row format
+// (`../store/`): one migration, one purge, one key layout (`recordKey`), and a store claim of
+// the same key waits for the transaction and then sees its answer.
+//
+// The consume log (`../helpers/consume-once.ts`) stays beside it, its own record kind: it keeps
+// a `(consumer, message id)` row for as long as the user keeps it, with no answer, no expiry and
+// no fingerprint, and tells a redelivery only `duplicate`. That is what a broker's redelivery
+// needs (at most once per consumer, however late it comes). A record here holds an answer to
+// replay for a retention and then expires, like the guard's: folding the log into it would give
+// redeliveries a deadline after which they run again, or give the records table rows that never
+// expire. A consumer whose caller waits for a reply (RPC) uses this class; one that only acks
+// uses `consumeOnce`.
+import { Logger, type FactoryProvider, type InjectionToken } from '@nestjs/common';
+import { randomUUID } from 'node:crypto';
+import { DataSource, type EntityManager, type QueryRunner } from 'typeorm';
+import { IDEMPOTENCY_DEFAULTS, IdempotencyConfigError, IdempotencyKeyError, IdempotencyStoreError } from '../../index.js';
+import { IDEMPOTENCY_RECORDS_TABLE } from '../store/idempotency-record.entity.js';
+import { recordKey } from '../store/record-key.js';
+import { ExpiredRowsPurge } from '../postgres/purge.js';
+import { claimUntilAnswered, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { qualifiedTable } from '../postgres/table-name.js';
+import type { IdempotentAnswer, IdempotentRunInput, IdempotentRunResult } from './idempotent-run.js';
+import { boundWaitSql, claimSql, completeSql, restoreWaitSql } from './idempotent-transactions.sql.js';
+
+export interface IdempotentTransactionsOptions {
+  /** How long a completed record is replayed, in milliseconds, from its transaction's start. Default 3,600,000 (the guard's `expireSeconds`). */
+  retentionMs?: number;
+  /**
+   * How long a duplicate waits for the transaction that holds its key, in milliseconds, before
+   * it answers `in_progress`. The waiting duplicate holds a pooled connection meanwhile. Default 3000.
+   */
+  lockTimeoutMs?: number;
+  /** Table, `name` or `schema.name`. Default `idempotency_records` (the store's) in the DataSource's `schema`. */
+  tableName?: string;
+}
+
+interface ClaimRow {
+  acquired: boolean;
+  state: string | null;
+  fingerprint: string | null;
+  status_code: number | null;
+  body: string | null;
+  has_body: boolean | null;
+  body_encoding: string | null;
+  unreplayable: string | null;
+  remaining_ms: number | null;
+}
+
+type Claim = { status: 'acquired' } | Exclude<IdempotentRunResult<unknown>, { status: 'ran' }>;
+
+const DEFAULT_LOCK_TIMEOUT_MS = 3000;
+/** PostgreSQL `lock_not_available`: `lock_timeout` ran out. */
+const LOCK_NOT_AVAILABLE = '55P03';
+/** Saved with the answer, so a record reads like one the guard saved. */
+const JSON_HEADERS = JSON.stringify({ 'content-type': 'application/json; charset=utf-8' });
+
+/**
+ * Runs an operation at most once per key on PostgreSQL, in ONE transaction: the claim row, the
+ * work's writes (through the `EntityManager` it is given) and the answer commit together, or
+ * nothing does.
+ *
+ * - A new key: the work runs and `ran` is answered.
+ * - A committed answer in its retention: `replayed` (or `mismatch` when both fingerprints are
+ *   set and differ), without running the work. An expired one is taken over and runs again.
+ * - A duplicate while the first is running waits on its uncommitted row: it replays when the
+ *   first commits, takes the key and runs when the first rolls back (an error, a crash), and
+ *   answers `in_progress` after `lockTimeoutMs`. A live claim of `PostgresIdempotencyStore` on
+ *   the key: `in_progress`.
+ * - The work throws: everything rolls back (no record, no writes) and the error is rethrown.
+ *
+ * The work writes through the `EntityManager` it is given: a write through the DataSource (or a
+ * repository of it) is another transaction, outside this promise.
+ *
+ * Runs in READ COMMITTED whatever the DataSource's isolation level (the claim needs each
+ * statement's fresh snapshot); lock what the work reads if it needs more. If the COMMIT's answer
+ * is lost (the connection drops), run again with the key: it replays or runs. Set the server's
+ * `idle_in_transaction_session_timeout` so that a client cut off by the network does not hold a
+ * key. Create the table with `IDEMPOTENCY_MIGRATIONS` (or `IDEMPOTENCY_STORE_MIGRATIONS`).
+ * In Nest, register it with `provideIdempotentTransactions()`.
+ */
+export class IdempotentTransactions {
+  /** How long a duplicate waits for the key's holder, in milliseconds. */
+  readonly lockTimeoutMs: number;
+  /** How long a completed record is replayed, in milliseconds. */
+  readonly retentionMs: number;
+  private readonly logger = new Logger(IdempotentTransactions.name);
+  private readonly sql: Record<'claim' | 'complete', string>;
+  private readonly statement: RunStatement;
+  private readonly purge: ExpiredRowsPurge;
+
+  constructor(
+    readonly dataSource: DataSource,
+    options: IdempotentTransactionsOptions = {},
+  ) {
+    if (dataSource.options.type !== 'postgres') {
+      throw new IdempotencyConfigError(`IdempotentTransactions needs a postgres DataSource, not ${dataSource.options.type}`);
+    }
+    this.retentionMs = positiveMs('IdempotentTransactions', 'retentionMs', options.retentionMs ?? IDEMPOTENCY_DEFAULTS.expireSeconds * 1000);
+    // lock_timeout counts whole milliseconds, and 0 would mean no bound at all.
+    this.lockTimeoutMs = Math.ceil(positiveMs('IdempotentTransactions', 'lockTimeoutMs', options.lockTimeoutMs ?? DEFAULT_LOCK_TIMEOUT_MS));
+    this.statement = statementRunner(dataSource);
+    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, dataSource.options.schema);
+    this.sql = { claim: claimSql(table), complete: completeSql(table) };
+    this.purge = new ExpiredRowsPurge({ run: this.statement, table, idColumn: 'key', logger: this.logger, what: 'idempotency records' });
+  }
+
+  /**
+   * Runs `work` once for `input.key`: claims the key, runs `work` with the transaction's
+   * `EntityManager` and saves its answer, in one transaction; or answers from what holds the key.
+   * Rethrows what `work` throws, after the rollback. Throws `IdempotencyStoreError` when the
+   * database fails, `IdempotencyKeyError` for an empty key.
+   */
+  async run<T>(input: IdempotentRunInput, work: (manager: EntityManager) => Promise<IdempotentAnswer<T>>): Promise<IdempotentRunResult<T>> {
+    if (typeof input.key !== 'string' || input.key === '') throw new IdempotencyKeyError('empty');
+    const key = recordKey(input.key);
+    const token = randomUUID();
+    const runner = this.dataSource.createQueryRunner();
+    try {
+      await database('START TRANSACTION', () => runner.startTransaction('READ COMMITTED'));
+      const claim = await this.claim(runner, key, token, input);
+      if (claim.status !== 'acquired') {
+        await database('ROLLBACK', () => runner.rollbackTransaction());
+        return claim as IdempotentRunResult<T>;
+      }
+      const { statusCode = 200, body } = await work(runner.manager);
+      const text = body === undefined ? undefined : JSON.stringify(body);
+      const params = [key, token, statusCode, JSON_HEADERS, text ?? null, text !== undefined, this.retentionMs];
+      if ((await this.statement(this.sql.complete, params, runner)).affected !== 1) {
+        throw new IdempotencyStoreError(`The claim of ${JSON.stringify(input.key)} was lost inside its transaction`);
+      }
+      // A COMMIT whose answer is lost throws: the caller does not know; its retry replays or runs.
+      await database('COMMIT', () => runner.commitTransaction());
+      return { status: 'ran', statusCode, body: (text === undefined ? undefined : JSON.parse(text)) as T };
+    } catch (error) {
+      // The original error matters, not a failed rollback's (the connection may be gone).
+      if (runner.isTransactionActive) await runner.rollbackTransaction().catch(() => undefined);
+      throw error;
+    } finally {
+      await runner.release();
+    }
+  }
+
+  /** Deletes expired records of the table (the store's too: one table, one purge); returns how many. */
+  purgeExpired(): Promise<number> {
+    return this.purge.purgeExpired();
+  }
+
+  /** The claim, its wait bounded by `lockTimeoutMs`, the app's `lock_timeout` restored after it. */
+  private async claim(runner: QueryRunner, key: string, token: string, input: IdempotentRunInput): Promise<Claim> {
+    const fingerprint = input.fingerprint ?? '';
+    const bound = await this.statement(boundWaitSql, [`${this.lockTimeoutMs}ms`], runner);
+    const [{ previous }] = bound.records as { previous: string }[];
+    let claim: Claim;
+    try {
+      claim = await claimUntilAnswered<Claim>(`transactional claim of ${JSON.stringify(input.key)}`, async () => {
+        const [row] = (await this.statement(this.sql.claim, [key, token, fingerprint], runner)).records as ClaimRow[];
+        return row && answerOf(row, fingerprint, input.key);
+      });
+    } catch (error) {
+      // The holder's transaction outlived the wait; when it ends is unknown, so suggest the wait again.
+      if (sqlStateOf((error as Error).cause) === LOCK_NOT_AVAILABLE) return { status: 'in_progress', retryAfterMs: this.lockTimeoutMs };
+      throw error;
+    }
+    if (claim.status === 'acquired') await this.statement(restoreWaitSql, [previous], runner);
+    return claim;
+  }
+}
+
+/**
+ * A Nest provider of `IdempotentTransactions` on the DataSource behind `dataSource` (default: the
+ * `DataSource` class, the token of `TypeOrmModule.forRoot`'s default DataSource; for a named one,
+ * `getDataSourceToken(name)`). Inject it by its class.
+ */
+export function provideIdempotentTransactions(
+  options: IdempotentTransactionsOptions = {},
+  dataSource: InjectionToken = DataSource,
+): FactoryProvider<IdempotentTransactions> {
+  return {
+    provide: IdempotentTransactions,
+    useFactory: (source: DataSource) => new IdempotentTransactions(source, options),
+    inject: [dataSource],
+  };
+}
+
+function answerOf(row: ClaimRow, fingerprint: string, key: string): Claim {
+  if (row.acquired) return { status: 'acquired' };
+  if (fingerprint !== '' && row.fingerprint !== '' && row.fingerprint !== fingerprint) return { status: 'mismatch' };
+  if (row.state !== 'completed') return { status: 'in_progress', retryAfterMs: Math.max(Number(row.remaining_ms ?? 0), 0) };
+  if (row.body_encoding !== null || row.unreplayable !== null) {
+    // Only the guard writes these: it used this key too, and its answer is not a run's.
+    throw new IdempotencyStoreError(`The record of ${JSON.stringify(key)} holds an answer of the guard, not of a transactional run`);
+  }
+  let body: unknown;
+  try {
+    body = row.has_body ? JSON.parse(row.body ?? '') : undefined;
+  } catch (error) {
+    throw new IdempotencyStoreError(`The record of ${JSON.stringify(key)} holds no JSON body: the guard used this key too`, { cause: error });
+  }
+  return { status: 'replayed', statusCode: row.status_code ?? 200, body };
+}
+
+/** Runs one transaction command of TypeORM's runner; a failure is the database's: `IdempotencyStoreError`. */
+async function database(command: string, call: () => Promise<void>): Promise<void> {
+  try {
+    await call();
+  } catch (error) {
+    throw new IdempotencyStoreError(`PostgreSQL ${command} failed: ${(error as Error).message}`, { cause: error });
+  }
+}
+
+
