@@ -31,7 +31,7 @@ for (const lib of libs) {
     stdio: 'inherit',
   });
   copyFileSync(join(libDir, 'package.json'), join(stage, 'package.json'));
-  for (const file of ['README.md', 'LICENSE']) {
+  for (const file of ['README.md', 'LICENSE', 'CHANGELOG.md']) {
     if (existsSync(join(libDir, file))) copyFileSync(join(libDir, file), join(stage, file));
   }
 

@@ -66,7 +66,7 @@ const SERVICES = [
 
 console.log(
   'npm test: checks the services (PostgreSQL, Redis, RabbitMQ), type-checks everything (tsc, ~20 s), ' +
-    'then runs every spec with Jest on the real services (~5 min).',
+    'then runs every spec with Jest on the real services (~7 min).',
 );
 const results = await Promise.all(
   SERVICES.map(async (service) => {
