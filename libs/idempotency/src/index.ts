@@ -54,7 +54,9 @@ export {
   type ContentHashedRequest,
 } from './content-digest/content-digest.guard.js';
 export {
+  CONTENT_DIGEST_HEADER,
   CONTENT_HASH_HEADER,
+  parseContentDigestHeader,
   parseContentHashHeader,
   parseIfMatchDigest,
   readClientDigests,

@@ -1,6 +1,13 @@
 import { Injectable, Logger, type CanActivate, type ExecutionContext } from '@nestjs/common';
 import { Reflector } from '@nestjs/core';
-import { readClientDigests, sha256Hex } from './content-digest.js';
+import { readClientDigests, sha256Hex, type DigestSource } from './content-digest.js';
+
+/** Each digest header as the client wrote it, for the messages. */
+const HEADER_NAMES: Record<DigestSource, string> = {
+  'x-content-hash': 'X-Content-Hash',
+  'if-match': 'If-Match',
+  'content-digest': 'Content-Digest',
+};
 import {
   contentHashInvalid,
   contentHashMismatch,
@@ -67,7 +74,7 @@ export class ContentDigestGuard implements CanActivate {
     }
     const contentHash = sha256Hex(bytes);
     for (const digest of sent.digests) {
-      const source = digest.source === 'if-match' ? 'If-Match' : 'X-Content-Hash';
+      const source = HEADER_NAMES[digest.source];
       if (digest.hex !== contentHash) throw contentHashMismatch(source, contentHash, bytes.length);
     }
     request.contentHash = contentHash;

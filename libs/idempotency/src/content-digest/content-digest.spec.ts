@@ -5,12 +5,47 @@ import { ExecutionContextHost } from '@nestjs/core/helpers/execution-context-hos
 import { createHash } from 'node:crypto';
 import { ContentDigest } from './content-digest.decorator.js';
 import { ContentDigestGuard, type ContentHashedRequest } from './content-digest.guard.js';
-import { parseContentHashHeader, parseIfMatchDigest, readClientDigests, sha256Hex } from './content-digest.js';
+import { parseContentDigestHeader, parseContentHashHeader, parseIfMatchDigest, readClientDigests, sha256Hex } from './content-digest.js';
 import { ContentHashHttpException } from './content-digest.exceptions.js';
 
 const BYTES = Buffer.from('<receipt><no>R-1</no></receipt>');
 const HEX = createHash('sha256').update(BYTES).digest('hex');
 const OTHER = sha256Hex(Buffer.from('other'));
+/** RFC 9530 `Content-Digest` of BYTES: `sha-256=:<base64>:`. */
+const B64 = Buffer.from(HEX, 'hex').toString('base64');
+const SHA512 = createHash('sha512').update(BYTES).digest('base64');
+
+describe('RFC 9530 Content-Digest', () => {
+  it.each([
+    [`sha-256=:${B64}:`, HEX],
+    [`  sha-256=:${B64}:  `, HEX],
+    [`sha-512=:${SHA512}:, sha-256=:${B64}:`, HEX],
+    [`sha-256=:${B64}:;note=1`, HEX],
+    [[`sha-256=:${B64}:`], HEX],
+  ])('reads the sha-256 member of %p', (value, hex) => expect(parseContentDigestHeader(value)).toBe(hex));
+
+  it.each([
+    [''],
+    [`sha-512=:${SHA512}:`],
+    [`sha-256=${B64}`],
+    [`sha-256=:${B64.slice(4)}:`],
+    [`sha-256=:${HEX}:`],
+    [`sha-256=:${B64}:, sha-256=:${B64}:`],
+    [[`sha-256=:${B64}:`, `sha-256=:${B64}:`]],
+    ['sha-256=:!!!!:'],
+  ])('refuses %p', (value) => expect(parseContentDigestHeader(value)).toHaveProperty('invalid'));
+
+  it('is absent when the header is', () => expect(parseContentDigestHeader(undefined)).toBeUndefined());
+
+  it('is one of the digests a request carries', () => {
+    expect(readClientDigests({ 'content-digest': `sha-256=:${B64}:`, 'x-content-hash': HEX })).toEqual({
+      digests: [
+        { source: 'x-content-hash', hex: HEX },
+        { source: 'content-digest', hex: HEX },
+      ],
+    });
+  });
+});
 
 describe('client digests', () => {
   it('hashes bytes as lower-case hex SHA-256', () => {
@@ -85,11 +120,19 @@ describe('ContentDigestGuard', () => {
   };
 
   it('computes the hash when the client sends none, and checks every digest it sends', () => {
-    for (const headers of <Record<string, string>[]>[{}, { 'x-content-hash': HEX }, { 'if-match': `"${HEX}"` }, { 'x-content-hash': HEX, 'if-match': `"sha256:${HEX}"` }]) {
+    for (const headers of <Record<string, string>[]>[{}, { 'x-content-hash': HEX }, { 'if-match': `"${HEX}"` }, { 'x-content-hash': HEX, 'if-match': `"sha256:${HEX}"` }, { 'content-digest': `sha-256=:${B64}:` }]) {
       const req = request(headers);
       expect(run('optional', req)).toBe(true);
       expect(req.contentHash).toBe(HEX);
     }
+  });
+
+  it('answers 400 CONTENT_HASH_MISMATCH naming Content-Digest when its sha-256 differs', () => {
+    const other = Buffer.from(OTHER, 'hex').toString('base64');
+    const error = failure('optional', request({ 'content-digest': `sha-256=:${other}:` }));
+    expect(error.getResponse()).toMatchObject({ code: 'CONTENT_HASH_MISMATCH', contentHash: HEX });
+    expect(JSON.stringify(error.getResponse())).toContain('Content-Digest');
+    expect(run('required', request({ 'content-digest': `sha-256=:${B64}:` }))).toBe(true);
   });
 
   it('answers 400 CONTENT_HASH_MISMATCH with the hash it computed', () => {

@@ -3,8 +3,11 @@ import { createHash } from 'node:crypto';
 /** Request header with the client's SHA-256 of the body: `<hex>` or `sha256:<hex>`. */
 export const CONTENT_HASH_HEADER = 'x-content-hash';
 
+/** RFC 9530 request header: a dictionary of digests, e.g. `sha-256=:<base64>:`. */
+export const CONTENT_DIGEST_HEADER = 'content-digest';
+
 /** Where a client's digest came from. */
-export type DigestSource = 'x-content-hash' | 'if-match';
+export type DigestSource = 'x-content-hash' | 'if-match' | 'content-digest';
 
 /** A digest the client sent: lower-case hex SHA-256, and the header it came in. */
 export interface ClientDigest {
@@ -62,6 +65,33 @@ export function parseIfMatchDigest(value: string | string[] | undefined): string
   return hex ?? { invalid: 'If-Match must be one strong entity tag holding the SHA-256: "<hex>" or "sha256:<hex>"' };
 }
 
+/** One member of a structured-field dictionary whose value is a byte sequence: `name=:base64:` and parameters. */
+const BYTES_MEMBER = /^([a-z*][a-z0-9_.*-]*)=:([A-Za-z0-9+/]*={0,2}):(?:;.*)?$/;
+
+/**
+ * Reads RFC 9530 `Content-Digest`: a structured-field dictionary of algorithm = byte sequence,
+ * e.g. `sha-512=:...:, sha-256=:<base64>:`. Its `sha-256` member is used; other algorithms are
+ * ignored, as the RFC allows. Refused: a member that is not `name=:base64:`, no `sha-256` member,
+ * two of them, a digest that is not 32 bytes in canonical base64, and the header sent twice.
+ * Written here rather than with a structured-fields library: the package has no runtime
+ * dependency, and only this one member type is read.
+ * @returns the lower-case hex, `undefined` when absent, `{ invalid }` otherwise.
+ */
+export function parseContentDigestHeader(value: string | string[] | undefined): string | undefined | { invalid: string } {
+  const header = single(value);
+  if (header === undefined || typeof header !== 'string') return header;
+  const invalid = { invalid: 'Content-Digest must carry one sha-256 digest as sha-256=:<base64 of the 32 bytes>:' };
+  const sha256: string[] = [];
+  for (const member of header.split(',').map((part) => part.trim())) {
+    const parsed = BYTES_MEMBER.exec(member);
+    if (!parsed) return invalid;
+    if (parsed[1] === 'sha-256') sha256.push(parsed[2]!);
+  }
+  if (sha256.length !== 1) return invalid;
+  const bytes = Buffer.from(sha256[0]!, 'base64');
+  return bytes.length === 32 && bytes.toString('base64') === sha256[0] ? bytes.toString('hex') : invalid;
+}
+
 /** Every digest the request's headers carry, or the reason one of them is unusable. */
 export function readClientDigests(headers: Record<string, string | string[] | undefined>): ClientDigests {
   const digests: ClientDigest[] = [];
@@ -71,5 +101,8 @@ export function readClientDigests(headers: Record<string, string | string[] | un
   const fromIfMatch = parseIfMatchDigest(headers['if-match']);
   if (typeof fromIfMatch === 'object') return fromIfMatch;
   if (fromIfMatch !== undefined) digests.push({ source: 'if-match', hex: fromIfMatch });
+  const fromDigest = parseContentDigestHeader(headers[CONTENT_DIGEST_HEADER]);
+  if (typeof fromDigest === 'object') return fromDigest;
+  if (fromDigest !== undefined) digests.push({ source: 'content-digest', hex: fromDigest });
   return { digests };
 }
