@@ -2,6 +2,7 @@ import type { ExecutionContext } from '@nestjs/common';
 import { controllerMethods, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { savesStatus, type ResolvedIdempotencyOptions, type SavesStatus } from '../idempotency.config.js';
 import type { FailMode } from '../idempotency.options.js';
+import { describeKeyPath } from '../keys/key-expression.js';
 
 /**
  * A decorated handler's settings: the decorator's options (method over controller) merged over
@@ -61,7 +62,7 @@ export function routeOptions(
     failMode: options.failMode ?? defaults.failMode,
     useFingerprint: options.useRequestFingerprint ?? false,
     ignoreFields: new Set([...defaults.ignoreFields, ...(options.ignoreFields ?? [])]),
-    keySource: 'path' in key ? `${options.idempotentKey as string}` : 'header' in key ? `the ${keyHeader} header` : 'the request',
+    keySource: 'path' in key ? describeKeyPath(key.path) : 'header' in key ? `the ${keyHeader} header` : 'the request',
     keyHeader: keyHeader.toLowerCase(),
     maxResponseBytes: options.maxResponseBytes ?? defaults.maxResponseBytes,
     sendsOwnResponse: sendsOwnResponse(ctx, method),

@@ -1,6 +1,6 @@
 import { describe, it, expect } from '@jest/globals';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
-import { evaluateKeyPath, parseKeyExpression, type KeySources } from './key-expression.js';
+import { describeKeyPath, evaluateKeyPath, parseKeyExpression, type KeySources } from './key-expression.js';
 
 const WHERE = 'OrdersController.create';
 const evaluate = (expr: string, sources: KeySources) => evaluateKeyPath(parseKeyExpression(expr, WHERE), sources);
@@ -66,6 +66,19 @@ describe('parseKeyExpression', () => {
     expect(parse).toThrow(WHERE);
     expect(parse).toThrow(JSON.stringify(expr));
   });
+});
+
+describe('describeKeyPath', () => {
+  it.each([
+    ['#body.orderNo', 'the body field "orderNo"'],
+    ['#body.order.items[0]', 'the body field "order.items.0"'],
+    ['#body', 'the request body'],
+    ["#headers['X-Request-Id']", 'the x-request-id header'],
+    ['#query.ref', 'the query parameter "ref"'],
+    ['#params.id', 'the path parameter "id"'],
+    ['#user.tenantId', 'the user\'s "tenantId"'],
+    ['#data.messageId', 'the message field "messageId"'],
+  ])('names %s in the client\'s words', (expr, words) => expect(describeKeyPath(parseKeyExpression(expr, WHERE))).toBe(words));
 });
 
 describe('evaluateKeyPath', () => {

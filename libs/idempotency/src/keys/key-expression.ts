@@ -15,6 +15,21 @@ export interface KeyPath {
   readonly expression: string;
 }
 
+/** Each root as a client knows it: where it puts the key. */
+const ROOT_WORDS: Record<KeyRoot, (field: string) => string> = {
+  body: (field) => (field ? `the body field "${field}"` : 'the request body'),
+  headers: (field) => `the ${field} header`,
+  query: (field) => (field ? `the query parameter "${field}"` : 'the query string'),
+  params: (field) => (field ? `the path parameter "${field}"` : 'the path parameters'),
+  user: (field) => (field ? `the user's "${field}"` : 'the user'),
+  data: (field) => (field ? `the message field "${field}"` : 'the message'),
+};
+
+/** Where a key expression reads, in the client's words (`the body field "orderNo"`), for messages. */
+export function describeKeyPath(path: KeyPath): string {
+  return ROOT_WORDS[path.root](path.segments.join('.'));
+}
+
 /** What a key expression can read from. Absent sources evaluate to `undefined`. */
 export interface KeySources {
   body?: unknown;

@@ -172,7 +172,7 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
     expect(responses['200']).toEqual({ description: '' });
     expect(responses['201']).toBeUndefined();
     expectGuardAnswers(responses);
-    expect(responses['400'].description).toContain('#body.orderNo');
+    expect(responses['400'].description).toContain('the body field "orderNo"');
   });
 
   it('documents every write of a class-level @NoRepeatSubmit controller, with its own success response, and not its reads', async () => {

@@ -15,6 +15,7 @@ import {
 } from '../errors/idempotency-http.exceptions.js';
 import { MAX_KEY_LENGTH, NO_REPEAT_SUBMIT_METADATA, REPLAYED_HEADER } from '../idempotency.constants.js';
 import type { FailMode } from '../idempotency.options.js';
+import { describeKeyPath } from '../keys/key-expression.js';
 
 /** A place `@NoRepeatSubmit()` decorated: a method (with its descriptor) or a controller class. */
 interface DecoratedPlace {
@@ -148,7 +149,7 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
 
   const { options, key: keyFrom } = metadata;
   const keyHeader = options.keyHeader ?? defaults?.keyHeader ?? 'Idempotency-Key';
-  const keySource = 'path' in keyFrom ? keyFrom.path.expression : 'header' in keyFrom ? `the ${keyHeader} header` : 'the request';
+  const keySource = 'path' in keyFrom ? describeKeyPath(keyFrom.path) : 'header' in keyFrom ? `the ${keyHeader} header` : 'the request';
   const failsOpen = (options.failMode ?? defaults?.failMode) === 'open';
   const responses = { ...own };
   for (const [status, answers] of answersByStatus) {
