@@ -20,7 +20,7 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('what the demo shows oper
     expect(createOrder.responses['409'].description).toMatch(/IDEMPOTENCY_IN_PROGRESS/);
     expect(createOrder.responses['409'].headers).toHaveProperty('Retry-After');
     expect(createOrder.responses['422'].description).toMatch(/IDEMPOTENCY_KEY_REUSED/);
-    expect(createOrder.responses['400'].description).toMatch(/#body\.orderNo/);
+    expect(createOrder.responses['400'].description).toContain('the body field "orderNo"');
     expect(docs.body.paths['/orders/{orderNo}'].get.responses['409']).toBeUndefined();
     const page = await request(app.getHttpServer()).get('/docs').redirects(1);
     expect(page.status).toBe(200);
