@@ -52,8 +52,8 @@ export class LeaseRenewal {
     this.endsAt = start + leaseMs;
     this.holdEndsAt = start + maxHoldMs;
     this.everyMs = leaseMs / RENEWALS_PER_LEASE;
-    this.next(this.everyMs);
-    this.armDeadline();
+    // One timer per claim: the deadline is armed only once a renewal starts, or when none will.
+    if (!this.next(this.everyMs)) this.armDeadline();
   }
 
   /** Aborted when the claim is lost while the handler runs. */
@@ -82,16 +82,19 @@ export class LeaseRenewal {
     this.deadline.unref();
   }
 
-  /** Renews in `delayMs`, unless that lease would end past `maxHoldMs`: then the deadline ends it. */
-  private next(delayMs: number): void {
-    if (now() + delayMs + this.leaseMs > this.holdEndsAt) return;
+  /** Renews in `delayMs`, unless that lease would end past `maxHoldMs`; says whether it will. */
+  private next(delayMs: number): boolean {
+    if (now() + delayMs + this.leaseMs > this.holdEndsAt) return false;
     this.timer = setTimeout(() => void this.renewNow(), delayMs);
     this.timer.unref();
+    return true;
   }
 
   private async renewNow(failures = 0): Promise<void> {
     if (this.stopped) return;
     const startedAt = now();
+    // Whatever this renewal (or its retries) does, the lease's end decides.
+    if (failures === 0) this.armDeadline();
     let held: boolean;
     try {
       held = await this.hooks.renew();
@@ -108,9 +111,9 @@ export class LeaseRenewal {
     if (this.stopped) return;
     if (!held) return this.lose('the store refused the renewal: the lease had run out, or the key was deleted');
     this.endsAt = Math.max(this.endsAt, startedAt + this.leaseMs);
-    this.armDeadline();
+    clearTimeout(this.deadline);
     this.hooks.renewed();
-    this.next(this.everyMs);
+    if (!this.next(this.everyMs)) this.armDeadline();
   }
 
   private lose(why: string): void {

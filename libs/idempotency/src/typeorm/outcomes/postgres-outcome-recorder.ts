@@ -1,7 +1,7 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import type { DataSource, EntityManager } from 'typeorm';
-import { IdempotencyConfigError, IdempotencyStoreError } from '../../index.js';
+import { IdempotencyStoreError } from '../../index.js';
 import { uniqueViolationOf } from '../helpers/unique-violation.js';
 import {
   answerFromFound,
@@ -16,7 +16,7 @@ import {
 } from './outcome-claim.js';
 import { claimSql, finishSql, getSql, lockSql, renewSql } from './postgres-outcome-recorder.sql.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
-import { claimUntilAnswered, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresOutcomeRecorderOptions {
@@ -74,13 +74,11 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
     readonly dataSource: DataSource,
     options: PostgresOutcomeRecorderOptions = {},
   ) {
-    if (dataSource.options.type !== 'postgres') {
-      throw new IdempotencyConfigError(`PostgresOutcomeRecorder needs a postgres DataSource, not ${dataSource.options.type}`);
-    }
+    const schema = postgresSchemaOf('PostgresOutcomeRecorder', dataSource);
     this.leaseMs = positiveMs('PostgresOutcomeRecorder', 'leaseMs', options.leaseMs ?? DEFAULT_LEASE_MS);
     this.retentionMs = positiveMs('PostgresOutcomeRecorder', 'retentionMs', options.retentionMs ?? DEFAULT_RETENTION_MS);
     this.run = statementRunner(dataSource);
-    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_OUTCOMES_TABLE, dataSource.options.schema);
+    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_OUTCOMES_TABLE, schema);
     this.sql = {
       claim: claimSql(table),
       finish: finishSql(table),

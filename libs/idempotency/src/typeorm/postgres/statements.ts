@@ -71,3 +71,13 @@ export function positiveMs(owner: string, name: string, value: number): number {
   }
   return value;
 }
+
+/**
+ * The schema of a PostgreSQL DataSource (undefined: the search path decides); any other
+ * DataSource is refused, naming `owner` (the class that needs it).
+ */
+export function postgresSchemaOf(owner: string, dataSource: DataSource): string | undefined {
+  const { options } = dataSource;
+  if (options.type !== 'postgres') throw new IdempotencyConfigError(`${owner} needs a postgres DataSource, not ${options.type}`);
+  return options.schema;
+}

@@ -1,7 +1,6 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import type { DataSource } from 'typeorm';
 import {
-  IdempotencyConfigError,
   IdempotencyStore,
   type ClaimInput,
   type ClaimResult,
@@ -13,7 +12,7 @@ import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
 import { claimSql, completeSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
-import { claimUntilAnswered, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { claimUntilAnswered, postgresSchemaOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresIdempotencyStoreOptions {
@@ -68,11 +67,9 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     options: PostgresIdempotencyStoreOptions = {},
   ) {
     super();
-    if (dataSource.options.type !== 'postgres') {
-      throw new IdempotencyConfigError(`PostgresIdempotencyStore needs a postgres DataSource, not ${dataSource.options.type}`);
-    }
+    const schema = postgresSchemaOf('PostgresIdempotencyStore', dataSource);
     this.run = statementRunner(dataSource);
-    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, dataSource.options.schema);
+    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, schema);
     this.sql = {
       claim: claimSql(table),
       complete: completeSql(table),

@@ -15,11 +15,11 @@
 import { Logger, type FactoryProvider, type InjectionToken } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { DataSource, type EntityManager, type QueryRunner } from 'typeorm';
-import { IDEMPOTENCY_DEFAULTS, IdempotencyConfigError, IdempotencyKeyError, IdempotencyStoreError } from '../../index.js';
+import { IDEMPOTENCY_DEFAULTS, IdempotencyKeyError, IdempotencyStoreError } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from '../store/idempotency-record.entity.js';
 import { recordKey } from '../store/record-key.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
-import { claimUntilAnswered, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
 import type { IdempotentAnswer, IdempotentRunInput, IdempotentRunResult } from './idempotent-run.js';
 import { boundWaitSql, claimSql, completeSql, restoreWaitSql } from './idempotent-transactions.sql.js';
@@ -94,14 +94,12 @@ export class IdempotentTransactions {
     readonly dataSource: DataSource,
     options: IdempotentTransactionsOptions = {},
   ) {
-    if (dataSource.options.type !== 'postgres') {
-      throw new IdempotencyConfigError(`IdempotentTransactions needs a postgres DataSource, not ${dataSource.options.type}`);
-    }
+    const schema = postgresSchemaOf('IdempotentTransactions', dataSource);
     this.retentionMs = positiveMs('IdempotentTransactions', 'retentionMs', options.retentionMs ?? IDEMPOTENCY_DEFAULTS.expireSeconds * 1000);
     // lock_timeout counts whole milliseconds, and 0 would mean no bound at all.
     this.lockTimeoutMs = Math.ceil(positiveMs('IdempotentTransactions', 'lockTimeoutMs', options.lockTimeoutMs ?? DEFAULT_LOCK_TIMEOUT_MS));
     this.statement = statementRunner(dataSource);
-    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, dataSource.options.schema);
+    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, schema);
     this.sql = { claim: claimSql(table), complete: completeSql(table) };
     this.purge = new ExpiredRowsPurge({ run: this.statement, table, idColumn: 'key', logger: this.logger, what: 'idempotency records' });
   }
