@@ -5,6 +5,7 @@ import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { ADAPTERS, DEFAULT_ARMS, isArmName, type AdapterName, type ArmName } from './arm-names.js';
 import { ArmUnavailableError, startArm, startRedis, stopAll, stopAllGracefully, trapExit, type ArmEnvironment, type ArmProcess } from './driver/processes.js';
+import { onServerCpus, pinCpus } from './driver/cpu-pinning.js';
 import { assertLoadGenerator } from './driver/load.js';
 import { Progress } from './driver/progress.js';
 import { ArmUnavailable, preparePostgresSchema } from './arms/postgres-arm.js';
@@ -28,7 +29,9 @@ const list = (value: string) => value.split(',').map((s) => s.trim()).filter(Boo
 
 const settings = {
   seconds: Number(setting('seconds', '3')),
-  rounds: Number(setting('rounds', '3')),
+  rounds: Number(setting('rounds', '5')),
+  /** `auto` pins the load generator and the servers to separate CPUs (`taskset`), `off` does not. */
+  pin: setting('pin', 'auto'),
   warmupSeconds: Number(setting('warmup-seconds', '1')),
   connections: Number(setting('connections', '50')),
   crashLeaseSeconds: Number(setting('crash-lease-seconds', '3')),
@@ -46,7 +49,7 @@ const settings = {
 /** Runs a bench script as its own process and parses the JSON line it prints last. */
 function runScript<T>(script: string, args: string[], nodeFlags: string[] = []): Promise<T> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [...nodeFlags, join(DIST_BENCH, 'micro', script), ...args, '--json'], {
+    const child = spawn(...onServerCpus(process.execPath, [...nodeFlags, join(DIST_BENCH, 'micro', script), ...args, '--json']), {
       cwd: PROJECT_ROOT,
       stdio: ['ignore', 'pipe', 'inherit'],
     });
@@ -61,6 +64,7 @@ function runScript<T>(script: string, args: string[], nodeFlags: string[] = []):
 
 async function main(): Promise<void> {
   trapExit();
+  const cpuPlan = pinCpus(settings.pin);
   for (const arm of settings.arms) if (!isArmName(arm)) throw new Error(`unknown arm "${arm}"`);
   const arms = [...new Set(['bare', ...settings.arms])] as ArmName[];
   const has = (phase: string) => settings.phases.has(phase);
@@ -72,7 +76,7 @@ async function main(): Promise<void> {
   const loadBefore = loadavg();
   progress.log(
     `bench: ${settings.seconds} s × ${settings.rounds} rounds per arm and mode, ${settings.connections} connections, ` +
-      `arms ${arms.join(', ')}; ${cpus().length} cores, Node ${process.version}`,
+      `arms ${arms.join(', ')}; ${cpus().length} cores, Node ${process.version}; ${cpuPlan.description}`,
   );
 
   let fingerprint: { results: FingerprintResult[]; smallBodyMicroseconds: number } | undefined;
@@ -194,19 +198,19 @@ async function main(): Promise<void> {
 
   const loadAfter = loadavg();
   const rows = summarise(samples);
-  const checks = checkTargets(rows, fingerprint);
+  const checks = checkTargets(rows, interceptor);
   const sections: string[] = [
     `# npm run bench — ${startedAt.toISOString()}`,
     '',
-    `Node ${process.version}, ${cpus().length} cores shared by the arms, Redis and the load generator (autocannon, ${settings.connections} connections). ` +
+    `Node ${process.version}, ${cpus().length} cores, the load generator autocannon (${settings.connections} connections); ${cpuPlan.description}. ` +
       `Each arm is its own process; ${settings.rounds} rounds of ${settings.seconds} s per arm and mode after a ${settings.warmupSeconds} s warm-up, arms interleaved. ` +
-      'Medians over rounds; ratios are medians of per-round ratios (same round, same adapter). ' +
+      'Medians over rounds; ratios are medians of per-round ratios (same round, same adapter), with the lowest and highest round in brackets. ' +
       'CPU µs/req: CPU time of the arm process (`process.cpuUsage`) + of redis-server (`INFO cpu`) per request sent; added = app + Redis − bare app, the guard\'s cost per request. ' +
       'Redis cmds/req: round trips (counted by the guard arms\' own client; from `INFO commandstats` for arms without scripts), then in brackets the commands run inside Lua scripts (the rest of `INFO commandstats`, reset before each run). ' +
       `Load average (1 min) ${loadBefore[0].toFixed(1)} at the start, ${loadAfter[0].toFixed(1)} at the end: above ~2.5 other work shared the machine and absolute figures are low.`,
   ];
   if (samples.length > 0) sections.push('', '## Throughput', '', throughputTable(rows, unavailable));
-  if (checks.length > 0) sections.push('', '## Targets (issue #7)', '', targetsTable(checks));
+  if (checks.length > 0) sections.push('', '## Targets (issue #15)', '', targetsTable(checks));
   if (fingerprint) {
     sections.push('', '## Fingerprint mode (no key), MB/s of JSON body', '', fingerprintTable(fingerprint.results));
     sections.push('', `Per request with this bench's 33-byte body: ${fingerprint.smallBodyMicroseconds.toFixed(2)} µs for the fingerprint.`);
@@ -235,7 +239,7 @@ async function main(): Promise<void> {
   const markdown = `${sections.join('\n')}\n`;
 
   await mkdir(RESULTS_DIR, { recursive: true });
-  const json = { startedAt, loadAverage: { before: loadBefore, after: loadAfter }, settings: { ...settings, phases: [...settings.phases] }, node: process.version, cores: cpus().length, rows, checks, samples, fingerprint, interceptor, memory: memoryOutcome, storm, crash, badInput, unavailable: Object.fromEntries(unavailable) };
+  const json = { startedAt, cpus: cpuPlan, loadAverage: { before: loadBefore, after: loadAfter }, settings: { ...settings, phases: [...settings.phases] }, node: process.version, cores: cpus().length, rows, checks, samples, fingerprint, interceptor, memory: memoryOutcome, storm, crash, badInput, unavailable: Object.fromEntries(unavailable) };
   await writeFile(join(RESULTS_DIR, `${settings.out}.json`), `${JSON.stringify(json, null, 2)}\n`);
   await writeFile(join(RESULTS_DIR, `${settings.out}.md`), markdown);
   process.stdout.write(`\n${markdown}\nWritten: bench/results/${settings.out}.md, bench/results/${settings.out}.json\n`);

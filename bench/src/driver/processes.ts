@@ -3,6 +3,7 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import type { AdapterName, ArmName } from '../arm-names.js';
 import { DIST_BENCH, PROJECT_ROOT } from '../paths.js';
+import { onServerCpus } from './cpu-pinning.js';
 
 /** A free loopback TCP port (bound, then released). */
 export async function freePort(): Promise<number> {
@@ -126,8 +127,7 @@ export interface RedisProcess extends Started {
 export async function startRedis(): Promise<RedisProcess> {
   const port = await freePort();
   const child = spawn(
-    'redis-server',
-    ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--loglevel', 'notice'],
+    ...onServerCpus('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--loglevel', 'notice']),
     { stdio: ['ignore', 'pipe', 'pipe'] },
   );
   const proc = track(child, 'redis-server');
@@ -166,7 +166,7 @@ export async function startArm(
   extraEnv: Record<string, string> = {},
 ): Promise<ArmProcess> {
   const port = await freePort();
-  const child = spawn(process.execPath, [...env.nodeFlags, join(DIST_BENCH, 'arms', 'arm-server.js')], {
+  const child = spawn(...onServerCpus(process.execPath, [...env.nodeFlags, join(DIST_BENCH, 'arms', 'arm-server.js')]), {
     cwd: PROJECT_ROOT,
     stdio: ['ignore', 'pipe', 'pipe'],
     env: {
@@ -201,7 +201,7 @@ export interface DemoProcess extends Started {
 /** Starts the demo app (`arms/demo-server.ts`) as its own process, with an IPC channel, and waits until it listens. */
 export async function startDemo(adapter: AdapterName, env: ArmEnvironment, keyPrefix: string): Promise<DemoProcess> {
   const port = await freePort();
-  const child = spawn(process.execPath, [...env.nodeFlags, join(DIST_BENCH, 'arms', 'demo-server.js')], {
+  const child = spawn(...onServerCpus(process.execPath, [...env.nodeFlags, join(DIST_BENCH, 'arms', 'demo-server.js')]), {
     cwd: PROJECT_ROOT,
     stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
     env: {
