@@ -13,6 +13,8 @@ import { IdempotencyErrorCode, REPLAYED_HEADER, sha256Hex } from '../libs/idempo
 import {
   IDEMPOTENCY_MIGRATIONS,
   IdempotentTransactions,
+  answerHttp,
+  type HttpReply,
   provideIdempotentTransactions,
   type IdempotentRunResult,
 } from '../libs/idempotency/src/typeorm/index.js';
@@ -80,34 +82,15 @@ class CapturesService {
   }
 }
 
-/** Loose enough for Express's response and Fastify's reply. */
-interface Reply {
-  status(code: number): unknown;
-  header(name: string, value: string): unknown;
-}
-
 @Controller('captures')
 class CapturesController {
   constructor(private readonly captures: CapturesService) {}
 
   @Post()
-  async create(@Headers('idempotency-key') key: string | undefined, @Body() body: { amount: number }, @Res({ passthrough: true }) reply: Reply) {
+  async create(@Headers('idempotency-key') key: string | undefined, @Body() body: { amount: number }, @Res({ passthrough: true }) reply: HttpReply) {
     if (!key) throw new BadRequestException({ code: IdempotencyErrorCode.KEY_MISSING });
     const result = await this.captures.capture(`captures:http:${key}`, body.amount);
-    switch (result.status) {
-      case 'ran':
-      case 'replayed':
-        reply.status(result.statusCode);
-        if (result.status === 'replayed') reply.header(REPLAYED_HEADER, 'true');
-        return result.body;
-      case 'in_progress':
-        reply.status(409);
-        reply.header('retry-after', String(Math.ceil(result.retryAfterMs / 1000)));
-        return { code: IdempotencyErrorCode.IN_PROGRESS };
-      case 'mismatch':
-        reply.status(422);
-        return { code: IdempotencyErrorCode.KEY_REUSED };
-    }
+    return answerHttp(result, reply);
   }
 }
 
@@ -205,7 +188,7 @@ describe.each(['express', 'fastify'] as const)('IdempotentTransactions in a Nest
       const duplicate = await post(key, 9);
       expect(duplicate.status).toBe(409);
       expect(duplicate.headers['retry-after']).toBe('1');
-      expect(duplicate.body).toEqual({ code: IdempotencyErrorCode.IN_PROGRESS });
+      expect(duplicate.body).toEqual(expect.objectContaining({ statusCode: 409, code: IdempotencyErrorCode.IN_PROGRESS }));
       hold.release();
       expect((await first).status).toBe(201);
       expect((await post(key, 9)).headers[REPLAYED_HEADER.toLowerCase()]).toBe('true');

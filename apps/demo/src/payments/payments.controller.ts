@@ -1,5 +1,6 @@
 import { Body, Controller, Get, Headers, Param, Post, Res, UseGuards } from '@nestjs/common';
-import { IDEMPOTENCY_KEY_HEADER, IdempotencyRefusals, REPLAYED_HEADER, parseKeyHeader } from 'nestjs-idempotency';
+import { IDEMPOTENCY_KEY_HEADER, IdempotencyRefusals, parseKeyHeader } from 'nestjs-idempotency';
+import { answerHttp, type HttpReply } from 'nestjs-idempotency/typeorm';
 import { CurrentUser } from '../current-user.decorator.js';
 import type { DemoUser } from '../demo-user.js';
 import { JsonBodyGuard } from '../json-body.guard.js';
@@ -7,12 +8,6 @@ import { ANONYMOUS_USER_ID } from '../orders/orders.controller.js';
 import { OrderNoPipe } from '../orders/order-no.pipe.js';
 import { CreatePaymentDto } from './create-payment.dto.js';
 import { PaymentsService, type PaymentView } from './payments.service.js';
-
-/** The part of an Express response or a Fastify reply this controller sets. */
-interface Reply {
-  status(code: number): unknown;
-  header(name: string, value: string): unknown;
-}
 
 /**
  * Payments in the transactional mode: no `@NoRepeatSubmit` here. The key, the payment row and
@@ -36,23 +31,13 @@ export class PaymentsController {
     @Headers(IDEMPOTENCY_KEY_HEADER) header: string | undefined,
     @Body() dto: CreatePaymentDto,
     @CurrentUser() user: DemoUser | undefined,
-    @Res({ passthrough: true }) reply: Reply,
+    @Res({ passthrough: true }) reply: HttpReply,
   ): Promise<PaymentView> {
     const parsed = parseKeyHeader(header);
     if (!parsed) throw IdempotencyRefusals.keyMissing('the Idempotency-Key header');
     if ('invalid' in parsed) throw IdempotencyRefusals.keyInvalid(parsed.invalid);
     const result = await this.payments.pay(user?.id ?? ANONYMOUS_USER_ID, parsed.key, dto);
-    switch (result.status) {
-      case 'ran':
-      case 'replayed':
-        reply.status(result.statusCode);
-        if (result.status === 'replayed') reply.header(REPLAYED_HEADER, 'true');
-        return result.body;
-      case 'in_progress':
-        throw IdempotencyRefusals.inProgress(Math.max(1, Math.ceil(result.retryAfterMs / 1000)));
-      case 'mismatch':
-        throw IdempotencyRefusals.keyReused();
-    }
+    return answerHttp(result, reply);
   }
 
   /** The payments recorded for an order (anyone can count them): 200 `PaymentView[]`, oldest first. */

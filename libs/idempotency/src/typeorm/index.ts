@@ -48,3 +48,4 @@ export {
   type IdempotentTransactionsOptions,
 } from './transactional/idempotent-transactions.js';
 export type { IdempotentAnswer, IdempotentRunInput, IdempotentRunResult } from './transactional/idempotent-run.js';
+export { answerHttp, type HttpReply } from './transactional/http-answer.js';

@@ -1,0 +1,32 @@
+import { IdempotencyRefusals, REPLAYED_HEADER } from '../../index.js';
+import type { IdempotentRunResult } from './idempotent-run.js';
+
+/** The part of an Express response or a Fastify reply `answerHttp` sets: take it with `@Res({ passthrough: true })`. */
+export interface HttpReply {
+  status(code: number): unknown;
+  header(name: string, value: string): unknown;
+}
+
+/**
+ * Answers a transactional run over HTTP the way the guard answers a guarded route: the work's
+ * status and body, marked `Idempotent-Replayed: true` when replayed; 409
+ * `IDEMPOTENCY_IN_PROGRESS` with `Retry-After` while another transaction holds the key; 422
+ * `IDEMPOTENCY_KEY_REUSED` for the key with another fingerprint. Return what it returns from the
+ * controller method; the refusals are thrown as the guard's `IdempotencyHttpException`s.
+ */
+export function answerHttp<T>(result: IdempotentRunResult<T>, reply: HttpReply): T {
+  switch (result.status) {
+    case 'ran':
+    case 'replayed':
+      reply.status(result.statusCode);
+      if (result.status === 'replayed') reply.header(REPLAYED_HEADER, 'true');
+      return result.body;
+    case 'in_progress': {
+      const seconds = Math.max(1, Math.ceil(result.retryAfterMs / 1000));
+      reply.header('retry-after', String(seconds));
+      throw IdempotencyRefusals.inProgress(seconds);
+    }
+    case 'mismatch':
+      throw IdempotencyRefusals.keyReused();
+  }
+}
