@@ -1,5 +1,6 @@
 // Checks a built package directory before it is packed:
-// - every target of "exports" and "types" exists;
+// - every target of "exports", "types" and "main" exists, and each subpath of "exports" has its
+//   declarations in "typesVersions" (for TypeScript's `moduleResolution: node`);
 // - following the static imports of the emitted JavaScript from each entry point, every package
 //   imported is a Node built-in, a dependency or a peer dependency, and the main entry (".")
 //   imports no *optional* peer at load time: a user who installs only what their store needs
@@ -49,12 +50,21 @@ export function checkPackage(stage) {
 
   const targets = targetsOf(manifest.exports);
   if (manifest.types) targets.push({ subpath: '.', condition: 'types', target: manifest.types });
+  if (manifest.main) targets.push({ subpath: '.', condition: 'main', target: manifest.main });
   for (const { subpath, target } of targets) {
     if (!existsSync(join(stage, target))) problems.push(`exports "${subpath}" → ${target} does not exist`);
   }
+  // TypeScript's `moduleResolution: node` (node10) ignores "exports": each subpath entry needs its
+  // declarations in "typesVersions" too.
+  const typesVersions = manifest.typesVersions?.['*'] ?? {};
+  for (const subpath of Object.keys(manifest.exports ?? {}).filter((s) => s !== '.' && s !== './package.json')) {
+    const [target] = typesVersions[subpath.slice(2)] ?? [];
+    if (!target) problems.push(`exports "${subpath}" has no "typesVersions" entry (TypeScript's moduleResolution node cannot find its types)`);
+    else if (!existsSync(join(stage, target))) problems.push(`typesVersions "${subpath.slice(2)}" → ${target} does not exist`);
+  }
 
   for (const { subpath, condition, target } of targets) {
-    if (condition === 'types' || !target.endsWith('.js') || !existsSync(join(stage, target))) continue;
+    if (condition === 'types' || condition === 'main' || !target.endsWith('.js') || !existsSync(join(stage, target))) continue;
     const entry = resolve(stage, target);
     const parent = new Map([[entry, undefined]]);
     const queue = [entry];

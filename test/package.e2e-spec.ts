@@ -103,6 +103,24 @@ describe('the packed nestjs-idempotency, installed in a fresh app outside the mo
     });
   });
 
+  it.each([LIB.name, CLIENT.name] as unknown as string[])('%s passes `npm publish --dry-run` with no warning but "not logged in"', async (name) => {
+    // npm warns here about each field it would auto-correct (`npm pkg fix`), a bad `bin` or `repository`, a missing file.
+    const { stderr } = await exec('npm', ['publish', '--dry-run'], { cwd: join(PACKAGES, name), env: npmEnv() });
+    expect(stderr.split('\n').filter((line) => /^npm warn/i.test(line) && !/requires you to be logged in/.test(line))).toEqual([]);
+  });
+
+  it.each([
+    ['the Redis store from a URL, without ioredis', { STORE: 'redis', REDIS_URL, HIDDEN_PACKAGES: 'ioredis' }, 'store: { redis } needs the ioredis package: npm install ioredis'],
+    ['metrics: true, without prom-client', { METRICS: '1', HIDDEN_PACKAGES: 'prom-client' }, 'metrics needs the prom-client package: npm install prom-client'],
+  ])('stops at start-up naming the package to install: %s', async (_name, env, message) => {
+    const failure = await node(['--import', './hide-optional-peers.mjs', 'dist/main.js'], env).then(
+      () => undefined,
+      (error: { code: number; stderr: string }) => error,
+    );
+    expect(failure?.code).not.toBe(0);
+    expect(failure?.stderr).toContain(message);
+  });
+
   it('keeps TypeORM behind its own entry, which names the missing peer', async () => {
     const failure = await node(['--input-type=module', '-e', "await import('nestjs-idempotency/typeorm')"]).catch((error: { stderr: string }) => error);
     expect((failure as { stderr: string }).stderr).toMatch(/Cannot find package 'typeorm'/);

@@ -1,5 +1,6 @@
 // A user's app, outside the monorepo: installs the packed tarballs and runs a request through the
-// guard. Prints one JSON line with what it saw. STORE=redis uses REDIS_URL, else the memory store.
+// guard. Prints one JSON line with what it saw. STORE=redis uses REDIS_URL, else the memory store;
+// METRICS=1 turns on the Prometheus metrics.
 import 'reflect-metadata';
 import { Body, Controller, Module, Post } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
@@ -20,7 +21,7 @@ class PaymentsController {
 const store: IdempotencyModuleOptions['store'] = process.env.STORE === 'redis' ? { redis: process.env.REDIS_URL! } : undefined;
 
 @Module({
-  imports: [IdempotencyModule.forRoot({ store, keyPrefix: process.env.KEY_PREFIX ?? 'smoke' })],
+  imports: [IdempotencyModule.forRoot({ store, keyPrefix: process.env.KEY_PREFIX ?? 'smoke', metrics: process.env.METRICS === '1' })],
   controllers: [PaymentsController],
 })
 class AppModule {}
