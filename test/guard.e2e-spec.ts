@@ -238,7 +238,7 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
   it('fingerprints non-JSON bodies by their raw bytes', async () => {
     const xml = `<receipt><no>${key}</no></receipt>`;
     const send = (body: string) => http().post('/fingerprinted').set('x-user', 'carol').set('content-type', 'application/xml').send(body);
-    // The app registers a parser for XML with rawBody on, so the guard sees the raw bytes.
+    // No rawBody: the guard hashes what the XML parser gave (Express: a string, Fastify: a Buffer) as bytes.
     const first = await send(xml);
     expect(first.status).toBe(201);
     const again = await send(xml);

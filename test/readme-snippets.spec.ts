@@ -21,6 +21,12 @@ const EXPECTED = [
   'health/health.controller.ts',
   'metrics/metrics.controller.ts',
   'passport/app.module.ts',
+  'subclass/auth.module.ts',
+  'subclass/jwt-idempotency.interceptor.ts',
+  'subclass/app.module.ts',
+  'events/idempotency-audit.ts',
+  'operator/idempotency-admin.controller.ts',
+  'local-cache/app.module.ts',
 ];
 
 interface Snippet {
@@ -42,6 +48,31 @@ function readSnippets(markdown: string): Snippet[] {
   });
   return snippets;
 }
+
+/** The members of an exported interface of `src/idempotency.options.ts`. */
+function optionNames(interfaceName: string): string[] {
+  const path = join(ROOT, 'libs/idempotency/src/idempotency.options.ts');
+  const source = ts.createSourceFile(path, readFileSync(path, 'utf8'), ts.ScriptTarget.ES2023);
+  const found = source.statements.find((node): node is ts.InterfaceDeclaration => ts.isInterfaceDeclaration(node) && node.name.text === interfaceName);
+  if (!found) throw new Error(`${interfaceName} is not in idempotency.options.ts`);
+  return found.members.flatMap((member) => (member.name && ts.isIdentifier(member.name) ? [member.name.text] : []));
+}
+
+describe("the library README's Options section", () => {
+  const readme = readFileSync(README, 'utf8');
+  const section = readme.slice(readme.indexOf('\n## Options'), readme.indexOf('\n## ', readme.indexOf('\n## Options') + 1));
+  const rows = new Set([...section.matchAll(/^\| `(\w+)` \|/gm)].map((match) => match[1]));
+
+  it("has a row for every module option (and forRoot's extras, isGlobal and interceptor)", () => {
+    const missing = [...optionNames('IdempotencyModuleOptions'), 'isGlobal', 'interceptor'].filter((name) => !rows.has(name));
+    expect(missing).toEqual([]);
+  });
+
+  it('names every @NoRepeatSubmit option', () => {
+    const missing = optionNames('NoRepeatSubmitOptions').filter((name) => !new RegExp(`\`${name}[\`(]`).test(section));
+    expect(missing).toEqual([]);
+  });
+});
 
 describe("the library README's snippets", () => {
   const snippets = readSnippets(readFileSync(README, 'utf8'));

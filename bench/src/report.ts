@@ -171,8 +171,7 @@ export function checkTargets(rows: readonly Row[], inProcess?: InProcess): Targe
     atLeast(`Redis store, unique keys ≥ 1.10 × the peer (${adapter})`, unique?.ratioToPeer, unique?.ratioToPeerRange, 1.1);
   }
   for (const [adapter, min] of [['express', 0.95], ['fastify', 0.8]] as const) {
-    // The local cache (issue #15) has no arm yet: these read "not measured" until it does.
-    const cached = rows.find((r) => r.adapter === adapter && (r.arm as string) === 'guard-redis-local-cache' && r.mode === 'replay');
+    const cached = row(adapter, 'guard-redis-local-cache', 'replay');
     atLeast(`replays, local cache on ≥ ${min.toFixed(2)} × bare (${adapter})`, cached?.ratioToBare, cached?.ratioToBareRange, min);
     atLeast(`replays, local cache on ≥ 1.30 × the peer (${adapter})`, cached?.ratioToPeer, cached?.ratioToPeerRange, 1.3);
   }

@@ -16,7 +16,7 @@ import { NestFactory } from '@nestjs/core';
 import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-express';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
 import { Readable } from 'node:stream';
-import { IdempotencyModule, NoRepeatSubmit, type IdempotencyModuleOptions } from '../../libs/idempotency/src/index.js';
+import { ContentDigest, ContentHash, IdempotencyModule, NoRepeatSubmit, type IdempotencyModuleOptions } from '../../libs/idempotency/src/index.js';
 
 /** Counts handler runs and lets a test hold runs until it opens the gate. */
 @Injectable()
@@ -112,6 +112,14 @@ class GuardTestController {
     return this.probe.run(`plain text ${this.probe.runs + 1}`);
   }
 
+  /** Not guarded: the SHA-256 of the body bytes `@ContentDigest()` found (or its 415). */
+  @Post('digest')
+  @HttpCode(200)
+  @ContentDigest()
+  digest(@ContentHash() contentHash: string) {
+    return { contentHash };
+  }
+
   @Post('tenants/:tenant/jobs')
   @NoRepeatSubmit({ idempotentKey: (ctx) => ctx.switchToHttp().getRequest<{ params: { tenant: string } }>().params.tenant })
   job(@Req() req: { params: { tenant: string } }) {
@@ -133,19 +141,30 @@ class GuardTestModule {
 
 export type AdapterName = 'express' | 'fastify';
 
-/** A small app whose routes exercise each behaviour of the guard, on either adapter. */
-export async function createGuardTestApp(adapter: AdapterName, options: IdempotencyModuleOptions): Promise<INestApplication> {
+/**
+ * A small app whose routes exercise each behaviour of the guard, on either adapter. Created
+ * without `rawBody` unless `rawBody` says so. Its parsers: JSON and forms (Nest's defaults), XML
+ * (Express: text, a string; Fastify: a Buffer), text/plain (a string on both) and
+ * application/octet-stream (a Buffer on both); none for other types.
+ */
+export async function createGuardTestApp(
+  adapter: AdapterName,
+  options: IdempotencyModuleOptions,
+  { rawBody = false }: { rawBody?: boolean } = {},
+): Promise<INestApplication> {
   const module = GuardTestModule.register(options);
-  const appOptions = { rawBody: true, logger: ['error' as const] };
+  const appOptions = { rawBody, logger: ['error' as const] };
   const xml = ['application/xml', 'text/xml'];
+  const bytes = ['application/octet-stream'];
   let app: INestApplication;
   if (adapter === 'fastify') {
     const fastify = await NestFactory.create<NestFastifyApplication>(module, new FastifyAdapter(), appOptions);
-    fastify.useBodyParser(xml);
+    fastify.useBodyParser([...xml, ...bytes]);
     app = fastify;
   } else {
     const express = await NestFactory.create<NestExpressApplication>(module, new ExpressAdapter(), appOptions);
-    express.useBodyParser('text', { type: xml });
+    express.useBodyParser('text', { type: [...xml, 'text/plain'] });
+    express.useBodyParser('raw', { type: bytes });
     app = express;
   }
   await app.init();

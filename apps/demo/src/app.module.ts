@@ -8,6 +8,7 @@ import {
   IDEMPOTENCY_OUTCOME_ENTITIES,
   IDEMPOTENCY_OUTCOME_MIGRATIONS,
 } from 'nestjs-idempotency/typeorm';
+import { AdminModule } from './admin/admin.module.js';
 import { DemoExceptionFilter } from './demo-exception.filter.js';
 import { DemoUserGuard } from './demo-user.guard.js';
 import { DemoValidationPipe } from './demo-validation.pipe.js';
@@ -54,6 +55,11 @@ export interface AppModuleOptions {
   paymentEventsFaults?: PaymentEventsFaults;
   /** XML uploads: body limit, lease, retention, purge interval (see `UploadsOptions`). */
   uploads?: UploadsOptions;
+  /**
+   * The `X-Admin-Token` the admin routes (`/admin/idempotency/...`) want, at least 16
+   * characters. Without it they answer 404: off.
+   */
+  adminToken?: string;
 }
 
 /** Every entity of the demo's database: the library's tables and the demo's own. */
@@ -104,6 +110,7 @@ export class AppModule {
         InvoicesModule,
         UploadsModule.register(options.uploads),
         OpsModule,
+        AdminModule.register(options.adminToken),
         ...paymentEvents,
       ],
       providers: [

@@ -2,7 +2,7 @@ import { BadRequestException, Injectable, type CanActivate, type ExecutionContex
 import type { DemoRequest } from './demo-user.js';
 
 export const USER_ID_HEADER = 'x-user-id';
-const USER_ID = /^[A-Za-z0-9_.-]{1,64}$/;
+export const USER_ID = /^[A-Za-z0-9_.-]{1,64}$/;
 
 /**
  * DEMO ONLY, NOT AUTHENTICATION: trusts whatever the client sends in `X-User-Id`, so any caller

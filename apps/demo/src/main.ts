@@ -21,8 +21,9 @@ const adapterFromEnv = (): HttpAdapterName => {
  * `.data/pg`), `REDIS_URL` (default: the memory store; with it the demo also serves the
  * `orders.create` message pattern over the Redis transport), `RABBITMQ_URL` (default: no
  * `payment.succeeded` consumer), `PAYMENT_QUEUE` (default `payment.succeeded`),
- * `PAYMENT_DEAD_LETTER_QUEUE` (default: none; rejected payment messages go there) and
- * `IDEMPOTENCY_LEASE_SECONDS` (default 5; the guard renews the claim while a handler runs).
+ * `PAYMENT_DEAD_LETTER_QUEUE` (default: none; rejected payment messages go there),
+ * `IDEMPOTENCY_LEASE_SECONDS` (default 5; the guard renews the claim while a handler runs) and
+ * `ADMIN_TOKEN` (default: none, the admin routes answer 404; with it they want it in `X-Admin-Token`).
  */
 async function bootstrap(): Promise<void> {
   const port = Number(process.env.PORT ?? 3000);
@@ -36,6 +37,7 @@ async function bootstrap(): Promise<void> {
   const paymentQueue = process.env.PAYMENT_QUEUE || undefined;
   const paymentDeadLetterQueue = process.env.PAYMENT_DEAD_LETTER_QUEUE || undefined;
   const leaseSeconds = process.env.IDEMPOTENCY_LEASE_SECONDS ? Number(process.env.IDEMPOTENCY_LEASE_SECONDS) : undefined;
+  const adminToken = process.env.ADMIN_TOKEN || undefined;
 
   let embedded: EmbeddedDatabase | undefined;
   let databaseUrl = process.env.DATABASE_URL;
@@ -70,7 +72,7 @@ async function bootstrap(): Promise<void> {
   }
 
   try {
-    app = await createDemoApp({ adapter, databaseUrl, redisUrl, rpcRedisUrl: redisUrl, rabbitmqUrl, paymentQueue, paymentDeadLetterQueue, leaseSeconds });
+    app = await createDemoApp({ adapter, databaseUrl, redisUrl, rpcRedisUrl: redisUrl, rabbitmqUrl, paymentQueue, paymentDeadLetterQueue, leaseSeconds, adminToken });
     // One rule for both adapters (Express alone would listen on every interface).
     await app.listen(port, host);
   } catch (error) {
@@ -87,6 +89,7 @@ async function bootstrap(): Promise<void> {
     `  idempotency   ${redisUrl ? `Redis ${redactUrl(redisUrl)}  (REDIS_URL)` : 'memory store, one process only  (set REDIS_URL for Redis)'}`,
     `  payments      ${rabbitmqUrl ? `RabbitMQ ${redactUrl(rabbitmqUrl)}  (RABBITMQ_URL)` : 'no consumer  (set RABBITMQ_URL for the payment.succeeded consumer)'}`,
     `  lease         ${leaseSeconds ?? 5} s, renewed while a handler runs  (IDEMPOTENCY_LEASE_SECONDS)`,
+    `  admin         ${adminToken ? `${url}/admin/idempotency, X-Admin-Token  (ADMIN_TOKEN)` : 'off, 404  (set ADMIN_TOKEN to turn it on)'}`,
   ];
   logger.log(summary.join('\n'));
 }

@@ -50,8 +50,8 @@ export async function armModule(arm: ArmName, settings: ArmSettings): Promise<Dy
   let guard: MethodDecorator = unguarded;
   let crashGuard: MethodDecorator | undefined;
 
-  const useGuard = (store: IdempotencyModuleOptions['store']) => {
-    imports.push(IdempotencyModule.forRoot({ store, expireSeconds: RETENTION_SECONDS }));
+  const useGuard = (store: IdempotencyModuleOptions['store'], localCache = false) => {
+    imports.push(IdempotencyModule.forRoot({ store, expireSeconds: RETENTION_SECONDS, localCache }));
     guard = NoRepeatSubmit();
     crashGuard = NoRepeatSubmit({ leaseSeconds: settings.crashLeaseSeconds });
   };
@@ -66,8 +66,11 @@ export async function armModule(arm: ArmName, settings: ArmSettings): Promise<Dy
       guard = UseInterceptors(EmptyInterceptor);
       break;
     case 'guard-redis':
-    case 'guard-redis-no-raw-body':
+    case 'guard-redis-raw-body':
       useGuard({ redis: settings.redisUrl });
+      break;
+    case 'guard-redis-local-cache':
+      useGuard({ redis: settings.redisUrl }, true);
       break;
     case 'guard-redis-autopipe':
       useGuard({ redis: { host: hostname, port: Number(port), enableAutoPipelining: true } });

@@ -4,7 +4,7 @@ import { NestFactory } from '@nestjs/core';
 import { ExpressAdapter } from '@nestjs/platform-express';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { isArmName, type AdapterName } from '../arm-names.js';
-import { IdempotencyStore, RedisIdempotencyStore } from '../../../libs/idempotency/src/index.js';
+import { IdempotencyStore, LocalCacheIdempotencyStore, RedisIdempotencyStore } from '../../../libs/idempotency/src/index.js';
 import { armModule } from './arm-modules.js';
 import { ArmUnavailable } from './postgres-arm.js';
 import { HandlerRuns } from './orders.controller.js';
@@ -25,10 +25,9 @@ async function main(): Promise<void> {
     postgresSchema: process.env.PG_SCHEMA,
     crashLeaseSeconds: Number(process.env.CRASH_LEASE_SECONDS ?? 3),
   });
-  // The guard's README asks for rawBody (non-JSON bodies are fingerprinted by their bytes): a
-  // user adding the guard pays for it, so its arms have it and the others do not. The lever arm
-  // guard-redis-no-raw-body shows what it costs an app whose bodies are all JSON.
-  const rawBody = arm.startsWith('guard-') && arm !== 'guard-redis-no-raw-body';
+  // The guard no longer needs rawBody (it fingerprints what the body parser gives), so no arm
+  // pays for it; the lever arm guard-redis-raw-body shows what it costs an app that keeps it.
+  const rawBody = arm === 'guard-redis-raw-body';
   const options = { rawBody, logger: ['error' as const] };
   const app: INestApplication =
     adapter === 'fastify'
@@ -47,7 +46,9 @@ async function main(): Promise<void> {
  * `SET`, and so is the write inside the complete script): only the client can tell them apart.
  */
 function countRedisCommands(app: INestApplication): void {
-  const store = app.get(IdempotencyStore, { strict: false }) as unknown;
+  const provided = app.get(IdempotencyStore, { strict: false }) as unknown;
+  // With localCache, the Redis store stands behind the cache; the cache's tracked reads count too.
+  const store = provided instanceof LocalCacheIdempotencyStore ? provided.store : provided;
   if (!(store instanceof RedisIdempotencyStore)) throw new Error('a guard-redis arm without a Redis store');
   const runs = app.get(HandlerRuns);
   runs.redisCommands = 0;

@@ -1,7 +1,9 @@
 import type { ExecutionContext } from '@nestjs/common';
 import { DEFAULTS } from './idempotency.constants.js';
 import { IdempotencyConfigError } from './errors/idempotency.errors.js';
+import { ERROR_FORMATS, type ErrorFormat } from './errors/problem-details.js';
 import type { AnonymousPolicy, FailMode, IdempotencyModuleOptions, SaveStatuses } from './idempotency.options.js';
+import { resolveLocalCache } from './stores/local-cache/local-cache-options.js';
 
 /** Whether the answer to a handler's error, of this status, is saved (only asked for 400-499). */
 export type SavesStatus = (status: number) => boolean;
@@ -13,6 +15,7 @@ export interface ResolvedIdempotencyOptions {
   leaseSeconds: number;
   maxHoldSeconds: number;
   failMode: FailMode;
+  errorFormat: ErrorFormat;
   replayHeaders: readonly string[];
   ignoreFields: readonly string[];
   getUser: (ctx: ExecutionContext) => string | number | undefined;
@@ -45,6 +48,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     leaseSeconds: options.leaseSeconds ?? DEFAULTS.leaseSeconds,
     maxHoldSeconds: options.maxHoldSeconds ?? DEFAULTS.maxHoldSeconds,
     failMode: options.failMode ?? DEFAULTS.failMode,
+    errorFormat: options.errorFormat ?? DEFAULTS.errorFormat,
     replayHeaders: (options.replayHeaders ?? DEFAULTS.replayHeaders)
       .map((name) => name.toLowerCase())
       .filter((name) => name !== 'set-cookie'),
@@ -61,6 +65,15 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
   assertPositive('maxHoldSeconds', resolved.maxHoldSeconds);
   assertBytes(resolved.maxResponseBytes);
   assertSaveStatuses(options.saveStatuses);
+  assertErrorFormat(options.errorFormat);
+  resolveLocalCache(options.localCache);
+  if ('interceptor' in options) {
+    // forRoot() takes it off the options; a forRootAsync() factory cannot give it (Nest builds
+    // the module's providers before any factory runs).
+    throw new IdempotencyConfigError(
+      'IdempotencyModule: interceptor goes beside useFactory / useClass in forRootAsync({ interceptor, useFactory }), not in the options they return',
+    );
+  }
   if (resolved.anonymous !== 'client-key' && resolved.anonymous !== 'address') {
     throw new IdempotencyConfigError(`IdempotencyModule: anonymous must be 'client-key' or 'address' (got '${String(resolved.anonymous)}')`);
   }
@@ -73,6 +86,12 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
 export function assertPositive(name: string, value: number | undefined, where = 'IdempotencyModule'): void {
   if (value !== undefined && !(Number.isFinite(value) && value > 0)) {
     throw new IdempotencyConfigError(`${where}: ${name} must be a positive number of seconds (got ${value})`);
+  }
+}
+
+export function assertErrorFormat(value: unknown, where = 'IdempotencyModule'): void {
+  if (value !== undefined && !ERROR_FORMATS.includes(value as ErrorFormat)) {
+    throw new IdempotencyConfigError(`${where}: errorFormat must be ${ERROR_FORMATS.map((f) => `'${f}'`).join(' or ')} (got ${JSON.stringify(value)})`);
   }
 }
 

@@ -1,7 +1,12 @@
 import { Module } from '@nestjs/common';
 import { ModulesContainer } from '@nestjs/core';
+import { IdempotencyAdmin } from './admin/idempotency-admin.service.js';
+import { IdempotencyEvents } from './events/idempotency-events.js';
+import { GuardMemory } from './interceptors/guard-memory.js';
 import { placeGuards } from './interceptors/guard-placement.js';
+import { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
 import { IdempotencyCounters } from './metrics/idempotency-counters.js';
+import { metricsListener } from './metrics/metrics-listener.js';
 import { createPrometheusSink } from './metrics/prometheus-metrics.js';
 import { documentDecoratedRoutes } from './openapi/idempotency-openapi.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, resolveOptions, type ResolvedIdempotencyOptions } from './idempotency.config.js';
@@ -30,11 +35,17 @@ const IDEMPOTENCY_PLACEMENT = Symbol('IDEMPOTENCY_PLACEMENT');
       inject: [IDEMPOTENCY_MODULE_OPTIONS],
       useFactory: (options: IdempotencyModuleOptions) => createStore(options),
     },
+    // Totals in process; the metrics, like `onEvent`, listen to the events.
+    { provide: IdempotencyCounters, useFactory: () => new IdempotencyCounters() },
     {
-      provide: IdempotencyCounters,
+      provide: IdempotencyEvents,
       inject: [IDEMPOTENCY_MODULE_OPTIONS],
-      useFactory: async ({ metrics }: IdempotencyModuleOptions) =>
-        new IdempotencyCounters(metrics ? await createPrometheusSink(metrics === true ? {} : metrics) : undefined),
+      useFactory: async ({ metrics, onEvent }: IdempotencyModuleOptions) => {
+        const events = new IdempotencyEvents();
+        if (metrics) events.subscribe(metricsListener(await createPrometheusSink(metrics === true ? {} : metrics)));
+        if (onEvent) events.subscribe(onEvent);
+        return events;
+      },
     },
     {
       // Places the guard innermost on each guarded handler; runs while the app is created, so
@@ -50,7 +61,14 @@ const IDEMPOTENCY_PLACEMENT = Symbol('IDEMPOTENCY_PLACEMENT');
       inject: [IDEMPOTENCY_RESOLVED_OPTIONS],
       useFactory: (options: ResolvedIdempotencyOptions) => documentDecoratedRoutes(options),
     },
+    IdempotencyAdmin,
+    // What the guard remembers per route, kept here: Nest may build a subclass once per request.
+    GuardMemory,
   ],
-  exports: [IDEMPOTENCY_RESOLVED_OPTIONS, IdempotencyStore, IdempotencyCounters],
+  // IdempotencyInterceptor: the guard @NoRepeatSubmit() runs, provided by the module definition
+  // (forRoot({ interceptor })), exported for NoRepeatSubmitInterceptor in each controller's module.
+  // GuardMemory too: Nest builds a guard class named by hand (@UseInterceptors, APP_INTERCEPTOR)
+  // where it is named, before start-up takes it off or refuses it.
+  exports: [IDEMPOTENCY_RESOLVED_OPTIONS, IdempotencyStore, IdempotencyCounters, IdempotencyEvents, IdempotencyAdmin, IdempotencyInterceptor, GuardMemory],
 })
 export class IdempotencyModule extends ConfigurableIdempotencyModule {}

@@ -1,7 +1,10 @@
 import type { ExecutionContext } from '@nestjs/common';
 import type { Cluster, Redis, RedisOptions } from 'ioredis';
+import type { ErrorFormat } from './errors/problem-details.js';
+import type { IdempotencyEventListener } from './events/idempotency-event.js';
 import type { PrometheusMetricsOptions } from './metrics/prometheus-metrics.js';
 import type { IdempotencyStore } from './stores/idempotency-store.js';
+import type { LocalCacheOptions } from './stores/local-cache/local-cache-options.js';
 
 /** What to do when the store cannot be reached: run unguarded ('open') or answer 503 ('closed'). */
 export type FailMode = 'open' | 'closed';
@@ -81,6 +84,15 @@ export interface IdempotencyModuleOptions {
   /** Store outage policy for routes that do not set their own. Default 'open'. */
   failMode?: FailMode;
   /**
+   * How the guard's HTTP refusals (400, 409, 422, 503, 500) are written. `'nest'` (default):
+   * Nest's JSON plus `code`, `{ statusCode, error, message, code }`. `'problem+json'`: RFC 9457
+   * problem details, `{ type, title, status, detail, code }`, sent as
+   * `Content-Type: application/problem+json` (`type` is `tag:nestjs-idempotency,2026:<code>`,
+   * `detail` the message). `@ContentDigest()`'s refusals follow it too. Messages (RPC) keep
+   * `{ code, message }`. Per route too.
+   */
+  errorFormat?: ErrorFormat;
+  /**
    * Response headers saved and replayed (case-insensitive).
    * Default `content-type`, `location`, `etag`, `content-location`. `set-cookie` is never saved.
    */
@@ -103,10 +115,27 @@ export interface IdempotencyModuleOptions {
   /** Maximum entries of the default memory store. Default 100,000. */
   memoryMaxEntries?: number;
   /**
+   * Keeps the completed records this process has seen (saved here, or replayed from the store)
+   * in memory, so that replaying one again costs no store round trip. Default off. `true` for the
+   * default bounds, or `{ maxEntries, maxBytes }`: 10,000 records and 32 MiB (the key, body and
+   * header texts plus 200 bytes a record), least recently used out first. An entry never answers
+   * past its record's retention, and goes when the record is forgotten, replaced, deleted or
+   * flushed, from any instance: Redis tracks the keys the cache read (client-side caching), over
+   * one more connection per process. The Redis store on a single primary only: a Cluster client,
+   * the PostgreSQL store or a store of your own refuse it at start-up; the memory store needs none.
+   */
+  localCache?: boolean | LocalCacheOptions;
+  /**
    * Prometheus metrics (needs `prom-client`): `true` for the global registry, or
    * `{ registry, prefix }`. Default off; `IdempotencyCounters` keeps totals either way.
    */
   metrics?: boolean | PrometheusMetricsOptions;
+  /**
+   * Called with each of the guard's events (`IdempotencyEvent`: acquired, completed, replayed,
+   * in_progress, key_reused, released, ...), synchronously on the request path. What it throws is
+   * logged, never answered. Default none; providers subscribe through `IdempotencyEvents`.
+   */
+  onEvent?: IdempotencyEventListener;
 }
 
 /** Options of `@NoRepeatSubmit()`; each overrides the module's option of the same name. */
@@ -127,6 +156,8 @@ export interface NoRepeatSubmitOptions {
   maxHoldSeconds?: number;
   /** Store outage policy of this route. */
   failMode?: FailMode;
+  /** How this route's HTTP refusals are written (see the module option). */
+  errorFormat?: ErrorFormat;
   /** Fields removed at any depth before fingerprinting. */
   ignoreFields?: string[];
   /** Largest response body saved for replay, in bytes (see the module option). */

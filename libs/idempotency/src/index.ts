@@ -2,6 +2,7 @@ export { IdempotencyModule } from './idempotency.module.js';
 export {
   IDEMPOTENCY_MODULE_OPTIONS,
   InjectIdempotencyStore,
+  type IdempotencyModuleExtras,
   type IdempotencyOptionsFactory,
 } from './idempotency.module-definition.js';
 export type {
@@ -22,20 +23,55 @@ export {
   type IdempotencyOutcome,
 } from './metrics/idempotency-counters.js';
 export type { PrometheusMetricsOptions } from './metrics/prometheus-metrics.js';
+export { IdempotencyEvents } from './events/idempotency-events.js';
+export type {
+  IdempotencyAcquiredEvent,
+  IdempotencyCompletedEvent,
+  IdempotencyEvent,
+  IdempotencyEventBase,
+  IdempotencyEventListener,
+  IdempotencyEventType,
+  IdempotencyFailOpenEvent,
+  IdempotencyInProgressEvent,
+  IdempotencyKeyReusedEvent,
+  IdempotencyLeaseLostEvent,
+  IdempotencyLeaseTakeoverEvent,
+  IdempotencyReleasedEvent,
+  IdempotencyRenewedEvent,
+  IdempotencyReplayedEvent,
+  IdempotencyStoreCallEvent,
+  IdempotencyStoreErrorEvent,
+  IdempotencyTransport,
+} from './events/idempotency-event.js';
 export type { GuardedRoute } from './interceptors/route-options.js';
 export {
   IdempotencyStore,
   type ClaimInput,
   type ClaimResult,
+  type ForgetResult,
   type SavedResponse,
   type StoredRecord,
   type UnreplayableReason,
 } from './stores/idempotency-store.js';
 export { MemoryIdempotencyStore, type MemoryIdempotencyStoreOptions } from './stores/memory/memory-idempotency.store.js';
 export { RedisIdempotencyStore, type RedisIdempotencyStoreOptions } from './stores/redis/redis-idempotency.store.js';
+export { LocalCacheIdempotencyStore } from './stores/local-cache/local-cache.store.js';
+export type { LocalCacheOptions } from './stores/local-cache/local-cache-options.js';
 export { REDIS_CLIENT_DEFAULTS } from './stores/create-store.js';
-export { IdempotencyConfigError, IdempotencyError, IdempotencyKeyError, IdempotencyStoreError } from './errors/idempotency.errors.js';
+export {
+  IdempotencyConfigError,
+  IdempotencyError,
+  IdempotencyKeyError,
+  IdempotencyNotARecordError,
+  IdempotencyStoreError,
+} from './errors/idempotency.errors.js';
 export { IdempotencyErrorCode, IdempotencyHttpException, IdempotencyRefusals } from './errors/idempotency-http.exceptions.js';
+export {
+  PROBLEM_JSON_CONTENT_TYPE,
+  PROBLEM_TYPE_PREFIX,
+  type ErrorFormat,
+  type ProblemDetails,
+} from './errors/problem-details.js';
 export { parseKeyHeader, type ParsedKeyHeader } from './keys/idempotency-key.js';
 export {
   DEFAULTS as IDEMPOTENCY_DEFAULTS,
@@ -45,7 +81,14 @@ export {
   REPLAYED_HEADER,
 } from './idempotency.constants.js';
 export { fingerprintRequest } from './keys/fingerprint.js';
-export { buildStorageKey } from './keys/storage-key.js';
+export { buildStorageKey, type KeyUser } from './keys/storage-key.js';
+export {
+  IdempotencyAdmin,
+  type IdempotencyForgetResult,
+  type IdempotencyInspection,
+  type IdempotencyRecordRef,
+  type IdempotencyRecordUser,
+} from './admin/idempotency-admin.service.js';
 export { ContentDigest, ContentHash } from './content-digest/content-digest.decorator.js';
 export {
   CONTENT_DIGEST_METADATA,

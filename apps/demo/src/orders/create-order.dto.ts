@@ -1,5 +1,5 @@
-import { IsNumber, IsString, Length, Matches, Max, Min } from 'class-validator';
-import { ORDER_NO_CHARACTERS, ORDER_NO_MAX_LENGTH } from './order-no.js';
+import { IsNotIn, IsNumber, IsString, Length, Matches, Max, Min } from 'class-validator';
+import { DOT_SEGMENT_MESSAGE, DOT_SEGMENTS, ORDER_NO_CHARACTERS, ORDER_NO_MAX_LENGTH } from './order-no.js';
 
 /** Body of `POST /orders`. */
 export class CreateOrderDto {
@@ -9,6 +9,7 @@ export class CreateOrderDto {
   @Matches(ORDER_NO_CHARACTERS, {
     message: 'orderNo may only contain letters, digits and _ . : -',
   })
+  @IsNotIn(DOT_SEGMENTS, { message: DOT_SEGMENT_MESSAGE })
   orderNo!: string;
 
   /** Greater than 0, at most 2 decimals, at most 1e9. */

@@ -33,14 +33,15 @@ export class UploadsController {
   @UseGuards(XmlBodyGuard)
   async upload(
     @ContentHash() contentHash: string,
-    @Req() req: DemoRequest & { rawBody?: Buffer; ip?: string },
+    @Req() req: DemoRequest & { body?: unknown; ip?: string },
     @CurrentUser() user: DemoUser | undefined,
     @Res({ passthrough: true }) res: unknown,
   ): Promise<unknown> {
     const requestId = readRequestId(req.headers);
     if (requestId && 'invalid' in requestId) throw requestIdInvalid(requestId.invalid);
     const answer = await this.uploads.upload({
-      raw: req.rawBody ?? Buffer.alloc(0),
+      // The XML parser is a raw one (demo-app.factory.ts): the body is the bytes as received.
+      raw: Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0),
       contentHash,
       requestId: requestId?.requestId,
       userId: user?.id,

@@ -21,16 +21,18 @@ import {
  * answered 400 `CONTENT_HASH_MISMATCH`; without a digest the server computes it (unless
  * `required`). The handler reads it with `@ContentHash()` (or `request.contentHash`).
  *
- * Needs the raw bytes: create the app with `{ rawBody: true }` and register a parser for the
- * route's content types (Express: `app.useBodyParser('text', { type: ['application/xml'] })`,
- * Fastify: `app.useBodyParser(['application/xml'])`). Check the content type before this guard
+ * Needs the bytes as received, which a raw parser for the route's content types hands it as the
+ * body (a Buffer): Express `app.useBodyParser('raw', { type: ['application/xml'] })`, Fastify
+ * `app.useBodyParser(['application/xml'])`. No app-wide `rawBody: true` is needed for that; it
+ * is used when set, and is the only way to the bytes of a JSON body (whose parser keeps none).
+ * A text parser's string is not bytes: answered 415. Check the content type before this guard
  * (a controller-level guard runs first) so that other types get your own 415.
  *
  * @example
  * ```ts
  * @Post('xml')
  * @ContentDigest()
- * upload(@ContentHash() contentHash: string, @Req() req: RawBodyRequest<Request>) { ... }
+ * upload(@ContentHash() contentHash: string, @Body() xml: Buffer) { ... }
  * ```
  */
 export function ContentDigest(options: ContentDigestOptions = {}): ClassDecorator & MethodDecorator {

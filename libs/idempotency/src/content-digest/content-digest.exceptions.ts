@@ -1,4 +1,5 @@
 import { HttpException, HttpStatus } from '@nestjs/common';
+import { problemDetails, type ErrorFormat } from '../errors/problem-details.js';
 
 /** Stable, machine-readable codes of `@ContentDigest()`'s HTTP answers. */
 export const ContentHashErrorCode = Object.freeze({
@@ -13,10 +14,19 @@ export const ContentHashErrorCode = Object.freeze({
 });
 export type ContentHashErrorCode = (typeof ContentHashErrorCode)[keyof typeof ContentHashErrorCode];
 
+/** The `title` of each code's problem details (RFC 9457). */
+const TITLES: Record<ContentHashErrorCode, string> = {
+  CONTENT_HASH_MISMATCH: 'Content digest mismatch',
+  CONTENT_HASH_INVALID: 'Content digest invalid',
+  CONTENT_HASH_MISSING: 'Content digest missing',
+  CONTENT_HASH_UNAVAILABLE: 'Body bytes unavailable',
+};
+
 /**
  * An HTTP answer of `@ContentDigest()`: Nest's usual JSON shape plus `code`
- * (`{ statusCode, error, message, code }`), and for a mismatch the `contentHash` the server
- * computed and the `bytes` it hashed, so a client can see what arrived.
+ * (`{ statusCode, error, message, code }`), or with `format` `'problem+json'` RFC 9457 problem
+ * details (`{ type, title, status, detail, code }`); for a mismatch, either also holds the
+ * `contentHash` the server computed and the `bytes` it hashed, so a client can see what arrived.
  */
 export class ContentHashHttpException extends HttpException {
   constructor(
@@ -25,35 +35,47 @@ export class ContentHashHttpException extends HttpException {
     error: string,
     message: string,
     extra: Record<string, unknown> = {},
+    format: ErrorFormat = 'nest',
   ) {
-    super({ statusCode: status, error, message, code, ...extra }, status);
+    super(
+      format === 'problem+json'
+        ? problemDetails(code, status, TITLES[code], message, extra)
+        : { statusCode: status, error, message, code, ...extra },
+      status,
+    );
+    this.message = message;
   }
 }
 
-export const contentHashMismatch = (source: string, contentHash: string, bytes: number) =>
+export const contentHashMismatch = (source: string, contentHash: string, bytes: number, format?: ErrorFormat) =>
   new ContentHashHttpException(
     ContentHashErrorCode.MISMATCH,
     HttpStatus.BAD_REQUEST,
     'Bad Request',
     `The ${source} digest does not match the SHA-256 of the ${bytes} bytes received: send the exact bytes you hashed (no re-encoding, no line-ending changes), or no digest.`,
     { contentHash, bytes },
+    format,
   );
 
-export const contentHashInvalid = (reason: string) =>
-  new ContentHashHttpException(ContentHashErrorCode.INVALID, HttpStatus.BAD_REQUEST, 'Bad Request', `${reason}.`);
+export const contentHashInvalid = (reason: string, format?: ErrorFormat) =>
+  new ContentHashHttpException(ContentHashErrorCode.INVALID, HttpStatus.BAD_REQUEST, 'Bad Request', `${reason}.`, {}, format);
 
-export const contentHashMissing = () =>
+export const contentHashMissing = (format?: ErrorFormat) =>
   new ContentHashHttpException(
     ContentHashErrorCode.MISSING,
     HttpStatus.BAD_REQUEST,
     'Bad Request',
     'Send the SHA-256 of the body as X-Content-Hash: <hex> or If-Match: "sha256:<hex>".',
+    {},
+    format,
   );
 
-export const contentHashUnavailable = (contentType: string) =>
+export const contentHashUnavailable = (contentType: string, format?: ErrorFormat) =>
   new ContentHashHttpException(
     ContentHashErrorCode.UNAVAILABLE,
     HttpStatus.UNSUPPORTED_MEDIA_TYPE,
     'Unsupported Media Type',
     `This endpoint cannot read a ${contentType || 'body without Content-Type'} body as bytes: send one of the media types it accepts.`,
+    {},
+    format,
   );

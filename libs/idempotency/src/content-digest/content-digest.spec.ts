@@ -149,6 +149,23 @@ describe('ContentDigestGuard', () => {
     expect(run('required', request({ 'x-content-hash': HEX }))).toBe(true);
   });
 
+  it('hashes the Buffer a raw parser made the body, without rawBody; rawBody when the app keeps it', () => {
+    const parsed: ContentHashedRequest = { headers: { 'content-type': 'application/xml', 'content-length': String(BYTES.length) }, body: Buffer.from(BYTES) };
+    expect(run('required', { ...parsed, headers: { ...parsed.headers, 'x-content-hash': HEX } })).toBe(true);
+    expect(run('optional', parsed)).toBe(true);
+    expect(parsed.contentHash).toBe(HEX);
+    const both = { ...request(), body: { parsed: true } };
+    expect(run('optional', both)).toBe(true);
+    expect(both.contentHash).toBe(HEX);
+  });
+
+  it('answers 415 for a decoded string or a parsed object without rawBody: neither is the bytes received', () => {
+    for (const body of [BYTES.toString('utf8'), { receipt: { no: 'R-1' } }]) {
+      const error = failure('optional', { headers: { 'content-type': 'application/xml', 'content-length': String(BYTES.length) }, body });
+      expect(error.getResponse()).toMatchObject({ code: 'CONTENT_HASH_UNAVAILABLE', statusCode: 415 });
+    }
+  });
+
   it('hashes an absent body as no bytes, and answers 415 when a body came without raw bytes', () => {
     const empty: ContentHashedRequest = { headers: {} };
     expect(run('optional', empty)).toBe(true);

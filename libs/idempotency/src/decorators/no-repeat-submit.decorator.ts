@@ -1,9 +1,9 @@
 import { RequestMethod, SetMetadata, UseInterceptors, applyDecorators } from '@nestjs/common';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
-import { assertBytes, assertPositive, assertSaveStatuses } from '../idempotency.config.js';
+import { assertBytes, assertErrorFormat, assertPositive, assertSaveStatuses } from '../idempotency.config.js';
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import type { NoRepeatSubmitOptions } from '../idempotency.options.js';
-import { IdempotencyInterceptor } from '../interceptors/idempotency.interceptor.js';
+import { NoRepeatSubmitInterceptor } from '../interceptors/no-repeat-submit.interceptor.js';
 import { parseKeyExpression } from '../keys/key-expression.js';
 import { rememberDecoratedPlace } from '../openapi/idempotency-openapi.js';
 import type { NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
@@ -38,6 +38,7 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     assertPositive('maxHoldSeconds', options.maxHoldSeconds, where);
     assertBytes(options.maxResponseBytes, where);
     assertSaveStatuses(options.saveStatuses, where);
+    assertErrorFormat(options.errorFormat, where);
     const unknown = options.methods?.filter((method) => typeof RequestMethod[method as keyof typeof RequestMethod] !== 'number');
     if (unknown?.length) throw new IdempotencyConfigError(`${where}: methods holds unknown HTTP methods (${unknown.join(', ')})`);
     const { idempotentKey } = options;
@@ -50,7 +51,8 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     const metadata: NoRepeatSubmitMetadata = { options, key, where };
     const decorate = applyDecorators(
       SetMetadata(NO_REPEAT_SUBMIT_METADATA, metadata),
-      UseInterceptors(IdempotencyInterceptor),
+      // Runs the module's guard: IdempotencyInterceptor, or forRoot({ interceptor })'s subclass.
+      UseInterceptors(NoRepeatSubmitInterceptor),
     );
     decorate(target, propertyKey!, descriptor!);
     rememberDecoratedPlace({ target, propertyKey, descriptor, metadata });

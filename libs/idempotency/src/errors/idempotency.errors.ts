@@ -13,6 +13,13 @@ export class IdempotencyConfigError extends IdempotencyError {}
 export class IdempotencyStoreError extends IdempotencyError {}
 
 /**
+ * The storage key holds something that is no idempotency record: in a store whose keyspace the
+ * app shares (Redis), a value another part of the app wrote there. A store error, so a claim that
+ * meets one follows the outage policy; `IdempotencyAdmin` answers it as `not_a_record`.
+ */
+export class IdempotencyNotARecordError extends IdempotencyStoreError {}
+
+/**
  * A client's idempotency key is unusable (empty, too long, control characters, not text);
  * `problem` says why. Thrown by the key step, whatever the transport: each answers it its own way
  * (HTTP 400 `IDEMPOTENCY_KEY_INVALID`, an RPC error with that code).

@@ -37,8 +37,12 @@ export interface HeldClaim {
  * replayed, and how a refusal is answered.
  */
 export interface GuardExchange {
-  /** What the fingerprint hashes: the route, its parameters, query and body; or the message. */
-  fingerprintInput(): FingerprintInput;
+  /**
+   * What the fingerprint hashes: the route, its parameters, query and body; or the message. A
+   * promise when the transport must wait for part of it (HTTP: an uploaded file on disk).
+   * Throws (or rejects with) `IdempotencyError` for a call that cannot be fingerprinted.
+   */
+  fingerprintInput(): FingerprintInput | Promise<FingerprintInput>;
   /**
    * Runs the handler while holding the claim: saves its answer, or releases the key if it fails
    * (HTTP under `saveStatuses`: saves the answer to a failure of the method itself, by status).

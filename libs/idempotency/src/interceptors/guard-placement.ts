@@ -1,9 +1,10 @@
-import { Logger, type Type } from '@nestjs/common';
-import type { ModulesContainer } from '@nestjs/core';
+import { Logger, type NestInterceptor, type OnApplicationBootstrap, type Type } from '@nestjs/common';
+import { APP_INTERCEPTOR, type ModulesContainer } from '@nestjs/core';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { controllerMethods, guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { watchRouteMethod } from './handler-start.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
+import { NoRepeatSubmitInterceptor } from './no-repeat-submit.interceptor.js';
 
 /** Metadata keys of `@nestjs/common` and `@nestjs/microservices` (stable across Nest 10-12). */
 const INTERCEPTORS_METADATA = '__interceptors__';
@@ -13,7 +14,19 @@ const SSE_METADATA = '__sse__';
 
 type Interceptors = unknown[];
 const interceptorsOf = (target: object): Interceptors => Reflect.getMetadata(INTERCEPTORS_METADATA, target) ?? [];
-const withoutGuard = (list: Interceptors) => list.filter((item) => item !== IdempotencyInterceptor);
+/** The decorator's entry, or the guard named by hand: either runs the guard. */
+const isGuard = (item: unknown) => item === NoRepeatSubmitInterceptor || item === IdempotencyInterceptor;
+const withoutGuard = (list: Interceptors) => list.filter((item) => !isGuard(item));
+const isGuardSubclass = (item: unknown): item is Type =>
+  typeof item === 'function' && item.prototype instanceof IdempotencyInterceptor;
+/** A class that guards whatever `@NoRepeatSubmit()` route it is applied to. */
+const isGuardClass = (item: unknown): item is Type => isGuard(item) || isGuardSubclass(item);
+
+/** What Nest keeps of the app's global interceptors (`@nestjs/core`'s `ApplicationConfig`). */
+interface GlobalInterceptors {
+  getGlobalInterceptors(): NestInterceptor[];
+  getGlobalRequestInterceptors?(): { metatype: unknown }[];
+}
 
 /**
  * Puts the guard where it sees the handler itself: last (innermost) among each guarded handler's
@@ -24,13 +37,16 @@ const withoutGuard = (list: Interceptors) => list.filter((item) => item !== Idem
  * Also, once per app, before the routes are built:
  * - refuses two guarded handlers of different classes with one `Controller.method` name (their
  *   keys would share records: one route would replay the other's answers);
+ * - refuses a subclass of the guard named with `@UseInterceptors()` on a guarded handler (two
+ *   guards, one key); `IdempotencyModule.forRoot({ interceptor })` is how a subclass runs;
  * - leaves `@Sse()` routes of a guarded controller unguarded (a stream of events is no answer to
  *   replay, and `EventSource` cannot send a key), with a warning;
  * - puts a watcher in front of each guarded HTTP route's method (`watchRouteMethod`), so that the
  *   guard knows whether a failed call failed in the method itself (`saveStatuses`) or before it.
  */
-export function placeGuards(modules: ModulesContainer): void {
+export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
   const logger = new Logger('IdempotencyModule');
+  refuseAppInterceptors(modules);
   const names = new Map<string, Type>();
   const seen = new Set<Type>();
   for (const module of modules.values()) {
@@ -40,13 +56,20 @@ export function placeGuards(modules: ModulesContainer): void {
       seen.add(controller);
       // One guard per handler, innermost: none at class level, whoever put it there.
       const classInterceptors = interceptorsOf(controller);
-      if (classInterceptors.includes(IdempotencyInterceptor)) {
+      if (classInterceptors.some(isGuard)) {
         Reflect.defineMetadata(INTERCEPTORS_METADATA, withoutGuard(classInterceptors), controller);
       }
       for (const { name: method, handler: declared, declaredOn } of controllerMethods(controller.prototype)) {
         const isHttpRoute = Reflect.hasMetadata(PATH_METADATA, declared);
         const isRoute = isHttpRoute || Reflect.hasMetadata(PATTERN_METADATA, declared);
         if (!isRoute || !guardedRouteMetadata(controller, declared)) continue;
+        const subclass = [...classInterceptors, ...interceptorsOf(declared)].find(isGuardSubclass);
+        if (subclass) {
+          throw new IdempotencyConfigError(
+            `${controller.name}.${method}: @UseInterceptors(${subclass.name}) on a @NoRepeatSubmit() route guards it twice (every call ` +
+              `would find its own claim: 409). Give it as IdempotencyModule.forRoot({ interceptor: ${subclass.name} }): @NoRepeatSubmit() then runs it.`,
+          );
+        }
         // A handler a base class shares with other controllers gets the guard for all of them;
         // the guard resolves each (controller, handler) on its own, so an unguarded one passes.
         if (Reflect.getMetadata(SSE_METADATA, declared)) {
@@ -57,7 +80,7 @@ export function placeGuards(modules: ModulesContainer): void {
         // The function the router will call: for an HTTP route, a watcher in front of the method.
         const handler = isHttpRoute ? watchRouteMethod(declaredOn, method) : declared;
         const others = withoutGuard(interceptorsOf(handler));
-        Reflect.defineMetadata(INTERCEPTORS_METADATA, [...others, IdempotencyInterceptor], handler);
+        Reflect.defineMetadata(INTERCEPTORS_METADATA, [...others, NoRepeatSubmitInterceptor], handler);
         const name = `${controller.name}.${method}`;
         const other = names.get(name);
         if (other && other !== controller) {
@@ -69,5 +92,57 @@ export function placeGuards(modules: ModulesContainer): void {
         names.set(name, controller);
       }
     }
+  }
+  return { onApplicationBootstrap: () => checkGlobalGuards(modules, logger) };
+}
+
+const refuseGlobal = (named: string, how: string) =>
+  new IdempotencyConfigError(
+    `${how} names ${named}, the guard of @NoRepeatSubmit(): every guarded call would be guarded twice (each guard finds ` +
+      'the other\'s claim: 409 on every first request). Remove it: @NoRepeatSubmit() runs the module\'s guard, and a subclass is ' +
+      `given as IdempotencyModule.forRoot({ interceptor${named === IdempotencyInterceptor.name ? '' : `: ${named}`} }).`,
+  );
+
+/**
+ * Refuses the guard as an `APP_INTERCEPTOR` (`useClass`, `useExisting`, `useValue`), before the
+ * app starts. Nest files each one under a token of its own, `APP_INTERCEPTOR (UUID: ...)`.
+ */
+function refuseAppInterceptors(modules: ModulesContainer): void {
+  for (const module of modules.values()) {
+    for (const [token, wrapper] of module.providers) {
+      if (typeof token !== 'string' || !token.startsWith(`${APP_INTERCEPTOR} (`)) continue;
+      const named = wrapper.isAlias ? wrapper.inject?.[0] : wrapper.inject ? undefined : (wrapper.metatype ?? wrapper.instance?.constructor);
+      if (isGuardClass(named)) throw refuseGlobal(named.name, 'APP_INTERCEPTOR');
+    }
+  }
+}
+
+/**
+ * Once the app is built, before it listens: refuses the guard among the app's global
+ * interceptors however it got there (`app.useGlobalInterceptors()`, an `APP_INTERCEPTOR`
+ * factory), and says when Nest builds the guard for each request (a subclass that injects a
+ * request-scoped provider is request-scoped too).
+ */
+function checkGlobalGuards(modules: ModulesContainer, logger: Logger): void {
+  // Nest's own: each module holds the container, which holds the app's configuration.
+  const [first] = modules.values();
+  const config = (first as unknown as { container?: { applicationConfig?: GlobalInterceptors } } | undefined)?.container?.applicationConfig;
+  if (config) {
+    const classes = [
+      ...config.getGlobalInterceptors().map((interceptor): unknown => interceptor?.constructor),
+      ...(config.getGlobalRequestInterceptors?.() ?? []).map((wrapper) => wrapper.metatype),
+    ];
+    const named = classes.find(isGuardClass);
+    if (named) throw refuseGlobal(named.name, 'A global interceptor (app.useGlobalInterceptors() or APP_INTERCEPTOR)');
+  }
+  for (const module of modules.values()) {
+    const guard = module.providers.get(IdempotencyInterceptor);
+    if (!guard || guard.isDependencyTreeStatic()) continue;
+    const name = (guard.metatype as Type | null)?.name ?? IdempotencyInterceptor.name;
+    logger.warn(
+      `${name} injects a request-scoped provider, so it is request-scoped too: Nest builds it (and NoRepeatSubmitInterceptor) for ` +
+        `every request. The guard still keeps its route options and logs in the module, but fields of ${name} itself last one ` +
+        'request. To build it once, inject singletons only and read what the request carries in getUser(ctx) / getKey(ctx).',
+    );
   }
 }

@@ -14,12 +14,15 @@ import {
   userUnresolved,
   type IdempotencyHttpException,
 } from '../errors/idempotency-http.exceptions.js';
+import { PROBLEM_JSON_CONTENT_TYPE } from '../errors/problem-details.js';
 import type { FingerprintInput } from '../keys/fingerprint.js';
 import type { SavedResponse, UnreplayableReason } from '../stores/idempotency-store.js';
 import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
 import { watchHandler } from './handler-start.js';
 import { runHeld } from './held-run.js';
+import { httpFingerprintInput } from './http-fingerprint.js';
 import type { HttpRequest, HttpResponse } from './http-request.js';
+import { clearRefusalHeaders, setRefusalHeaders } from './refusal-headers.js';
 import { ResponseCapture, type CapturedResponse } from './response-capture.js';
 import { replayInto, sendNow } from './response-replay.js';
 import type { GuardedRoute } from './route-options.js';
@@ -87,17 +90,10 @@ export class HttpExchange implements GuardExchange {
   /**
    * The route, not the URL: every spelling the router maps to this handler (`/orders/`,
    * `/ORDERS`) is one request; the path parameters tell requests to the same handler apart.
+   * The body as its parser gave it, and the uploaded files (see `httpFingerprintInput`).
    */
-  fingerprintInput(): FingerprintInput {
-    const { req } = this;
-    return {
-      method: req.method,
-      path: this.route.handler,
-      query: { params: req.params, query: req.query },
-      body: req.body,
-      rawBody: req.rawBody,
-      contentType: req.headers['content-type'] as string | undefined,
-    };
+  fingerprintInput(): FingerprintInput | Promise<FingerprintInput> {
+    return httpFingerprintInput(this.req, this.route.handler);
   }
 
   /**
@@ -109,6 +105,7 @@ export class HttpExchange implements GuardExchange {
   run(next: CallHandler, claim: HeldClaim): Observable<unknown> {
     const { maxResponseBytes, sendsOwnResponse, savesStatus } = this.route;
     let failedInMethod = false;
+    clearRefusalHeaders(this.res, this.raw);
     const capture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, sendsOwnResponse, (sent) =>
       failedInMethod ? this.settleFailure(claim, sent) : claim.save(toSaved(sent, this.raw.statusCode)),
     );
@@ -161,7 +158,8 @@ export class HttpExchange implements GuardExchange {
   }
 
   replay(saved: SavedResponse): Observable<unknown> {
-    if (saved.unreplayable) throw responseNotReplayable(NOT_REPLAYABLE[saved.unreplayable]);
+    clearRefusalHeaders(this.res, this.raw);
+    if (saved.unreplayable) throw this.withHeaders(responseNotReplayable(NOT_REPLAYABLE[saved.unreplayable], this.route.errorFormat));
     if (this.route.sendsOwnResponse) {
       sendNow(this.raw, saved, this.replayHeaders);
       return of(undefined);
@@ -171,13 +169,20 @@ export class HttpExchange implements GuardExchange {
   }
 
   refuse(refusal: GuardRefusal): Observable<unknown> {
-    throw this.withRetryAfter(toHttpException(refusal, this.route));
+    throw this.withHeaders(toHttpException(refusal, this.route));
   }
 
-  private withRetryAfter(exception: IdempotencyHttpException): IdempotencyHttpException {
-    if (exception.retryAfterSeconds !== undefined) {
-      this.adapter.setHeader(this.res, 'Retry-After', String(exception.retryAfterSeconds));
-    }
+  /**
+   * The refusal's headers, set before it is thrown: whatever exception filter answers it sends
+   * them. Nest's own sends the problem details under their media type on both adapters; a
+   * filter of the app's that writes another body should set its own Content-Type. An answer
+   * that is not this refusal does not keep them (see `setRefusalHeaders`).
+   */
+  private withHeaders(exception: IdempotencyHttpException): IdempotencyHttpException {
+    const headers: Record<string, string> = {};
+    if (exception.retryAfterSeconds !== undefined) headers['Retry-After'] = String(exception.retryAfterSeconds);
+    if (this.route.errorFormat === 'problem+json') headers['Content-Type'] = PROBLEM_JSON_CONTENT_TYPE;
+    setRefusalHeaders(this.res, this.raw, this.adapter, exception.getStatus(), headers);
     return exception;
   }
 }
@@ -215,22 +220,23 @@ function valueOf(saved: SavedResponse): unknown {
 }
 
 function toHttpException(refusal: GuardRefusal, route: GuardedRoute): IdempotencyHttpException {
+  const format = route.errorFormat;
   switch (refusal.reason) {
     case 'user_unresolved':
-      return userUnresolved();
+      return userUnresolved(format);
     case 'key_invalid':
-      return keyInvalid(refusal.problem);
+      return keyInvalid(refusal.problem, format);
     case 'payload_unsupported':
-      return payloadUnsupported(refusal.problem);
+      return payloadUnsupported(refusal.problem, format);
     case 'key_missing':
-      return keyMissing(route.keySource);
+      return keyMissing(route.keySource, format);
     case 'in_progress':
       // The lease left is only the worst case (up to leaseSeconds); most first requests end far
       // sooner, so a client is told to look again within MAX_RETRY_AFTER_SECONDS.
-      return inProgress(Math.min(MAX_RETRY_AFTER_SECONDS, Math.max(1, Math.ceil(refusal.retryAfterMs / 1000))));
+      return inProgress(Math.min(MAX_RETRY_AFTER_SECONDS, Math.max(1, Math.ceil(refusal.retryAfterMs / 1000))), format);
     case 'key_reused':
-      return keyReused();
+      return keyReused(format);
     case 'store_unavailable':
-      return storeUnavailable(1);
+      return storeUnavailable(1, format);
   }
 }

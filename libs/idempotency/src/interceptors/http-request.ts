@@ -6,8 +6,14 @@ export interface HttpRequest {
   url: string;
   ip?: string;
   headers: Record<string, string | string[] | undefined>;
+  /** What the body parser made: an object (JSON, form), a string (text), a Buffer (raw); undefined if none ran. */
   body?: unknown;
+  /** The bytes as received, set by Nest's `rawBody: true` in the parsers it registers; not required. */
   rawBody?: Buffer;
+  /** Multer's upload (`FileInterceptor`): one file. */
+  file?: unknown;
+  /** Multer's uploads (`FilesInterceptor`, `FileFieldsInterceptor`): an array, or arrays by field. */
+  files?: unknown;
   query?: unknown;
   params?: unknown;
   user?: unknown;

@@ -7,53 +7,53 @@ import {
   type NestInterceptor,
 } from '@nestjs/common';
 import { HttpAdapterHost } from '@nestjs/core';
+import { performance } from 'node:perf_hooks';
 import { Observable, type Subscription } from 'rxjs';
-import { rememberLeaseSignal } from '../decorators/lease-signal.decorator.js';
 import { guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { IdempotencyError, IdempotencyKeyError } from '../errors/idempotency.errors.js';
+import { CallEvents } from '../events/call-events.js';
+import type { IdempotencyTransport } from '../events/idempotency-event.js';
+import { IdempotencyEvents } from '../events/idempotency-events.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
-import { fingerprintRequest } from '../keys/fingerprint.js';
+import { fingerprintRequest, UnmatchableBodyError } from '../keys/fingerprint.js';
 import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
 import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
-import { IdempotencyStore, type ClaimInput, type ClaimResult } from '../stores/idempotency-store.js';
-import { awaitSettled } from './await-settled.js';
+import { IdempotencyStore } from '../stores/idempotency-store.js';
+import { ClaimAnswers, type Guarded } from './claim-answer.js';
 import { readClientKey } from './client-key.js';
-import type { GuardExchange, HeldClaim } from './exchange.js';
+import type { GuardExchange } from './exchange.js';
 import { HttpExchange } from './http-exchange.js';
 import type { HttpRequest, HttpResponse } from './http-request.js';
 import { MESSAGE_USER, requestUser } from './key-user.js';
 import { claimToken } from './claim-token.js';
+import { GuardMemory } from './guard-memory.js';
 import { routeOptions, type GuardedRoute } from './route-options.js';
 import { RpcExchange } from './rpc-exchange.js';
-import { StoreCalls } from './store-calls.js';
-
-/** What answers a guarded call; `release` frees a claim it holds, unused. */
-interface Guarded {
-  result: Observable<unknown>;
-  release?: () => Promise<void>;
-}
 
 /**
  * The guard behind `@NoRepeatSubmit()`: claims the key (one store round trip), runs the handler,
  * saves its answer (one more), and answers duplicates from the store. HTTP requests and RPC
- * messages alike. `getUser` and `getKey` may be overridden in a subclass.
+ * messages alike. `getUser` and `getKey` may be overridden in a subclass: give it to the module
+ * as `IdempotencyModule.forRoot({ interceptor })`, never to `@UseInterceptors()`; Nest builds it
+ * there once (for every request if it injects a request-scoped provider), and `@NoRepeatSubmit()`
+ * runs it (see `NoRepeatSubmitInterceptor`). A subclass takes its own providers as properties
+ * (`@Inject(Users) private readonly users!: Users`): this constructor's parameters are internal.
  */
 @Injectable()
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
-  /** Per controller class, then handler: subclasses of one base share its handler functions. */
-  private readonly routes = new WeakMap<object, WeakMap<object, GuardedRoute | null>>();
-  /** Configuration problems already logged (once per handler and kind). */
-  private readonly logged = new Set<string>();
-  private readonly calls: StoreCalls;
+  private readonly answers: ClaimAnswers;
 
   constructor(
     private readonly adapterHost: HttpAdapterHost,
-    private readonly store: IdempotencyStore,
-    private readonly counters: IdempotencyCounters,
+    store: IdempotencyStore,
+    counters: IdempotencyCounters,
     @Inject(IDEMPOTENCY_RESOLVED_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
+    private readonly events: IdempotencyEvents,
+    /** Each route's options and what was logged once: the module's, however often Nest builds the guard. */
+    private readonly memory: GuardMemory,
   ) {
-    this.calls = new StoreCalls(store, counters, this.logger);
+    this.answers = new ClaimAnswers(store, counters, this.logger);
   }
 
   intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
@@ -64,7 +64,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
     return new Observable<unknown>((subscriber) => {
       let gone = false;
       let run: Subscription | undefined;
-      this.guard(ctx, next, route).then(
+      // The clock is read only when someone listens: with no listener, no event is ever built.
+      this.guard(ctx, next, route, this.events.listening ? performance.now() : undefined).then(
         ({ result, release }) => {
           if (gone) void release?.();
           else run = result.subscribe(subscriber);
@@ -82,8 +83,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private routeOf(ctx: ExecutionContext): GuardedRoute | null {
     const handler = ctx.getHandler();
     const controller = ctx.getClass();
-    let routes = this.routes.get(controller);
-    if (!routes) this.routes.set(controller, (routes = new WeakMap()));
+    const routes = this.memory.routesOf(controller);
     let route = routes.get(handler);
     if (route === undefined) {
       const metadata = guardedRouteMetadata(controller, handler);
@@ -108,7 +108,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
    * key, the fingerprint, the storage key; then the store. A step that cannot go on refuses the
    * call, and the exchange answers the refusal its transport's way.
    */
-  private async guard(ctx: ExecutionContext, next: CallHandler, route: GuardedRoute): Promise<Guarded> {
+  private async guard(ctx: ExecutionContext, next: CallHandler, route: GuardedRoute, startedAt: number | undefined): Promise<Guarded> {
     const exchange = await this.exchangeOf(ctx, route);
     if (!exchange) return { result: next.handle() };
 
@@ -122,22 +122,30 @@ export class IdempotencyInterceptor implements NestInterceptor {
       return { result: exchange.refuse({ reason: 'key_invalid', problem: error.problem }) };
     }
 
-    let fingerprint: string;
-    try {
-      fingerprint = fingerprintRequest(exchange.fingerprintInput(), route.ignoreFields);
-    } catch (error) {
-      if (!(error instanceof IdempotencyError)) throw error;
-      return { result: exchange.refuse({ reason: 'payload_unsupported', problem: error.message }) };
-    }
-
     // The client key, else the fingerprint stands in. Anonymous callers share one namespace, so
-    // only a key they chose may key them.
-    const keySegment = clientKey ?? (route.useFingerprint && !('anonymous' in user) ? fingerprint : undefined);
-    if (keySegment === undefined) {
+    // only a key they chose may key them. A call with neither makes no claim: nothing to fingerprint.
+    if (clientKey === undefined && (!route.useFingerprint || 'anonymous' in user)) {
       return { result: route.required ? exchange.refuse({ reason: 'key_missing', source: route.keySource }) : next.handle() };
     }
+    let fingerprint: string;
+    try {
+      fingerprint = fingerprintRequest(await exchange.fingerprintInput(), route.ignoreFields);
+    } catch (error) {
+      if (!(error instanceof IdempotencyError)) throw error;
+      if (!(error instanceof UnmatchableBodyError) || clientKey === undefined) {
+        return { result: exchange.refuse({ reason: 'payload_unsupported', problem: error.message }) };
+      }
+      // Its bytes are lost: under the client's key it runs once, and matches no other call (422).
+      fingerprint = `unmatchable:${claimToken()}`;
+    }
+    const keySegment = clientKey ?? fingerprint;
     const storageKey = buildStorageKey({ prefix: this.options.keyPrefix, user, handler: route.handler, key: keySegment });
-    return this.claim(ctx, exchange, next, route, { key: storageKey, token: claimToken(), fingerprint, leaseMs: route.leaseMs });
+    const input = { key: storageKey, token: claimToken(), fingerprint, leaseMs: route.leaseMs };
+    const events =
+      startedAt === undefined
+        ? undefined
+        : new CallEvents(this.events, route.handler, ctx.getType<IdempotencyTransport>(), storageKey, startedAt);
+    return this.answers.answer(ctx, exchange, next, route, input, events);
   }
 
   /** The call as its transport sees it; undefined for a transport the guard does not know. */
@@ -196,61 +204,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     return readClientKey(ctx, config);
   }
 
-  /** Claims the storage key and answers by what the store holds: run, replay or refuse. */
-  private async claim(
-    ctx: ExecutionContext,
-    exchange: GuardExchange,
-    next: CallHandler,
-    route: GuardedRoute,
-    input: ClaimInput,
-  ): Promise<Guarded> {
-    let claim: ClaimResult;
-    try {
-      claim = await this.calls.timed('claim', () => this.store.claim(input));
-      if (claim.status === 'in_progress' && route.waitForResultMs > 0) {
-        this.counters.count('waited', route.handler);
-        claim = await awaitSettled(this.store, input, claim, route.waitForResultMs, (error) => {
-          this.counters.count('storeErrors', route.handler);
-          this.logger.warn(`${route.handler}: cannot wait for the first result: ${(error as Error).message}`);
-        });
-      }
-    } catch (error) {
-      this.counters.count('storeErrors', route.handler);
-      const message = `${route.handler}: idempotency store unavailable, ${(error as Error).message}`;
-      if (route.failMode === 'closed') {
-        this.logger.warn(`${message}; refusing`);
-        return { result: exchange.refuse({ reason: 'store_unavailable' }) };
-      }
-      this.counters.count('failOpen', route.handler);
-      this.logger.warn(`${message}; running unguarded`);
-      // A claim that timed out may still land when the store recovers: run as its possible
-      // holder, so that the answer completes it or a failure releases it, never a stranded key.
-      return this.runHolding(ctx, exchange, next, this.calls.hold(input, route, true));
-    }
-    switch (claim.status) {
-      case 'in_progress':
-        this.counters.count('inProgress', route.handler);
-        return { result: exchange.refuse({ reason: 'in_progress', retryAfterMs: claim.retryAfterMs }) };
-      case 'mismatch':
-        this.counters.count('mismatched', route.handler);
-        return { result: exchange.refuse({ reason: 'key_reused' }) };
-      case 'completed':
-        this.counters.count('replayed', route.handler);
-        return { result: exchange.replay(claim.response) };
-      case 'acquired':
-        this.counters.count('acquired', route.handler);
-        return this.runHolding(ctx, exchange, next, this.calls.hold(input, route, false));
-    }
-  }
-
-  private runHolding(ctx: ExecutionContext, exchange: GuardExchange, next: CallHandler, claim: HeldClaim): Guarded {
-    rememberLeaseSignal(ctx, claim.signal);
-    return { result: exchange.run(next, claim), release: claim.release };
-  }
-
   private onceFor(what: string, log: () => void): void {
-    if (this.logged.has(what)) return;
-    this.logged.add(what);
-    log();
+    this.memory.onceFor(what, log);
   }
 }

@@ -21,7 +21,7 @@ export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousP
  * A user id as its key segment: a non-empty string, a finite number or a bigint. Anything else
  * (an object, a Buffer, an array) has no text that tells every user apart, so it is refused.
  */
-function idText(id: unknown): string | undefined {
+export function idText(id: unknown): string | undefined {
   if (typeof id === 'string') return id === '' ? undefined : id;
   if (typeof id === 'number') return Number.isFinite(id) ? String(id) : undefined;
   if (typeof id === 'bigint') return String(id);

@@ -1,4 +1,5 @@
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import { withoutRefusalHeaders } from './refusal-headers.js';
 
 /** The answer as it left for the first client. */
 export interface CapturedResponse {
@@ -197,7 +198,8 @@ export class ResponseCapture {
       if (value !== undefined) headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
     }
     const body = this.overflowed ? undefined : Buffer.concat(this.chunks);
-    return { statusCode: this.raw.statusCode, headers, body };
+    // Never a refusal's Retry-After or problem details type on another answer (a run after a retry()).
+    return { statusCode: this.raw.statusCode, headers: withoutRefusalHeaders(this.raw, this.raw.statusCode, headers), body };
   }
 
   /** A header as sent: set on the response, or passed to `writeHead` (Fastify sends them so). */

@@ -1,6 +1,7 @@
 import type { ExecutionContext } from '@nestjs/common';
 import { controllerMethods, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { savesStatus, type ResolvedIdempotencyOptions, type SavesStatus } from '../idempotency.config.js';
+import type { ErrorFormat } from '../errors/problem-details.js';
 import type { FailMode } from '../idempotency.options.js';
 import { describeKeyPath } from '../keys/key-expression.js';
 
@@ -20,6 +21,8 @@ export interface GuardedRoute {
   maxHoldMs: number;
   waitForResultMs: number;
   failMode: FailMode;
+  /** How HTTP refusals are written: Nest's JSON or RFC 9457 problem details. */
+  errorFormat: ErrorFormat;
   useFingerprint: boolean;
   ignoreFields: ReadonlySet<string>;
   /** Where a client puts the key, named in the 400 answer. */
@@ -60,6 +63,7 @@ export function routeOptions(
     maxHoldMs: Math.max(leaseMs, Math.ceil((options.maxHoldSeconds ?? defaults.maxHoldSeconds) * 1000)),
     waitForResultMs: options.waitForResultMs ?? 0,
     failMode: options.failMode ?? defaults.failMode,
+    errorFormat: options.errorFormat ?? defaults.errorFormat,
     useFingerprint: options.useRequestFingerprint ?? false,
     ignoreFields: new Set([...defaults.ignoreFields, ...(options.ignoreFields ?? [])]),
     keySource: 'path' in key ? describeKeyPath(key.path) : 'header' in key ? `the ${keyHeader} header` : 'the request',

@@ -175,7 +175,7 @@ export class CanonicalWriter {
 
   private enter(): void {
     if (++this.depth > MAX_CANONICAL_DEPTH) {
-      throw new IdempotencyError(`The request nests deeper than ${MAX_CANONICAL_DEPTH} levels and cannot be fingerprinted.`);
+      throw new IdempotencyError(`it nests deeper than ${MAX_CANONICAL_DEPTH} levels; send a flatter payload.`);
     }
   }
 

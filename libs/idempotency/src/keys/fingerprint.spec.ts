@@ -1,6 +1,7 @@
 import { describe, it, expect } from '@jest/globals';
 import { createHash } from 'node:crypto';
-import { canonicalJson, fingerprintRequest, isJsonContentType, type FingerprintInput } from './fingerprint.js';
+import { IdempotencyError } from '../errors/idempotency.errors.js';
+import { canonicalJson, fingerprintRequest, isJsonContentType, UnmatchableBodyError, type FingerprintInput } from './fingerprint.js';
 
 const base: FingerprintInput = {
   method: 'POST',
@@ -115,6 +116,117 @@ describe('fingerprintRequest', () => {
     const shuffled = items.map(({ price, name, id }) => ({ price, name, id }));
     expect(fp({ body: { items } })).toBe(fp({ body: { items: shuffled } }));
     expect(fp({ body: { items } })).toBe(sha256('["fp1","POST","/orders",{"ref":"r1"},"json"]', canonicalJson({ items })!));
+  });
+});
+
+/**
+ * An app without `rawBody` hands the guard only what its body parser made: a string (a text
+ * parser), a Buffer (a raw parser), an object (JSON, urlencoded). The same bytes must give the
+ * fingerprint they gave with `rawBody` on, so that records written before an upgrade still match.
+ */
+describe('fingerprintRequest without rawBody', () => {
+  const xml = '<receipt><no>R-1</no> <note>café ☕ 😀</note></receipt>\n';
+  const withRaw = (contentType: string, body: unknown, bytes: Buffer) => fp({ contentType, body, rawBody: bytes });
+  const without = (contentType: string, body: unknown) => fp({ contentType, body });
+
+  it.each([
+    ['application/xml', xml],
+    ['text/xml; charset=utf-8', xml],
+    ['text/plain', 'plain text\r\nwith  spaces'],
+    ['text/csv; charset=UTF-8', 'a,b\n1,2\n'],
+    ['text/plain', ''],
+  ])('hashes a %s text body (a string) as its UTF-8 bytes: what its raw bytes gave', (contentType, text) => {
+    const bytes = Buffer.from(text, 'utf8');
+    expect(without(contentType, text)).toBe(withRaw(contentType, text, bytes));
+    expect(without(contentType, text)).toBe(sha256(`["fp1","POST","/orders",{"ref":"r1"},"raw",${bytes.length}]`, bytes));
+    expect(without(contentType, `${text} `)).not.toBe(without(contentType, text));
+  });
+
+  it('hashes a Buffer body (a raw parser) as its bytes, with rawBody or without', () => {
+    const bytes = Buffer.from([0x3c, 0x61, 0x3e, 0xff, 0x00, 0xfe]);
+    expect(without('application/octet-stream', bytes)).toBe(withRaw('application/octet-stream', bytes, Buffer.from(bytes)));
+    expect(without('application/xml', Buffer.from(xml))).toBe(without('application/xml', xml));
+  });
+
+  it('hashes JSON by its parsed value, with rawBody or without', () => {
+    const body = { b: [1, { y: 2, x: 'é' }], a: null };
+    expect(without('application/json', body)).toBe(withRaw('application/json', body, Buffer.from('{ "b": [1, {"y":2,"x":"é"}], "a": null }')));
+  });
+
+  it('hashes a form by its bytes when rawBody has them, else by its parsed fields (documented: not the same value)', () => {
+    const bytes = Buffer.from('b=2&a=1');
+    const fields = { b: '2', a: '1' };
+    expect(withRaw('application/x-www-form-urlencoded', fields, bytes)).toBe(
+      sha256(`["fp1","POST","/orders",{"ref":"r1"},"raw",${bytes.length}]`, bytes),
+    );
+    expect(without('application/x-www-form-urlencoded', fields)).toBe(without('application/x-www-form-urlencoded', { a: '1', b: '2' }));
+    expect(without('application/x-www-form-urlencoded', fields)).not.toBe(withRaw('application/x-www-form-urlencoded', fields, bytes));
+  });
+
+  it('hashes the text a parser decoded from another charset as UTF-8 (documented: not its raw bytes)', () => {
+    const latin1 = 'text/plain; charset=iso-8859-1';
+    expect(without(latin1, 'café')).toBe(withRaw(latin1, 'café', Buffer.from('café', 'utf8')));
+    expect(without(latin1, 'café')).not.toBe(withRaw(latin1, 'café', Buffer.from('café', 'latin1')));
+  });
+
+  it('hashes JSON parsed under another type (csp-report) as JSON, with rawBody or without; a form keeps its bytes', () => {
+    const body = { 'csp-report': { 'blocked-uri': 'x' } };
+    const json = without('application/csp-report', body);
+    expect(json).toBe(sha256('["fp1","POST","/orders",{"ref":"r1"},"json"]' + canonicalJson(body)));
+    for (const bytes of ['{"csp-report":{"blocked-uri":"x"}}', '\r\n [ ', '\ufeff{}']) {
+      expect(withRaw('application/csp-report', body, Buffer.from(bytes))).toBe(json);
+    }
+    const form = Buffer.from('a[b]=1');
+    expect(withRaw('application/vnd.form', { a: { b: '1' } }, form)).toBe(sha256(`["fp1","POST","/orders",{"ref":"r1"},"raw",${form.length}]`, form));
+  });
+
+  it('refuses text its parser could not decode (U+FFFD) without rawBody: different bytes would be one body', () => {
+    expect(() => without('text/plain', 'caf\uFFFD')).toThrow(UnmatchableBodyError);
+    expect(() => without('text/plain', 'caf\uFFFD')).toThrow(/app\.useBodyParser\('raw', \{ type: \['text\/plain'\] \}\)/);
+    expect(withRaw('text/plain', 'caf\uFFFD', Buffer.from('caf\xe9', 'latin1'))).not.toBe(withRaw('text/plain', 'caf\uFFFD', Buffer.from('caf\xe8', 'latin1')));
+    expect(without('application/json', { a: 'caf\uFFFD' })).toMatch(/^[0-9a-f]{64}$/);
+  });
+
+  it('keeps a string under a JSON content type a JSON value', () => {
+    expect(without('application/json', 'x')).toBe(sha256('["fp1","POST","/orders",{"ref":"r1"},"json"]"x"'));
+  });
+
+  it('refuses a body that arrived but that no parser read, rather than hash it as no body', () => {
+    for (const contentType of ['application/xml', 'text/csv; charset=utf-8', 'application/json', undefined]) {
+      const unread = () => fp({ contentType, body: undefined, hasBody: true });
+      expect(unread).toThrow(IdempotencyError);
+    }
+    expect(() => fp({ contentType: 'text/csv', body: undefined, hasBody: true })).toThrow(/useBodyParser\('raw', \{ type: \['text\/csv'\] \}\)/);
+    expect(() => fp({ contentType: '<script>', body: undefined, hasBody: true })).toThrow(/^(?!.*<script>)/);
+    expect(fp({ body: undefined, hasBody: false })).toBe(fp({ body: undefined }));
+    expect(fp({ body: undefined, rawBody: Buffer.from('x'), hasBody: true, contentType: 'text/csv' })).toBe(fp({ body: 'x', contentType: 'text/csv' }));
+  });
+});
+
+describe('fingerprintRequest with uploaded files', () => {
+  const file = { field: 'file', name: 'a.txt', type: 'text/plain', size: 3, sha256: sha256('abc') };
+  const fields = { caption: 'me' };
+
+  it('hashes each file by field, name, type, size and SHA-256 before the body kind (the documented layout)', () => {
+    expect(fp({ contentType: 'multipart/form-data; boundary=x', body: fields, files: [file] })).toBe(
+      sha256(`["fp1","POST","/orders",{"ref":"r1"},"files",[["file","a.txt","text/plain",3,"${file.sha256}"]],"json"]{"caption":"me"}`),
+    );
+    expect(fp({ contentType: 'multipart/form-data', body: fields, files: [] })).toBe(fp({ contentType: 'multipart/form-data', body: fields }));
+  });
+
+  it('tells files apart by any part, and by their order', () => {
+    const other = { ...file, field: 'b', sha256: sha256('abd') };
+    const hashes = new Set(
+      [[file], [other], [file, other], [other, file], [{ ...file, name: 'b.txt' }], [{ ...file, type: 'text/csv' }], [{ ...file, size: 4 }], []].map(
+        (files) => fp({ contentType: 'multipart/form-data', body: fields, files }),
+      ),
+    );
+    expect(hashes.size).toBe(8);
+  });
+
+  it('never lets ignoreFields drop a file', () => {
+    const ignore = new Set(['file', 'a.txt', 'field', 'name']);
+    expect(fp({ body: fields, files: [file] }, ignore)).not.toBe(fp({ body: fields }, ignore));
   });
 });
 

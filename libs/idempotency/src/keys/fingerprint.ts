@@ -1,4 +1,5 @@
 import { createHash, hash, type Hash } from 'node:crypto';
+import { IdempotencyError } from '../errors/idempotency.errors.js';
 import { CanonicalWriter, MAX_CANONICAL_DEPTH, type CanonicalSink } from './canonical-writer.js';
 
 export { MAX_CANONICAL_DEPTH };
@@ -85,12 +86,36 @@ export interface FingerprintInput {
   path: string;
   /** Parsed query; absent hashes like `null`. */
   query?: unknown;
-  /** Parsed body; a Buffer (or other Uint8Array) is hashed as its bytes. */
+  /**
+   * The body as the body parser handed it to the route. A Buffer (or other Uint8Array) is hashed
+   * as its bytes; a string under a non-JSON `Content-Type` (a text parser) as its UTF-8 bytes.
+   */
   body?: unknown;
-  /** The body bytes as received; hashed instead of `body` when the body is not JSON. */
+  /** The body bytes as received (Nest's `rawBody: true`); hashed instead of `body` when the body is not JSON. */
   rawBody?: Buffer;
   /** The request's `Content-Type` header. */
   contentType?: string;
+  /**
+   * The request carries a body (`Content-Length` over 0, or `Transfer-Encoding`). With neither
+   * `body` nor `rawBody`, no parser read it: refused, never hashed as an absent body.
+   */
+  hasBody?: boolean;
+  /** The files of a multipart upload (multer's `req.file` and `req.files`), in order. */
+  files?: readonly FingerprintFile[];
+}
+
+/** One uploaded file, as the fingerprint covers it: its form field, name, type and bytes. */
+export interface FingerprintFile {
+  /** The form field it came in. */
+  field: string;
+  /** The file name the client gave. */
+  name: string;
+  /** The media type the client gave. */
+  type: string;
+  /** Its size in bytes. */
+  size: number;
+  /** Lower-case hex SHA-256 of its bytes. */
+  sha256: string;
 }
 
 /** True for `application/json` and any `+json` media type (parameters ignored). */
@@ -100,12 +125,71 @@ export function isJsonContentType(contentType: string): boolean {
   return type === 'application/json' || type.endsWith('+json');
 }
 
-function rawBytesOf(input: FingerprintInput): Uint8Array | undefined {
-  if (input.body instanceof Uint8Array) return input.body;
-  if (input.rawBody === undefined) return undefined;
-  if (input.body === undefined) return input.rawBody;
-  const json = input.contentType === undefined || isJsonContentType(input.contentType);
-  return json ? undefined : input.rawBody;
+/**
+ * The body as bytes, or undefined when it is hashed as JSON (or is absent). A Buffer is its
+ * bytes. A string that is not JSON is the raw bytes when Nest kept them, else its UTF-8 bytes:
+ * the bytes that arrived whenever they were UTF-8 text (see `fingerprintRequest`). A parsed value
+ * is JSON, but a form is its raw bytes when Nest kept them.
+ */
+function bytesOf(input: FingerprintInput): Uint8Array | string | undefined {
+  const { body, rawBody } = input;
+  if (body instanceof Uint8Array) return body;
+  if (body === undefined) return rawBody;
+  if (input.contentType === undefined || isJsonContentType(input.contentType)) return undefined;
+  if (typeof body === 'string') {
+    if (rawBody) return rawBody;
+    // U+FFFD stands for any bytes that were not valid text: two different bodies would be one.
+    if (body.includes('\uFFFD')) throw undecodableText(input.contentType);
+    return body;
+  }
+  // JSON under another type (`application/csp-report`) is JSON with rawBody or without.
+  return rawBody && !isJsonText(rawBody) ? rawBody : undefined;
+}
+
+/** The bytes begin (after JSON whitespace and a UTF-8 byte-order mark) an object or an array. */
+function isJsonText(bytes: Uint8Array): boolean {
+  let i = bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf ? 3 : 0;
+  while (bytes[i] === 0x20 || bytes[i] === 0x09 || bytes[i] === 0x0a || bytes[i] === 0x0d) i++;
+  return bytes[i] === 0x7b || bytes[i] === 0x5b;
+}
+
+const MEDIA_TYPE = /^[\w!#$&^.+-]{1,64}\/[\w!#$&^.+-]{1,64}$/;
+
+/** The media type of a Content-Type, lower case, or '' when it is not a plain `type/subtype`. */
+function mediaTypeOf(contentType: string | undefined): string {
+  const type = contentType?.split(';', 1)[0]!.trim().toLowerCase() ?? '';
+  return MEDIA_TYPE.test(type) ? type : '';
+}
+
+const rawParsers = (type: string) => `Express app.useBodyParser('raw', { type: ['${type}'] }), Fastify app.useBodyParser(['${type}'])`;
+
+/** Why a body no parser read cannot be fingerprinted, and which parser the server lacks. */
+function unreadBody(contentType: string | undefined): IdempotencyError {
+  const type = mediaTypeOf(contentType);
+  if (!type) {
+    return new IdempotencyError('no body parser read its body; send it with a Content-Type this endpoint accepts.');
+  }
+  return new IdempotencyError(
+    `no body parser read its ${type} body; send a Content-Type this endpoint accepts ` +
+      `(the server can register a parser for ${type}: ${rawParsers(type)}).`,
+  );
+}
+
+/**
+ * A body whose bytes are lost: text its parser could not decode (U+FFFD stands for any bytes),
+ * without `rawBody`. No other call is known to be the same: a guard may claim such a call under a
+ * client's key with a fingerprint no other call has, but must not key it by its fingerprint.
+ */
+export class UnmatchableBodyError extends IdempotencyError {}
+
+/** Why text its parser could not decode cannot be fingerprinted without its bytes, and what to do. */
+function undecodableText(contentType: string): UnmatchableBodyError {
+  const type = mediaTypeOf(contentType);
+  return new UnmatchableBodyError(
+    'its text is not valid in its charset (its parser replaced bytes with U+FFFD, so different bodies would look alike); ' +
+      'send it as UTF-8 or name its charset (charset=iso-8859-1)' +
+      (type ? ` (the server can register a raw parser for ${type}: ${rawParsers(type)}, or keep rawBody: true).` : '.'),
+  );
 }
 
 /**
@@ -117,19 +201,27 @@ function rawBytesOf(input: FingerprintInput): Uint8Array | undefined {
  *   `ignoreFields` removed at any depth (in both), arrays in order. A property set to
  *   `undefined` hashes like an absent one; `null` is a value and differs from absent.
  * - A body that is not JSON (a `Content-Type` other than `application/json` or `+json`: XML,
- *   text, form, octet-stream) is hashed as its raw bytes when `rawBody` is given, and so is a
- *   Buffer body; whitespace then matters. Without `rawBody` the parsed body is used. A body
- *   absent altogether (`undefined`, no `rawBody`) differs from a JSON `null` body.
+ *   text, form, octet-stream) is hashed as its raw bytes when `rawBody` is given. Without it, a
+ *   Buffer body (a raw parser) is hashed as its bytes and a string body (a text parser) as its
+ *   UTF-8 bytes: for UTF-8 text (no byte-order mark), the very bytes `rawBody` would hold, so
+ *   both give one fingerprint; whitespace matters either way. Text a parser decoded from another
+ *   charset is hashed as its UTF-8 encoding; text it could not decode (U+FFFD in it) throws
+ *   {@link UnmatchableBodyError} without `rawBody`. Other parsed bodies are hashed as JSON, with `rawBody`
+ *   or without, except a form (raw bytes that are not a JSON object or array), which `rawBody`
+ *   hashes as its bytes. A body absent altogether (`undefined`, no `rawBody`) differs from a JSON
+ *   `null` body; one that arrived but that no parser read (`hasBody`) throws `IdempotencyError`.
+ * - Uploaded `files` count by field, name, type, size and SHA-256, in order.
  *
  * Hashed bytes (UTF-8): the JSON array `["fp1",METHOD,path,query,kind]` (for raw bodies
- * `[...,"raw",byteLength]`), then the body: canonical JSON text for kind `"json"`, the raw bytes
- * for `"raw"`, nothing for `"none"`. Every string in the array is JSON-quoted and the array ends
- * at its own `]`, so no method, path, query or body can move a boundary and collide with
- * another request.
+ * `[...,"raw",byteLength]`; with files, `"files",[[field,name,type,size,sha256],...]` before the
+ * kind), then the body: canonical JSON text for kind `"json"`, the raw bytes for `"raw"`, nothing
+ * for `"none"`. Every string in the array is JSON-quoted and the array ends at its own `]`, so no
+ * method, path, query, file or body can move a boundary and collide with another request.
  */
 export function fingerprintRequest(input: FingerprintInput, ignoreFields?: ReadonlySet<string>): string {
+  const bytes = bytesOf(input);
+  if (bytes === undefined && input.body === undefined && input.hasBody) throw unreadBody(input.contentType);
   const sha256 = new Sha256Sink();
-  const raw = rawBytesOf(input);
   writeCanonical(sha256, ignoreFields, (w) => {
     w.text('["fp1",');
     w.string(input.method.toUpperCase());
@@ -137,8 +229,12 @@ export function fingerprintRequest(input: FingerprintInput, ignoreFields?: Reado
     w.string(input.path);
     w.text(',');
     if (!w.value(input.query)) w.text('null');
-    if (raw !== undefined) {
-      w.text(',"raw",' + raw.byteLength + ']');
+    if (input.files?.length) {
+      w.text(',"files",');
+      w.value(input.files.map((f) => [f.field, f.name, f.type, f.size, f.sha256]));
+    }
+    if (bytes !== undefined) {
+      w.text(',"raw",' + (typeof bytes === 'string' ? Buffer.byteLength(bytes, 'utf8') : bytes.byteLength) + ']');
     } else if (input.body === undefined) {
       w.text(',"none"]');
     } else {
@@ -146,6 +242,7 @@ export function fingerprintRequest(input: FingerprintInput, ignoreFields?: Reado
       if (!w.value(input.body)) w.text('null');
     }
   });
-  if (raw !== undefined) sha256.update(raw);
+  // A string hashes as its UTF-8 bytes (`Hash.update` and `crypto.hash` encode it so), uncopied.
+  if (bytes !== undefined) sha256.update(bytes);
   return sha256.hex();
 }

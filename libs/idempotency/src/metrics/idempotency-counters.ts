@@ -14,7 +14,7 @@ export type IdempotencyOutcome =
   | 'renewed'
   | 'leasesLost';
 
-/** Where outcomes go besides the totals (Prometheus, when `metrics` is on). */
+/** Where outcomes go besides the totals: Prometheus, when `metrics` is on (fed by the guard's events). */
 export interface IdempotencyMetricsSink {
   count(outcome: IdempotencyOutcome, handler: string): void;
   /** Duration of one store call, in seconds. */
@@ -22,8 +22,9 @@ export interface IdempotencyMetricsSink {
 }
 
 /**
- * What the guard decided, counted since start: totals here, and per handler in the metrics sink
- * when one is configured. One instance per application (a module provider).
+ * What the guard decided, counted since start: totals here, and per handler in `sink` when one is
+ * given. One instance per application (a module provider, which has no sink: the module's
+ * Prometheus metrics listen to `IdempotencyEvents` instead, and so may your own).
  */
 @Injectable()
 export class IdempotencyCounters implements Record<IdempotencyOutcome, number> {

@@ -265,6 +265,39 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
     expect(document.paths['/open-by-module/closed'].post!.responses['503']).toBeDefined();
   });
 
+  it('documents problem details under application/problem+json where the module or the route asks for them', async () => {
+    @Controller('problem-by-module')
+    class ProblemByModuleController {
+      @Post()
+      @NoRepeatSubmit()
+      create() {}
+
+      @Post('nest')
+      @NoRepeatSubmit({ errorFormat: 'nest' })
+      nest() {}
+    }
+    await documentDecoratedRoutes({ errorFormat: 'problem+json' });
+    @Controller('problem-by-route')
+    class ProblemByRouteController {
+      @Post()
+      @NoRepeatSubmit({ errorFormat: 'problem+json' })
+      create() {}
+    }
+    const document = await openApiDocument(ProblemByModuleController, ProblemByRouteController);
+    for (const path of ['/problem-by-module', '/problem-by-route']) {
+      const responses = document.paths[path].post!.responses as Record<string, any>;
+      for (const status of ['400', '409', '422', '500', '503']) {
+        expect([path, status, Object.keys(responses[status].content)]).toEqual([path, status, ['application/problem+json']]);
+        const { required, properties } = responses[status].content['application/problem+json'].schema;
+        expect(required).toEqual(['type', 'title', 'status', 'detail', 'code']);
+        expect([...properties.code.enum].sort()).toEqual(GUARD_CODES[status]);
+        expect([...properties.type.enum].sort()).toEqual(GUARD_CODES[status].map((code) => `tag:nestjs-idempotency,2026:${code}`));
+      }
+      expect(responses['409'].headers).toHaveProperty('Retry-After');
+    }
+    expect(Object.keys((document.paths['/problem-by-module/nest'].post!.responses as Record<string, any>)['400'].content)).toEqual(['application/json']);
+  });
+
   it('adds the Idempotency-Key header and the 400/409/422/503 answers', async () => {
     const document = await openApiDocument(LegacyController);
     const operation = document.paths['/legacy'].post!;

@@ -13,6 +13,7 @@ import {
   userUnresolved,
   type IdempotencyHttpException,
 } from '../errors/idempotency-http.exceptions.js';
+import { PROBLEM_JSON_CONTENT_TYPE, PROBLEM_TYPE_PREFIX, type ErrorFormat } from '../errors/problem-details.js';
 import { MAX_KEY_LENGTH, NO_REPEAT_SUBMIT_METADATA, REPLAYED_HEADER } from '../idempotency.constants.js';
 import type { FailMode } from '../idempotency.options.js';
 import { describeKeyPath } from '../keys/key-expression.js';
@@ -47,7 +48,7 @@ interface GuardAnswer {
 const ANSWERS: Record<IdempotencyErrorCode, { thrown: () => IdempotencyHttpException; when: GuardAnswer['when'] }> = {
   [IdempotencyErrorCode.KEY_MISSING]: { thrown: () => keyMissing(''), when: (source) => `no key in ${source}` },
   [IdempotencyErrorCode.KEY_INVALID]: { thrown: () => keyInvalid(''), when: () => `the key is not 1-${MAX_KEY_LENGTH} printable characters` },
-  [IdempotencyErrorCode.PAYLOAD_UNSUPPORTED]: { thrown: () => payloadUnsupported(''), when: () => 'the request cannot be fingerprinted (send a flatter payload)' },
+  [IdempotencyErrorCode.PAYLOAD_UNSUPPORTED]: { thrown: () => payloadUnsupported(''), when: () => 'the request cannot be fingerprinted (nested too deep, or a body no parser read)' },
   [IdempotencyErrorCode.IN_PROGRESS]: { thrown: () => inProgress(1), when: () => 'a request with this key is still processing: retry after Retry-After seconds with the same key' },
   [IdempotencyErrorCode.RESPONSE_NOT_REPLAYABLE]: {
     thrown: () => responseNotReplayable(''),
@@ -76,22 +77,42 @@ interface ResponseEntry {
   [option: string]: unknown;
 }
 
-function guardResponse(status: number, answers: GuardAnswer[], keySource: string): ResponseEntry {
+function guardResponse(status: number, answers: GuardAnswer[], keySource: string, format: ErrorFormat): ResponseEntry {
   const retrying = answers.filter((answer) => answer.retryAfter).map((answer) => answer.code);
+  const codes = answers.map((answer) => answer.code);
   return {
     description: ['Refused by the idempotency guard; `code` says why:', ...answers.map((a) => `- ${a.code}: ${a.when(keySource)}`)].join('\n'),
     ...(retrying.length > 0 && {
       headers: { 'Retry-After': { description: `Seconds to wait before retrying with the same key (with ${retrying.join(', ')})`, schema: { type: 'integer', minimum: 1 } } },
     }),
-    schema: {
-      type: 'object',
-      required: ['statusCode', 'error', 'message', 'code'],
-      properties: {
-        statusCode: { type: 'integer', enum: [status] },
-        error: { type: 'string' },
-        message: { type: 'string', description: 'What to do next' },
-        code: { type: 'string', enum: answers.map((answer) => answer.code) },
-      },
+    ...(format === 'problem+json'
+      ? { content: { [PROBLEM_JSON_CONTENT_TYPE]: { schema: problemSchema(status, codes) } } }
+      : {
+          schema: {
+            type: 'object',
+            required: ['statusCode', 'error', 'message', 'code'],
+            properties: {
+              statusCode: { type: 'integer', enum: [status] },
+              error: { type: 'string' },
+              message: { type: 'string', description: 'What to do next' },
+              code: { type: 'string', enum: codes },
+            },
+          },
+        }),
+  };
+}
+
+/** RFC 9457 problem details as the guard sends them under `errorFormat: 'problem+json'`. */
+function problemSchema(status: number, codes: string[]): Record<string, unknown> {
+  return {
+    type: 'object',
+    required: ['type', 'title', 'status', 'detail', 'code'],
+    properties: {
+      type: { type: 'string', format: 'uri', enum: codes.map((code) => `${PROBLEM_TYPE_PREFIX}${code}`) },
+      title: { type: 'string' },
+      status: { type: 'integer', enum: [status] },
+      detail: { type: 'string', description: 'What to do next' },
+      code: { type: 'string', enum: codes },
     },
   };
 }
@@ -135,7 +156,7 @@ function defaultSuccess(prototype: object, key: string | symbol, handler: object
 interface Documenting {
   swagger: typeof import('@nestjs/swagger');
   answersByStatus: Map<number, GuardAnswer[]>;
-  defaults?: { failMode?: FailMode; keyHeader?: string; required?: boolean };
+  defaults?: { failMode?: FailMode; keyHeader?: string; required?: boolean; errorFormat?: ErrorFormat };
 }
 
 function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prototype: object, key: string | symbol, metadata: NoRepeatSubmitMetadata): void {
@@ -151,10 +172,11 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   const keyHeader = options.keyHeader ?? defaults?.keyHeader ?? 'Idempotency-Key';
   const keySource = 'path' in keyFrom ? describeKeyPath(keyFrom.path) : 'header' in keyFrom ? `the ${keyHeader} header` : 'the request';
   const failsOpen = (options.failMode ?? defaults?.failMode) === 'open';
+  const format = options.errorFormat ?? defaults?.errorFormat ?? 'nest';
   const responses = { ...own };
   for (const [status, answers] of answersByStatus) {
     if (status === HttpStatus.SERVICE_UNAVAILABLE && failsOpen) continue;
-    const ours = guardResponse(status, answers, keySource);
+    const ours = guardResponse(status, answers, keySource, format);
     const theirs = own[status] ?? onClass[status];
     responses[status] = theirs ? mergeResponse(theirs, ours) : ours;
   }
@@ -180,7 +202,7 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
  * `SwaggerModule.createDocument()` reads the metadata. `defaults.failMode` (the module's) tells
  * whether a route without its own `failMode` can answer 503; unknown, 503 is documented.
  */
-export async function documentDecoratedRoutes(defaults?: { failMode?: FailMode; keyHeader?: string; required?: boolean }): Promise<boolean> {
+export async function documentDecoratedRoutes(defaults?: Documenting['defaults']): Promise<boolean> {
   let swagger: Documenting['swagger'];
   try {
     swagger = await import('@nestjs/swagger');

@@ -5,6 +5,8 @@ import { DEFAULTS } from '../idempotency.constants.js';
 import type { IdempotencyModuleOptions } from '../idempotency.options.js';
 import { IdempotencyStore } from './idempotency-store.js';
 import { coalesceWrites } from './redis/coalesce-writes.js';
+import { withLocalCache } from './local-cache/local-cache.js';
+import { resolveLocalCache } from './local-cache/local-cache-options.js';
 import { MemoryIdempotencyStore } from './memory/memory-idempotency.store.js';
 import { RedisIdempotencyStore } from './redis/redis-idempotency.store.js';
 
@@ -21,10 +23,17 @@ export const REDIS_CLIENT_DEFAULTS: RedisOptions = Object.freeze({
 });
 
 /**
- * Builds the store the module options describe. ioredis (an optional peer) is loaded only here,
- * when the module opens the Redis client itself, so an app on another store never needs it.
+ * Builds the store the module options describe, behind the local cache when `localCache` asks
+ * for it. ioredis (an optional peer) is loaded only here, when the module opens the Redis client
+ * itself, so an app on another store never needs it.
  */
 export async function createStore(options: IdempotencyModuleOptions): Promise<IdempotencyStore> {
+  const cache = resolveLocalCache(options.localCache);
+  const store = await createBackingStore(options);
+  return cache ? withLocalCache(store, cache) : store;
+}
+
+async function createBackingStore(options: IdempotencyModuleOptions): Promise<IdempotencyStore> {
   const { store } = options;
   if (store instanceof IdempotencyStore) return store;
   if (!store) {
@@ -42,10 +51,12 @@ export async function createStore(options: IdempotencyModuleOptions): Promise<Id
   }
   if (isRedisClient(redis)) return new RedisIdempotencyStore(redis, { waitForReplicas });
   const RedisClient = await loadRedisClass();
+  // Connected in the store's onModuleInit, not here: an app that fails to start before its
+  // lifecycle hooks (a refused configuration) leaves no connection open to keep its process alive.
   const client =
     typeof redis === 'string'
-      ? new RedisClient(redis, REDIS_CLIENT_DEFAULTS)
-      : new RedisClient({ ...REDIS_CLIENT_DEFAULTS, ...redis });
+      ? new RedisClient(redis, { ...REDIS_CLIENT_DEFAULTS, lazyConnect: true })
+      : new RedisClient({ ...REDIS_CLIENT_DEFAULTS, ...redis, lazyConnect: true });
   client.on('error', (error: Error) => new Logger('IdempotencyModule').warn(`Redis: ${error.message}`));
   coalesceWrites(client);
   return new RedisIdempotencyStore(client, { ownsClient: true, waitForReplicas });

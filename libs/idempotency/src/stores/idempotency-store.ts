@@ -1,3 +1,5 @@
+import { IdempotencyError } from '../errors/idempotency.errors.js';
+
 /** A response saved by the first request and replayed to its duplicates. */
 export interface SavedResponse {
   /** HTTP status code (or 0 for RPC handlers). */
@@ -72,6 +74,13 @@ export interface StoredRecord {
 }
 
 /**
+ * What `forget` did. Only a completed record is forgotten; a claim in progress is refused, since
+ * deleting it would let a duplicate run beside the live handler. `not_a_record`: the key holds
+ * something else (in a store whose keyspace the app shares, as Redis), left as it was.
+ */
+export type ForgetResult = { forgotten: true } | { forgotten: false; reason: 'absent' | 'in_progress' | 'not_a_record' };
+
+/**
  * The seam between the guard and its storage, and its DI token. Every method is atomic and one
  * round trip; every store passes the shared contract suite (`describeStoreContract`).
  */
@@ -95,8 +104,24 @@ export abstract class IdempotencyStore {
    */
   abstract renew(key: string, token: string, leaseMs: number): Promise<boolean>;
 
-  /** Reads a record without changing it (tooling, tests). */
+  /**
+   * Reads a record without changing it (tooling, tests). Throws `IdempotencyNotARecordError`
+   * when the key holds something that is no record (a store whose keyspace the app shares).
+   */
   abstract get(key: string): Promise<StoredRecord | undefined>;
+
+  /**
+   * Deletes the record of `key` only if it is a live COMPLETED record, so that the next claim of
+   * the key runs the handler again (an operator's tool: `IdempotencyAdmin.forget`). A processing
+   * claim is refused (`in_progress`) and left as it was; no record (or an expired one) is
+   * `absent`; a value that is no record (a store whose keyspace the app shares) is
+   * `not_a_record`, and left as it was. Atomic like every write: a check and a delete in one step, so a claim that takes
+   * the key meanwhile is never deleted. Every built-in store implements it; this default throws,
+   * so that a store written before it existed still compiles and says what it lacks.
+   */
+  async forget(_key: string): Promise<ForgetResult> {
+    throw new IdempotencyError(`${this.constructor.name} cannot forget a record: implement IdempotencyStore.forget(key)`);
+  }
 
   /** Checks the store answers (health checks); throws when it does not. Default: one read. */
   async ping(): Promise<void> {

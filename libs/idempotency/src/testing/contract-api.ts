@@ -6,6 +6,14 @@ export interface StoreHarness {
   /** Lets `ms` milliseconds pass for the store (fake timers, or real time for Redis expiry). */
   elapse(ms: number): Promise<void>;
   close?(): Promise<void>;
+  /**
+   * For a store whose keyspace the app shares (Redis): writes something that is no idempotency
+   * record under `key` (a value of the app's own), and returns a check that it is still there,
+   * unchanged. The contract then asserts that `forget` answers `not_a_record` and deletes
+   * nothing, and that `get` throws `IdempotencyNotARecordError`. Leave it out for a store that
+   * holds only its own records (memory, PostgreSQL): that case then passes without a check.
+   */
+  writeForeignValue?(key: string): Promise<() => Promise<boolean>>;
 }
 
 /**
@@ -49,4 +57,6 @@ export interface ContractSubject {
   elapse(ms: number): Promise<void>;
   /** Claims the case's key with `fingerprint` (default `fp-1`) for `lease` (default the suite's lease). */
   claim(token: string, fingerprint?: string, lease?: number): Promise<ClaimResult>;
+  /** The harness's `writeForeignValue`, when it has one. */
+  readonly writeForeignValue: StoreHarness['writeForeignValue'];
 }

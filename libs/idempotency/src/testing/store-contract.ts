@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { buildStorageKey, MAX_KEY_LENGTH, type SavedResponse, type UnreplayableReason } from '../index.js';
 import { globalTestApi, type ContractSubject, type ContractTestApi, type StoreHarness } from './contract-api.js';
+import { describeForgetCases } from './forget.contract.js';
 import { describeRenewalCases } from './lease-renewal.contract.js';
 
 const response: SavedResponse = {
@@ -63,6 +64,9 @@ export function describeStoreContract(
       },
       elapse: (ms) => h.elapse(ms),
       claim,
+      get writeForeignValue() {
+        return h.writeForeignValue?.bind(h);
+      },
     };
 
     beforeEach(async () => {
@@ -228,5 +232,6 @@ export function describeStoreContract(
     });
 
     describeRenewalCases(subject, leaseMs, test);
+    describeForgetCases(subject, leaseMs, test);
   });
 }

@@ -3,6 +3,7 @@ import {
   IdempotencyStore,
   type ClaimInput,
   type ClaimResult,
+  type ForgetResult,
   type SavedResponse,
   type SettleWatch,
   type StoredRecord,
@@ -105,6 +106,15 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
       this.schedule(entry);
     }
     return true;
+  }
+
+  override async forget(key: string): Promise<ForgetResult> {
+    const entry = this.live(key, Date.now());
+    if (!entry) return { forgotten: false, reason: 'absent' };
+    if (entry.state !== 'completed') return { forgotten: false, reason: 'in_progress' };
+    // Its heap slot goes stale (the map no longer holds this entry), as after a release.
+    this.entries.delete(key);
+    return { forgotten: true };
   }
 
   override async watch(key: string): Promise<SettleWatch> {

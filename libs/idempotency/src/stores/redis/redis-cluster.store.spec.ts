@@ -25,7 +25,11 @@ describe('RedisIdempotencyStore on a 3-master Redis Cluster', () => {
     'redis cluster',
     async () => {
       const store = new RedisIdempotencyStore(client);
-      return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
+      const writeForeignValue = async (key: string) => {
+        await client.set(key, 'Canada', 'PX', 60_000);
+        return async () => (await client.get(key)) === 'Canada';
+      };
+      return { store, elapse: sleep, close: () => store.onApplicationShutdown(), writeForeignValue };
     },
     200,
   );

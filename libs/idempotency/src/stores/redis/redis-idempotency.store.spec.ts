@@ -4,6 +4,7 @@ import { randomUUID } from 'node:crypto';
 import { connectRedis } from '../../../../../test/support/services.js';
 import { describeStoreContract } from '../../testing/index.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
+import { IdempotencyNotARecordError } from '../../errors/idempotency.errors.js';
 import { decodeRecord, encodeProcessing } from './redis-record.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
@@ -22,7 +23,12 @@ describe('RedisIdempotencyStore', () => {
     'redis',
     async () => {
       const store = new RedisIdempotencyStore(client);
-      return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
+      // The app's own value under the key: a string starting with C, as a completed record does.
+      const writeForeignValue = async (key: string) => {
+        await client.set(key, 'Canada', 'PX', 60_000);
+        return async () => (await client.get(key)) === 'Canada';
+      };
+      return { store, elapse: sleep, close: () => store.onApplicationShutdown(), writeForeignValue };
     },
     200,
   );
@@ -102,6 +108,57 @@ describe('RedisIdempotencyStore', () => {
     expect(renewed.filter(Boolean)).toHaveLength(0);
     const pttls = await Promise.all(keys.map((key) => client.pttl(key)));
     expect(pttls.filter((pttl) => pttl > 0 && pttl <= 5_000)).toHaveLength(1000);
+  });
+
+  it('forgets in one script: a waiter-marked claim is refused and kept', async () => {
+    const store = new RedisIdempotencyStore(client);
+    const marked = `forget-marked:${randomUUID()}`;
+    await store.claim({ key: marked, token: 't', fingerprint: 'fp', leaseMs: 60_000 });
+    await store.claim({ key: marked, token: 'w', fingerprint: 'fp', leaseMs: 60_000, wait: true });
+    expect((await client.get(marked))![0]).toBe('W');
+    await store.forget(`warm:${randomUUID()}`); // loads the script: EVALSHA from here on
+    const sent: string[] = [];
+    const monitor = await client.monitor();
+    monitor.on('monitor', (_time: string, args: string[], source: string) => {
+      if (source !== 'lua' && args.includes(marked)) sent.push(args[0].toLowerCase());
+    });
+    expect(await store.forget(marked)).toEqual({ forgotten: false, reason: 'in_progress' });
+    await sleep(50);
+    monitor.disconnect();
+    expect(sent).toEqual(['evalsha']);
+    expect(decodeRecord((await client.get(marked))!)).toMatchObject({ state: 'processing', token: 't' });
+  });
+
+  it('forgets only a whole record: the app\'s strings that start like one, and keys of other types, are not_a_record and kept', async () => {
+    const store = new RedisIdempotencyStore(client);
+    const strings = ['Canada', 'C', 'C[', 'C["x"]', 'C["x"]\nno meta', 'P', 'Pizza', 'W', 'Waffle', 'not a record', ''];
+    for (const value of strings) {
+      const key = `forget-foreign:${randomUUID()}`;
+      await client.set(key, value, 'PX', 60_000);
+      expect({ value, result: await store.forget(key) }).toEqual({ value, result: { forgotten: false, reason: 'not_a_record' } });
+      expect(await client.get(key)).toBe(value);
+    }
+    const others: [string, (key: string) => Promise<unknown>, (key: string) => Promise<unknown>][] = [
+      ['hash', (key) => client.hset(key, 'a', '1'), (key) => client.hgetall(key)],
+      ['list', (key) => client.rpush(key, 'C["x"]'), (key) => client.lrange(key, 0, -1)],
+      ['set', (key) => client.sadd(key, 'C'), (key) => client.smembers(key)],
+    ];
+    for (const [type, write, read] of others) {
+      const key = `forget-${type}:${randomUUID()}`;
+      await write(key);
+      const before = await read(key);
+      expect({ type, result: await store.forget(key) }).toEqual({ type, result: { forgotten: false, reason: 'not_a_record' } });
+      // Read, the key of another type is a clear "not a record", not a bare WRONGTYPE.
+      await expect(store.get(key)).rejects.toBeInstanceOf(IdempotencyNotARecordError);
+      expect(await read(key)).toEqual(before);
+      await client.del(key);
+    }
+    // A completed record with an empty head field and no body is still one, and is forgotten.
+    const key = `forget-whole:${randomUUID()}`;
+    await store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
+    expect(await store.complete(key, 't', { statusCode: 204, headers: {} }, 60_000)).toBe(true);
+    expect(await store.forget(key)).toEqual({ forgotten: true });
+    expect(await client.exists(key)).toBe(0);
   });
 
   it('keeps working after SCRIPT FLUSH (EVALSHA falls back to EVAL)', async () => {

@@ -1,10 +1,11 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
-import { IdempotencyConfigError, IdempotencyStoreError } from '../../errors/idempotency.errors.js';
+import { IdempotencyConfigError, IdempotencyNotARecordError, IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import {
   IdempotencyStore,
   type ClaimInput,
   type ClaimResult,
+  type ForgetResult,
   type SavedResponse,
   type SettleWatch,
   type StoredRecord,
@@ -12,6 +13,7 @@ import {
 import { SettleWatchers } from '../settle-watchers.js';
 import { CLAIM_WAIT_LUA } from './claim-wait.lua.js';
 import { COMPLETE_LUA } from './complete.lua.js';
+import { FORGET_LUA } from './forget.lua.js';
 import {
   decodeRecord,
   encodeProcessing,
@@ -29,6 +31,7 @@ interface ScriptedClient {
   idempotencyComplete(key: string, prefix: string, response: string, retentionMs: number, channel: string): Promise<0 | 1>;
   idempotencyRelease(key: string, prefix: string, channel: string): Promise<0 | 1>;
   idempotencyRenew(key: string, prefix: string, leaseMs: number, leaseEndMs: number): Promise<0 | 1>;
+  idempotencyForget(key: string): Promise<-1 | 0 | 1 | 2>;
 }
 
 export interface RedisIdempotencyStoreOptions {
@@ -52,8 +55,9 @@ export interface RedisIdempotencyStoreOptions {
  * Redis store (Redis 7.0 or later): one round trip per operation, TTLs set by Redis. A claim is
  * the plain command `SET key <processing> NX PX <lease> GET`: it claims a free key, or returns
  * the record that holds it, so a duplicate is one command too. Completing, releasing and renewing
- * are Lua scripts that check the owner's token first (fencing). One string per record
- * (`redis-record.ts`). Works on a single node and on a Cluster (every command touches one key).
+ * are Lua scripts that check the owner's token first (fencing); forgetting is one that deletes
+ * only a completed record. One string per record (`redis-record.ts`). Works on a single node and
+ * on a Cluster (every command touches one key).
  */
 export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(RedisIdempotencyStore.name);
@@ -73,6 +77,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
       idempotencyComplete: COMPLETE_LUA,
       idempotencyRelease: RELEASE_LUA,
       idempotencyRenew: RENEW_LUA,
+      idempotencyForget: FORGET_LUA,
     };
     for (const [name, lua] of Object.entries(commands)) {
       if (!(name in client)) client.defineCommand(name, { numberOfKeys: 1, lua });
@@ -90,10 +95,10 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
       ? ((await this.run(() => this.scripts.idempotencyClaimWait(key, processing, leaseMs))) ?? [null])
       : [await this.run(() => this.client.set(key, processing, 'PX', leaseMs, 'NX', 'GET'))];
     if (held === null) {
-      await this.replicate(key, () => this.release(key, token));
+      await this.replicate(() => this.release(key, token));
       return { status: 'acquired', token };
     }
-    const record = this.decode(key, held);
+    const record = this.decode(held);
     return claimResultOf(record, fingerprint, leaseLeft(record, pttlMs, leaseMs));
   }
 
@@ -101,7 +106,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     const reply = await this.run(() =>
       this.scripts.idempotencyComplete(key, tokenPrefix(token), encodeResponse(response), retentionMs, this.channel),
     );
-    if (reply === 1) await this.replicate(key).catch((error: Error) => this.logger.warn(error.message));
+    if (reply === 1) await this.replicate().catch((error: Error) => this.logger.warn(error.message));
     return reply === 1;
   }
 
@@ -111,19 +116,28 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
 
   async renew(key: string, token: string, leaseMs: number): Promise<boolean> {
     const reply = await this.run(() => this.scripts.idempotencyRenew(key, tokenPrefix(token), leaseMs, Date.now() + leaseMs));
-    if (reply === 1) await this.replicate(key).catch((error: Error) => this.logger.warn(error.message));
+    if (reply === 1) await this.replicate().catch((error: Error) => this.logger.warn(error.message));
     return reply === 1;
   }
 
+  override async forget(key: string): Promise<ForgetResult> {
+    const reply = await this.run(() => this.scripts.idempotencyForget(key));
+    if (reply === -1) return { forgotten: false, reason: 'not_a_record' };
+    if (reply === 0) return { forgotten: false, reason: 'absent' };
+    if (reply === 2) return { forgotten: false, reason: 'in_progress' };
+    await this.replicate().catch((error: Error) => this.logger.warn(error.message));
+    return { forgotten: true };
+  }
+
   /** With `waitForReplicas`, waits for the replicas; on a shortfall runs `undo` and throws. */
-  private async replicate(key: string, undo?: () => Promise<unknown>): Promise<void> {
+  private async replicate(undo?: () => Promise<unknown>): Promise<void> {
     const wanted = this.options.waitForReplicas;
     if (!wanted) return;
     const acked = await this.run(() => (this.client as Redis).wait(wanted.replicas, wanted.timeoutMs));
     if (acked >= wanted.replicas) return;
     await undo?.();
     throw new IdempotencyStoreError(
-      `Only ${acked} of ${wanted.replicas} replicas acknowledged ${key} within ${wanted.timeoutMs} ms`,
+      `Only ${acked} of ${wanted.replicas} replicas acknowledged the write within ${wanted.timeoutMs} ms`,
     );
   }
 
@@ -155,12 +169,15 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
 
   async get(key: string): Promise<StoredRecord | undefined> {
     const [value, ttlMs] = await this.run(() => Promise.all([this.client.get(key), this.client.pttl(key)]));
-    return value === null ? undefined : toStoredRecord(this.decode(key, value), ttlMs);
+    return value === null ? undefined : toStoredRecord(this.decode(value), ttlMs);
   }
 
   /** Waits (bounded) for the first connection so the first requests are guarded; never fails start-up. */
   async onModuleInit(): Promise<void> {
     if (this.client.status === 'ready') return;
+    // A client the module opened is created lazily (see createStore); a failed first connection
+    // is retried by the client's own strategy, and the wait below is bounded either way.
+    if (this.client.status === 'wait') this.client.connect().catch(() => undefined);
     const timeoutMs = this.options.readyTimeoutMs ?? 1000;
     const ready = new Promise<void>((resolve) => {
       const timer = setTimeout(done, timeoutMs);
@@ -186,17 +203,21 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
       return await command();
     } catch (error) {
       const message = (error as Error).message;
+      // A key of another type (a hash, a list): the app's, not ours.
+      if (/\bWRONGTYPE\b/.test(message)) {
+        throw new IdempotencyNotARecordError(`The key holds no idempotency record: ${message}`, { cause: error });
+      }
       // SET with both NX and GET arrived in Redis 7.0.
       const hint = /syntax error/i.test(message) ? ' (this store needs Redis 7.0 or later)' : '';
       throw new IdempotencyStoreError(`Redis command failed: ${message}${hint}`, { cause: error });
     }
   }
 
-  private decode(key: string, value: string): DecodedRecord {
+  private decode(value: string): DecodedRecord {
     try {
       return decodeRecord(value);
     } catch (error) {
-      throw new IdempotencyStoreError(`${key} holds no idempotency record: ${(error as Error).message}`, { cause: error });
+      throw new IdempotencyNotARecordError(`The key holds no idempotency record: ${(error as Error).message}`, { cause: error });
     }
   }
 }

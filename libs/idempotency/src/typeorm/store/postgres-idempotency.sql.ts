@@ -89,6 +89,26 @@ UPDATE ${table} AS r
    SET "expires_at" = ${msFromNow('$3')}
  WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
 
+/**
+ * Delete a live COMPLETED record, never a processing claim: the state is part of the DELETE's
+ * condition, so a claim that took the key meanwhile is not deleted (in READ COMMITTED the DELETE
+ * re-checks the condition on the latest version of a row another transaction changed).
+ *
+ * $1 key. Returns one row: `deleted` (1 or 0) and `state`, the live record's state in the
+ * statement's snapshot (NULL: none). `deleted = 0` with `state = 'completed'` means the record
+ * changed after the snapshot (another forget, or its retention ended and a claim took it): run
+ * the statement again.
+ */
+export const forgetSql = (table: string) => `
+WITH live AS (
+  SELECT r."state" FROM ${table} AS r WHERE r."key" = $1 AND ${LEASE_RUNNING}
+), forgotten AS (
+  DELETE FROM ${table} AS r
+   WHERE r."key" = $1 AND r."state" = 'completed' AND ${LEASE_RUNNING}
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM forgotten)::int AS deleted, (SELECT l."state" FROM live AS l) AS state`;
+
 /** Read a live record. $1 key. Returns its row with `ttl_ms`, or no row. */
 export const getSql = (table: string) => `
 SELECT r."state", r."token", r."fingerprint", r."status_code", r."headers", r."body", r."has_body",

@@ -4,12 +4,13 @@ import {
   IdempotencyStore,
   type ClaimInput,
   type ClaimResult,
+  type ForgetResult,
   type SavedResponse,
   type StoredRecord,
   type UnreplayableReason,
 } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
-import { claimSql, completeSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
+import { claimSql, completeSql, forgetSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import { claimUntilAnswered, postgresSchemaOf, statementRunner, type RunStatement } from '../postgres/statements.js';
@@ -58,7 +59,7 @@ interface RecordRow extends Omit<ClaimRow, 'acquired' | 'remaining_ms'> {
  */
 export class PostgresIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
-  private readonly sql: Record<'claim' | 'complete' | 'release' | 'renew' | 'get', string>;
+  private readonly sql: Record<'claim' | 'complete' | 'release' | 'renew' | 'forget' | 'get', string>;
   private readonly run: RunStatement;
   private readonly purgeSchedule: ExpiredRowsPurge;
 
@@ -75,6 +76,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       complete: completeSql(table),
       release: releaseSql(table),
       renew: renewSql(table),
+      forget: forgetSql(table),
       get: getSql(table),
     };
     this.purgeSchedule = new ExpiredRowsPurge({
@@ -123,6 +125,16 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
 
   async renew(key: string, token: string, leaseMs: number): Promise<boolean> {
     return (await this.run(this.sql.renew, [recordKey(key), token, leaseMs])).affected === 1;
+  }
+
+  override forget(key: string): Promise<ForgetResult> {
+    return claimUntilAnswered<ForgetResult>(`forget of ${JSON.stringify(key)}`, async () => {
+      const [row] = (await this.run(this.sql.forget, [recordKey(key)])).records as { deleted: number; state: string | null }[];
+      if (row.deleted === 1) return { forgotten: true };
+      if (row.state === null) return { forgotten: false, reason: 'absent' };
+      if (row.state === 'processing') return { forgotten: false, reason: 'in_progress' };
+      return undefined;
+    });
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {

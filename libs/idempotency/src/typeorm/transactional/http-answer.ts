@@ -1,4 +1,4 @@
-import { IdempotencyRefusals, REPLAYED_HEADER } from '../../index.js';
+import { IdempotencyRefusals, PROBLEM_JSON_CONTENT_TYPE, REPLAYED_HEADER, type ErrorFormat } from '../../index.js';
 import type { IdempotentRunResult } from './idempotent-run.js';
 
 /** The part of an Express response or a Fastify reply `answerHttp` sets: take it with `@Res({ passthrough: true })`. */
@@ -12,9 +12,10 @@ export interface HttpReply {
  * status and body, marked `Idempotent-Replayed: true` when replayed; 409
  * `IDEMPOTENCY_IN_PROGRESS` with `Retry-After` while another transaction holds the key; 422
  * `IDEMPOTENCY_KEY_REUSED` for the key with another fingerprint. Return what it returns from the
- * controller method; the refusals are thrown as the guard's `IdempotencyHttpException`s.
+ * controller method; the refusals are thrown as the guard's `IdempotencyHttpException`s, in
+ * `errorFormat` (the module option's values: `'problem+json'` also sets the Content-Type).
  */
-export function answerHttp<T>(result: IdempotentRunResult<T>, reply: HttpReply): T {
+export function answerHttp<T>(result: IdempotentRunResult<T>, reply: HttpReply, errorFormat: ErrorFormat = 'nest'): T {
   switch (result.status) {
     case 'ran':
     case 'replayed':
@@ -24,9 +25,14 @@ export function answerHttp<T>(result: IdempotentRunResult<T>, reply: HttpReply):
     case 'in_progress': {
       const seconds = Math.max(1, Math.ceil(result.retryAfterMs / 1000));
       reply.header('retry-after', String(seconds));
-      throw IdempotencyRefusals.inProgress(seconds);
+      throw refusal(reply, errorFormat, IdempotencyRefusals.inProgress(seconds, errorFormat));
     }
     case 'mismatch':
-      throw IdempotencyRefusals.keyReused();
+      throw refusal(reply, errorFormat, IdempotencyRefusals.keyReused(errorFormat));
   }
+}
+
+function refusal<E>(reply: HttpReply, errorFormat: ErrorFormat, exception: E): E {
+  if (errorFormat === 'problem+json') reply.header('content-type', PROBLEM_JSON_CONTENT_TYPE);
+  return exception;
 }

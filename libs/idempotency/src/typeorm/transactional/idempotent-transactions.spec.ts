@@ -104,6 +104,28 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     expect(await store.claim({ key, token: 't', fingerprint: '', leaseMs: 1000 })).toMatchObject({ status: 'completed' });
   });
 
+  it('lets the store forget a committed answer, so the work runs again; a run in flight has committed nothing to forget', async () => {
+    const key = `forget:${randomUUID()}`;
+    const store = new PostgresIdempotencyStore(dataSource);
+    expect(await transactions.run({ key }, pay(key))).toMatchObject({ status: 'ran' });
+    expect(await store.forget(key)).toEqual({ forgotten: true });
+    const held = gate();
+    let inside = false;
+    const running = transactions.run({ key }, async (manager) => {
+      const answer = await pay(key)(manager);
+      inside = true;
+      await held.opened;
+      return answer;
+    });
+    await until(async () => inside);
+    // Its claim row is not committed: the forget neither sees it nor waits for it.
+    expect(await store.forget(key)).toEqual({ forgotten: false, reason: 'absent' });
+    held.open();
+    expect(await running).toMatchObject({ status: 'ran' });
+    expect(await transactions.run({ key }, pay(key))).toMatchObject({ status: 'replayed' });
+    expect(await payments(key)).toBe(2);
+  });
+
   it('saves an answer without a body, and a 200 when the work names no status', async () => {
     const key = `nobody:${randomUUID()}`;
     expect(await transactions.run({ key }, async () => ({ body: undefined }))).toEqual({ status: 'ran', statusCode: 200, body: undefined });

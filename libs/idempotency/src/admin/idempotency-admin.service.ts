@@ -1,0 +1,157 @@
+import { Inject, Injectable, Logger } from '@nestjs/common';
+import { IdempotencyError, IdempotencyNotARecordError } from '../errors/idempotency.errors.js';
+import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
+import { idText } from '../interceptors/key-user.js';
+import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
+import { IdempotencyStore, type ForgetResult, type SavedResponse, type StoredRecord, type UnreplayableReason } from '../stores/idempotency-store.js';
+
+/**
+ * Whose record, as the guard keys it: a user id as `getUser` gives it (a string or a number;
+ * `''` for message handlers, which have no user), `{ ip }` for an anonymous caller under
+ * `anonymous: 'address'`, `{ anonymous: true }` for the shared anonymous namespace.
+ */
+export type IdempotencyRecordUser = string | number | bigint | KeyUser;
+
+/**
+ * One record: by what the guard keys it on (`user`, `handler` as `Controller.method`, the client
+ * `key`: the `Idempotency-Key` header's value, the body field an `idempotentKey` reads, or the
+ * fingerprint on a `useRequestFingerprint` route), or by its storage key as it stands, e.g.
+ * `'no_repeat:42:OrdersController.create:A-1'` (a string, or `{ storageKey }`).
+ */
+export type IdempotencyRecordRef =
+  | { user: IdempotencyRecordUser; handler: string; key: string }
+  | { storageKey: string }
+  | string;
+
+/** What `IdempotencyAdmin.inspect` found under a storage key. Times are by this process's clock. */
+export type IdempotencyInspection =
+  | { storageKey: string; state: 'absent' }
+  /** The key holds something else, not the guard's (Redis: a value or a hash the app wrote there). */
+  | { storageKey: string; state: 'not_a_record' }
+  | {
+      storageKey: string;
+      /** A request holds the key: its handler is running (or its process died, until the lease ends). */
+      state: 'in_progress';
+      /** Milliseconds until the lease ends, unless the holder renews it (it does while its handler runs). */
+      leaseLeftMs: number;
+      leaseExpiresAt: Date;
+      /** The request fingerprint the key was claimed with ('' when not compared). */
+      fingerprint: string;
+    }
+  | {
+      storageKey: string;
+      /** The handler ran to success (or a 4xx in `saveStatuses`): duplicates get this answer. */
+      state: 'completed';
+      statusCode: number;
+      /** False when duplicates get 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE` instead (see `unreplayable`). */
+      replayable: boolean;
+      unreplayable?: UnreplayableReason;
+      /** Size of the saved body, in bytes (0 without a body). */
+      bodyBytes: number;
+      /** Names of the saved response headers (`replayHeaders`); their values and the body are not shown. */
+      headerNames: string[];
+      /** Milliseconds of retention left; null when the record has no expiry. */
+      retentionLeftMs: number | null;
+      expiresAt: Date | null;
+      fingerprint: string;
+    };
+
+/** What `IdempotencyAdmin.forget` did, and to which storage key. */
+export type IdempotencyForgetResult = ForgetResult & { storageKey: string };
+
+/**
+ * The operator's view of the guard's records, for support tools: did this request go through,
+ * and unblock a client by forgetting its answer. Provided and exported by `IdempotencyModule`;
+ * inject it in your own admin controller, behind your own authorization: it reads and deletes any
+ * user's records.
+ */
+@Injectable()
+export class IdempotencyAdmin {
+  private readonly logger = new Logger('IdempotencyAdmin');
+
+  constructor(
+    private readonly store: IdempotencyStore,
+    @Inject(IDEMPOTENCY_RESOLVED_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
+  ) {}
+
+  /**
+   * The storage key of a record, built as the guard builds it: `<keyPrefix>:<user>:<handler>:<key>`,
+   * each segment percent-encoded. A storage key given as it stands is returned unchanged.
+   */
+  storageKeyOf(ref: IdempotencyRecordRef): string {
+    if (typeof ref === 'string') return ref;
+    if ('storageKey' in ref) return ref.storageKey;
+    return buildStorageKey({ prefix: this.options.keyPrefix, user: keyUser(ref.user), handler: ref.handler, key: ref.key });
+  }
+
+  /**
+   * Describes the record without changing it. An unknown or expired key is `absent`, and a key
+   * that holds something else (in a keyspace the app shares, as Redis) is `not_a_record`: values,
+   * not errors. Throws only when the store cannot answer.
+   */
+  async inspect(ref: IdempotencyRecordRef): Promise<IdempotencyInspection> {
+    const storageKey = this.storageKeyOf(ref);
+    let record: StoredRecord | undefined;
+    try {
+      record = await this.store.get(storageKey);
+    } catch (error) {
+      if (error instanceof IdempotencyNotARecordError) return { storageKey, state: 'not_a_record' };
+      throw error;
+    }
+    if (!record) return { storageKey, state: 'absent' };
+    return describeRecord(storageKey, record, Date.now());
+  }
+
+  /**
+   * Deletes a COMPLETED record, so that the next request with its key runs the handler again.
+   * A request in progress is refused (`{ forgotten: false, reason: 'in_progress' }`) and keeps
+   * its claim: deleting it would let a duplicate run beside the live handler. Ask again once it
+   * completed, or once its lease ran out (`inspect` says when). No record: `reason: 'absent'`.
+   * A key that holds something else: `reason: 'not_a_record'`, and it is left as it was.
+   * One atomic store call: a request that claims the key meanwhile is never deleted.
+   */
+  async forget(ref: IdempotencyRecordRef): Promise<IdempotencyForgetResult> {
+    const storageKey = this.storageKeyOf(ref);
+    const result = await this.store.forget(storageKey);
+    if (result.forgotten) {
+      this.logger.log(`forgot the completed record ${storageKey}: the next request with its key runs the handler again`);
+    }
+    return { ...result, storageKey };
+  }
+}
+
+/** The user segment, as the guard makes it from a user id (`key-user.ts`). */
+function keyUser(user: IdempotencyRecordUser): KeyUser {
+  if (typeof user === 'object') return user;
+  // '' is a message's user (they have none); an HTTP user id is never empty.
+  const id = user === '' ? '' : idText(user);
+  if (id === undefined) throw new IdempotencyError(`IdempotencyAdmin: ${String(user)} is not a user id the guard keys by`);
+  return { id };
+}
+
+function describeRecord(storageKey: string, record: StoredRecord, now: number): IdempotencyInspection {
+  const { fingerprint, ttlMs } = record;
+  if (record.state === 'processing') {
+    return { storageKey, state: 'in_progress', leaseLeftMs: ttlMs, leaseExpiresAt: new Date(now + ttlMs), fingerprint };
+  }
+  const response = record.response!;
+  const expires = ttlMs >= 0;
+  const inspection: IdempotencyInspection = {
+    storageKey,
+    state: 'completed',
+    statusCode: response.statusCode,
+    replayable: response.unreplayable === undefined,
+    bodyBytes: bodyBytes(response),
+    headerNames: Object.keys(response.headers),
+    retentionLeftMs: expires ? ttlMs : null,
+    expiresAt: expires ? new Date(now + ttlMs) : null,
+    fingerprint,
+  };
+  if (response.unreplayable !== undefined) inspection.unreplayable = response.unreplayable;
+  return inspection;
+}
+
+function bodyBytes({ body, encoding }: SavedResponse): number {
+  if (body === undefined) return 0;
+  return encoding === 'base64' ? Buffer.from(body, 'base64').length : Buffer.byteLength(body, 'utf8');
+}

@@ -1,0 +1,138 @@
+import { Logger, type CallHandler, type ExecutionContext } from '@nestjs/common';
+import { Observable, defer } from 'rxjs';
+import { rememberLeaseSignal } from '../decorators/lease-signal.decorator.js';
+import type { CallEvents } from '../events/call-events.js';
+import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
+import { IdempotencyStore, type ClaimInput, type ClaimResult } from '../stores/idempotency-store.js';
+import { awaitSettled } from './await-settled.js';
+import type { GuardExchange, HeldClaim } from './exchange.js';
+import type { GuardedRoute } from './route-options.js';
+import { StoreCalls } from './store-calls.js';
+
+/** What answers a guarded call; `release` frees a claim it holds, unused. */
+export interface Guarded {
+  result: Observable<unknown>;
+  release?: () => Promise<void>;
+}
+
+/**
+ * The answer `answer` makes, made when the caller subscribes, and `decided` (what counts and
+ * reports the decision) called then: never for a caller gone first, who is not answered.
+ */
+function answered(decided: () => void, answer: () => Observable<unknown>): Observable<unknown> {
+  return defer(() => {
+    decided();
+    return answer();
+  });
+}
+
+/**
+ * The last step of the request path: claims the storage key (waiting for the first result where
+ * the route says so) and answers by what the store holds: run the handler holding the claim,
+ * replay, refuse; or, when the store fails, the route's outage policy.
+ */
+export class ClaimAnswers {
+  private readonly calls: StoreCalls;
+
+  constructor(
+    private readonly store: IdempotencyStore,
+    private readonly counters: IdempotencyCounters,
+    private readonly logger: Logger,
+  ) {
+    this.calls = new StoreCalls(store, counters, logger);
+  }
+
+  async answer(
+    ctx: ExecutionContext,
+    exchange: GuardExchange,
+    next: CallHandler,
+    route: GuardedRoute,
+    input: ClaimInput,
+    events: CallEvents | undefined,
+  ): Promise<Guarded> {
+    let claim: ClaimResult;
+    try {
+      claim = await this.calls.timed('claim', events, () => this.store.claim(input));
+      if (claim.status === 'in_progress' && route.waitForResultMs > 0) {
+        this.counters.count('waited', route.handler);
+        events?.emit('in_progress', { retryAfterMs: claim.retryAfterMs, waiting: true });
+        claim = await awaitSettled(this.store, input, claim, route.waitForResultMs, (error) => {
+          this.counters.count('storeErrors', route.handler);
+          events?.emit('store_error', { operation: 'wait', error });
+          this.logger.warn(`${route.handler}: cannot wait for the first result: ${(error as Error).message}`);
+        });
+      }
+    } catch (error) {
+      return this.storeFailed(ctx, exchange, next, route, input, events, error);
+    }
+    // A decision that only answers the caller is counted and reported as the caller gets it: not
+    // for a caller gone meanwhile (an outer timeout during the claim or the wait).
+    switch (claim.status) {
+      case 'in_progress': {
+        const { retryAfterMs } = claim;
+        const refused = () => {
+          this.counters.count('inProgress', route.handler);
+          events?.emit('in_progress', { retryAfterMs, waiting: false });
+        };
+        return { result: answered(refused, () => exchange.refuse({ reason: 'in_progress', retryAfterMs })) };
+      }
+      case 'mismatch': {
+        const refused = () => {
+          this.counters.count('mismatched', route.handler);
+          events?.emit('key_reused', {});
+        };
+        return { result: answered(refused, () => exchange.refuse({ reason: 'key_reused' })) };
+      }
+      case 'completed': {
+        const { response } = claim;
+        const replayed = () => {
+          this.counters.count('replayed', route.handler);
+          events?.emit('replayed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
+        };
+        return { result: answered(replayed, () => exchange.replay(response)) };
+      }
+      case 'acquired':
+        this.counters.count('acquired', route.handler);
+        events?.emit('acquired', {});
+        return runHolding(ctx, exchange, next, this.calls.hold(input, route, false, events));
+    }
+  }
+
+  /** The store failed the claim: 503 for a fail-closed route, else the handler runs unguarded. */
+  private storeFailed(
+    ctx: ExecutionContext,
+    exchange: GuardExchange,
+    next: CallHandler,
+    route: GuardedRoute,
+    input: ClaimInput,
+    events: CallEvents | undefined,
+    error: unknown,
+  ): Guarded {
+    this.counters.count('storeErrors', route.handler);
+    events?.emit('store_error', { operation: 'claim', error });
+    const message = `${route.handler}: idempotency store unavailable, ${(error as Error).message}`;
+    if (route.failMode === 'closed') {
+      this.logger.warn(`${message}; refusing`);
+      return { result: defer(() => exchange.refuse({ reason: 'store_unavailable' })) };
+    }
+    // A claim that timed out may still land when the store recovers: run as its possible
+    // holder, so that the answer completes it or a failure releases it, never a stranded key.
+    const possible = this.calls.hold(input, route, true, events);
+    const { result } = runHolding(ctx, exchange, next, possible);
+    const failOpen = () => {
+      this.counters.count('failOpen', route.handler);
+      events?.emit('fail_open', {});
+      this.logger.warn(`${message}; running unguarded`);
+    };
+    const release = () => {
+      this.logger.warn(`${message}; the caller left before the handler ran`);
+      return possible.release();
+    };
+    return { result: answered(failOpen, () => result), release };
+  }
+}
+
+function runHolding(ctx: ExecutionContext, exchange: GuardExchange, next: CallHandler, claim: HeldClaim): Guarded {
+  rememberLeaseSignal(ctx, claim.signal);
+  return { result: exchange.run(next, claim), release: claim.release };
+}

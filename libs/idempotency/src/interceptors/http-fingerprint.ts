@@ -1,0 +1,74 @@
+import type { Readable } from 'node:stream';
+import type { FingerprintInput } from '../keys/fingerprint.js';
+import type { HttpRequest } from './http-request.js';
+import { uploadedFiles } from './uploaded-files.js';
+
+/** Methods whose bodies Fastify never reads (its defaults; a method an app declares with a body is parsed, and hashed by it). */
+const FASTIFY_BODYLESS = new Set(['GET', 'HEAD', 'TRACE']);
+
+/**
+ * What the fingerprint of an HTTP request covers: the route (the handler and its path
+ * parameters), the query, the body as the parser gave it (or `rawBody`), and the files of a
+ * multipart upload. A promise only when it must wait: a file on disk to hash, or a body no parser
+ * read whose end may show it empty.
+ */
+export function httpFingerprintInput(req: HttpRequest, handler: string): FingerprintInput | Promise<FingerprintInput> {
+  const input: FingerprintInput = {
+    method: req.method,
+    path: handler,
+    query: { params: req.params, query: req.query },
+    body: req.body,
+    rawBody: req.rawBody,
+    contentType: req.headers['content-type'] as string | undefined,
+    hasBody: carriesBody(req),
+  };
+  const files = uploadedFiles(req);
+  const unread = input.hasBody && input.body === undefined && input.rawBody === undefined;
+  if (!unread && !(files instanceof Promise)) {
+    if (files) input.files = files;
+    return input;
+  }
+  return Promise.all([files, unread ? endsEmpty(streamOf(req)) : false]).then(([listed, empty]) => {
+    if (listed) input.files = listed;
+    if (empty) input.hasBody = false;
+    return input;
+  });
+}
+
+/**
+ * The request carries a body the route may see: `Content-Length` over 0 or `Transfer-Encoding`,
+ * on a method its adapter reads bodies of (Fastify never reads a GET's: the route sees none).
+ */
+function carriesBody(req: HttpRequest): boolean {
+  if ('raw' in req && FASTIFY_BODYLESS.has(req.method)) return false;
+  return req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
+}
+
+/** The Node.js request stream: Fastify's `raw`, or the Express request itself. */
+function streamOf(req: HttpRequest): Partial<Readable> {
+  return ('raw' in req ? (req as { raw: unknown }).raw : req) as Partial<Readable>;
+}
+
+/**
+ * Whether a body nothing has read ends with zero bytes (a chunked request with no body). Waits
+ * for its first byte or its end without reading either, so the handler may still read the
+ * stream. False when it has bytes, something else reads it, or it fails.
+ */
+function endsEmpty(stream: Partial<Readable>): Promise<boolean> {
+  if (typeof stream.on !== 'function' || stream.readableFlowing !== null || stream.readableEnded || stream.destroyed) {
+    return Promise.resolve(false);
+  }
+  if (stream.readableLength) return Promise.resolve(false);
+  const readable = stream as Readable;
+  return new Promise((resolve) => {
+    const settle = (empty: boolean) => {
+      readable.off('readable', onReadable).off('end', onEnd).off('error', onFail).off('close', onFail);
+      resolve(empty);
+    };
+    // 'readable' comes with the first byte, or at the end with none.
+    const onReadable = () => settle(readable.readableLength === 0);
+    const onEnd = () => settle(true);
+    const onFail = () => settle(false);
+    readable.on('readable', onReadable).on('end', onEnd).on('error', onFail).on('close', onFail);
+  });
+}

@@ -1,0 +1,105 @@
+import type { AbstractHttpAdapter } from '@nestjs/core';
+import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import type { HttpResponse } from './http-request.js';
+
+/** What the latest refusal of a request set on its response: the refusal's status, each header (lower-case name) and value. */
+interface RefusalHeaders {
+  status: number;
+  headers: ReadonlyMap<string, string>;
+}
+
+/** Express's response and Fastify's reply read and remove a header alike. */
+type HeaderAccess = Pick<ServerResponse, 'getHeader' | 'removeHeader'>;
+
+const setOn = new WeakMap<ServerResponse, RefusalHeaders>();
+/** Responses whose `writeHead` takes refusal headers back. */
+const hooked = new WeakSet<ServerResponse>();
+const JSON_CONTENT_TYPE = 'application/json';
+
+const mediaTypeOf = (value: unknown) => String(value).split(';', 1)[0].trim().toLowerCase();
+/** Still what the refusal set: the same value, or for the type the same media type (the adapter may add a charset). */
+const unchanged = (name: string, current: unknown, set: string) =>
+  current !== undefined && (name === 'content-type' ? mediaTypeOf(current) === mediaTypeOf(set) : String(current) === set);
+
+/**
+ * Sets a refusal's headers (`Retry-After`, the problem details' Content-Type) on the response
+ * before the refusal is thrown, so that whatever exception filter answers it sends them. The
+ * refusal may not be the answer, though: an outer `retry()` runs the request again, an outer
+ * `catchError` answers with a value of its own. So they are taken back from any answer with
+ * another status (`writeHead`), from the answer a later run or replay of the same request gives
+ * (`clearRefusalHeaders`), and from what the guard saves (`withoutRefusalHeaders`).
+ */
+export function setRefusalHeaders(
+  res: HttpResponse,
+  raw: ServerResponse,
+  adapter: AbstractHttpAdapter,
+  status: number,
+  headers: Record<string, string>,
+): void {
+  clearRefusalHeaders(res, raw);
+  const names = Object.keys(headers);
+  if (names.length === 0) return;
+  for (const name of names) adapter.setHeader(res, name, headers[name]);
+  setOn.set(raw, { status, headers: new Map(names.map((name) => [name.toLowerCase(), headers[name]])) });
+  takeBackOnOtherStatus(raw);
+}
+
+/** Before the same request is run or replayed again: removes what an earlier refusal set, where still unchanged. */
+export function clearRefusalHeaders(res: HttpResponse, raw: ServerResponse): void {
+  const set = setOn.get(raw);
+  if (!set) return;
+  setOn.delete(raw);
+  const response = res as unknown as HeaderAccess;
+  for (const [name, value] of set.headers) {
+    if (unchanged(name, response.getHeader(name), value)) response.removeHeader(name);
+  }
+}
+
+/**
+ * The headers of an answer with `status`, without those a refusal set on this response when the
+ * answer is not that refusal: a `Retry-After` goes, and a problem details type becomes JSON (the
+ * adapter wrote the answer as JSON because the type said JSON).
+ */
+export function withoutRefusalHeaders<T extends OutgoingHttpHeaders | Record<string, string>>(raw: ServerResponse, status: number, headers: T): T {
+  const set = setOn.get(raw);
+  if (!set || set.status === status) return headers;
+  for (const name of Object.keys(headers)) {
+    const lower = name.toLowerCase();
+    const value = set.headers.get(lower);
+    if (value === undefined || !unchanged(lower, headers[name], value)) continue;
+    if (lower === 'content-type') (headers as OutgoingHttpHeaders)[name] = asJson(headers[name]);
+    else delete headers[name];
+  }
+  return headers;
+}
+
+/** `application/problem+json; charset=utf-8` as `application/json; charset=utf-8`. */
+function asJson(value: unknown): string {
+  const text = String(value);
+  const end = text.indexOf(';');
+  return end < 0 ? JSON_CONTENT_TYPE : `${JSON_CONTENT_TYPE}${text.slice(end)}`;
+}
+
+/**
+ * When the head goes out with another status than the refusal's, takes its headers back: set on
+ * the response (Express) or passed to `writeHead` (Fastify). Installed once per response.
+ */
+function takeBackOnOtherStatus(raw: ServerResponse): void {
+  if (hooked.has(raw)) return;
+  hooked.add(raw);
+  const writeHead = raw.writeHead;
+  raw.writeHead = function (this: ServerResponse, ...args: unknown[]) {
+    const set = setOn.get(raw);
+    if (set && args[0] !== set.status) {
+      for (const [name, value] of set.headers) {
+        const current = raw.getHeader(name);
+        if (!unchanged(name, current, value)) continue;
+        if (name === 'content-type') raw.setHeader(name, asJson(current));
+        else raw.removeHeader(name);
+      }
+      const passed = args.find((arg): arg is OutgoingHttpHeaders => typeof arg === 'object' && arg !== null && !Array.isArray(arg));
+      if (passed) withoutRefusalHeaders(raw, args[0] as number, passed);
+    }
+    return (writeHead as (...a: unknown[]) => ServerResponse).apply(this, args);
+  } as ServerResponse['writeHead'];
+}

@@ -1,0 +1,150 @@
+import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
+import type { SavedResponse } from '../idempotency-store.js';
+import { MemoryIdempotencyStore } from '../memory/memory-idempotency.store.js';
+import { LocalCacheIdempotencyStore } from './local-cache.store.js';
+import type { RecordTracking, TrackedRecord, TrackingListener } from './record-tracking.js';
+
+const answer: SavedResponse = { statusCode: 201, headers: { location: '/orders/1' }, body: '{"id":1}' };
+
+/**
+ * Tracking whose reads the test answers by hand, to order a read's reply against invalidations.
+ * Each read answers what the memory store holds when the test lets it (`answer()`).
+ */
+class HandTracking implements RecordTracking {
+  live = true;
+  listener!: TrackingListener;
+  reads: { key: string; token?: string; answer: (ttlMs?: number) => Promise<void> }[] = [];
+
+  constructor(private readonly store: MemoryIdempotencyStore) {}
+
+  async start(listener: TrackingListener) {
+    this.listener = listener;
+  }
+
+  read(key: string, token?: string): Promise<TrackedRecord | undefined> {
+    return new Promise((resolve) => {
+      this.reads.push({
+        key,
+        token,
+        answer: async (ttlMs) => {
+          const record = await this.store.get(key);
+          const found = record?.state === 'completed' && (token === undefined || record.token === token);
+          // As on Redis: a head-only read of one's own completion says no retention (unless the test does).
+          const left = ttlMs ?? (token ? undefined : record!.ttlMs);
+          resolve(found ? { fingerprint: record.fingerprint, response: token ? undefined : record.response, ttlMs: left } : undefined);
+          await Promise.resolve();
+        },
+      });
+    });
+  }
+
+  async stop() {
+    this.live = false;
+  }
+}
+
+describe('LocalCacheIdempotencyStore', () => {
+  let inner: MemoryIdempotencyStore;
+  let tracking: HandTracking;
+  let store: LocalCacheIdempotencyStore;
+  let innerClaims: jest.SpiedFunction<MemoryIdempotencyStore['claim']>;
+  const claim = (token: string, fingerprint = 'fp') => store.claim({ key: 'k', token, fingerprint, leaseMs: 10_000 });
+
+  /** Claims and completes `k` through the cache (its own completion asks for a read). */
+  async function completeHere(retentionMs = 60_000) {
+    expect(await claim('t1')).toEqual({ status: 'acquired', token: 't1' });
+    expect(await store.complete('k', 't1', answer, retentionMs)).toBe(true);
+  }
+
+  beforeEach(async () => {
+    jest.useFakeTimers();
+    inner = new MemoryIdempotencyStore();
+    tracking = new HandTracking(inner);
+    store = new LocalCacheIdempotencyStore(inner, tracking, { maxEntries: 100, maxBytes: 1 << 20 });
+    await store.onModuleInit();
+    innerClaims = jest.spyOn(inner, 'claim');
+  });
+  afterEach(async () => {
+    await store.onApplicationShutdown();
+    jest.useRealTimers();
+  });
+
+  it('answers a replay of its own completion without the store, once the tracked read is back', async () => {
+    await completeHere();
+    expect(tracking.reads).toMatchObject([{ key: 'k', token: 't1' }]);
+    await tracking.reads[0].answer();
+    innerClaims.mockClear();
+    expect(await claim('t2')).toEqual({ status: 'completed', response: answer });
+    expect(await claim('t3', 'other')).toEqual({ status: 'mismatch' });
+    expect(await claim('t4', '')).toEqual({ status: 'completed', response: answer });
+    expect(innerClaims).not.toHaveBeenCalled();
+  });
+
+  it('fills from a claim that found the record completed, with the answer the read found', async () => {
+    await inner.claim({ key: 'k', token: 'elsewhere', fingerprint: 'fp', leaseMs: 10_000 });
+    await inner.complete('k', 'elsewhere', answer, 60_000);
+    expect(await claim('t2')).toEqual({ status: 'completed', response: answer });
+    expect(tracking.reads).toMatchObject([{ key: 'k', token: undefined }]);
+    expect(await claim('t3')).toMatchObject({ status: 'completed' }); // a read on its way: asked again, not twice
+    expect(tracking.reads).toHaveLength(1);
+    await tracking.reads[0].answer();
+    innerClaims.mockClear();
+    expect(await claim('t4')).toEqual({ status: 'completed', response: answer });
+    expect(innerClaims).not.toHaveBeenCalled();
+  });
+
+  it('discards a read whose key was invalidated before the read came back (the race with the tracking)', async () => {
+    await completeHere();
+    tracking.listener.invalidated(['k']);
+    await tracking.reads[0].answer();
+    innerClaims.mockClear();
+    await claim('t2');
+    expect(innerClaims).toHaveBeenCalledTimes(1);
+    expect(store.cacheStats().entries).toBe(0);
+  });
+
+  it('discards every read on its way, and every entry, when tracking is reset', async () => {
+    await completeHere();
+    await tracking.reads[0].answer();
+    await inner.claim({ key: 'k2', token: 'x', fingerprint: '', leaseMs: 10_000 });
+    await inner.complete('k2', 'x', answer, 60_000);
+    await store.claim({ key: 'k2', token: 'y', fingerprint: '', leaseMs: 10_000 });
+    expect(store.cacheStats().entries).toBe(1);
+    tracking.listener.reset();
+    await tracking.reads[1].answer();
+    expect(store.cacheStats().entries).toBe(0);
+  });
+
+  it('caches nothing while tracking is not live', async () => {
+    tracking.live = false;
+    await completeHere();
+    await claim('t2');
+    expect(tracking.reads).toHaveLength(0);
+  });
+
+  it('forgets at once here, also a read on its way, and in the store', async () => {
+    await completeHere();
+    const pending = tracking.reads[0];
+    expect(await store.forget('k')).toEqual({ forgotten: true });
+    await pending.answer(60_000);
+    expect(await claim('t2')).toEqual({ status: 'acquired', token: 't2' });
+  });
+
+  it('never answers past the retention its own completion asked for, nor past the one the read found', async () => {
+    await completeHere(1_000);
+    await tracking.reads[0].answer(5_000); // the read says more than the completion asked: the smaller wins
+    jest.advanceTimersByTime(999);
+    expect(await claim('t2')).toMatchObject({ status: 'completed' });
+    innerClaims.mockClear();
+    jest.advanceTimersByTime(1);
+    expect(await claim('t3')).toEqual({ status: 'acquired', token: 't3' });
+    expect(innerClaims).toHaveBeenCalledTimes(1);
+
+    await store.complete('k', 't3', answer, 60_000);
+    await tracking.reads[1].answer(500);
+    jest.advanceTimersByTime(500);
+    innerClaims.mockClear();
+    await claim('t4');
+    expect(innerClaims).toHaveBeenCalledTimes(1); // the entry ended at the read's 500 ms, the store keeps it
+  });
+});

@@ -1,0 +1,179 @@
+import { Logger } from '@nestjs/common';
+import {
+  IdempotencyStore,
+  type ClaimInput,
+  type ClaimResult,
+  type ForgetResult,
+  type SavedResponse,
+  type SettleWatch,
+  type StoredRecord,
+} from '../idempotency-store.js';
+import { CompletedRecords, type CachedRecord } from './completed-records.js';
+import type { LocalCacheBounds } from './local-cache-options.js';
+import type { RecordTracking, TrackingListener } from './record-tracking.js';
+
+/** A tracked read on its way: an invalidation of its key meanwhile makes its answer stale. */
+interface Fill {
+  stale: boolean;
+}
+
+/** What this process saved: the answer, and the latest the record can expire. */
+interface OwnCompletion {
+  token: string;
+  response: SavedResponse;
+  expiresBy: number;
+}
+
+/** Nest's lifecycle hooks, forwarded to the wrapped store (Nest calls them on the provider only). */
+const HOOKS = ['onModuleInit', 'onApplicationBootstrap', 'onModuleDestroy', 'beforeApplicationShutdown', 'onApplicationShutdown'] as const;
+type Hooks = Partial<Record<(typeof HOOKS)[number], (signal?: string) => unknown>>;
+
+/**
+ * A store in front of another that keeps the completed records this process has seen, so that
+ * replaying them again costs no round trip (`IdempotencyModule.forRoot({ localCache })`). A
+ * completed record never changes until it expires, unless it is forgotten, deleted or flushed;
+ * `tracking` announces those, from every instance.
+ *
+ * An entry comes from this process's own completion, or from a claim that found the record
+ * completed. Either way it is filled off the request path by a tracked read of the record: from
+ * that read on, any change of the key is announced, and a change announced while the read is on
+ * its way discards its answer. An entry expires by the monotonic clock no later than the record:
+ * at the retention the read found (or the completion asked for), counted from before the call
+ * (the global `performance.now()`, which fake timers move too).
+ * While tracking is not live (a connection is down), nothing is cached and every call goes to
+ * the store. Everything else is the wrapped store's. Built by `IdempotencyModule` for
+ * `localCache`; exported for `instanceof`, `store` and `cacheStats()`.
+ */
+export class LocalCacheIdempotencyStore extends IdempotencyStore implements TrackingListener {
+  private readonly logger = new Logger('IdempotencyLocalCache');
+  private readonly records: CompletedRecords;
+  private readonly fills = new Map<string, Fill>();
+
+  constructor(
+    /** The store behind the cache. */
+    readonly store: IdempotencyStore,
+    private readonly tracking: RecordTracking,
+    bounds: LocalCacheBounds,
+  ) {
+    super();
+    this.records = new CompletedRecords(bounds.maxEntries, bounds.maxBytes);
+  }
+
+  /** Entries held, their size in bytes as counted against `maxBytes`, and whether tracking is live. */
+  cacheStats(): { entries: number; bytes: number; live: boolean } {
+    return { entries: this.records.size, bytes: this.records.bytes, live: this.tracking.live };
+  }
+
+  async claim(input: ClaimInput): Promise<ClaimResult> {
+    const cached = this.records.get(input.key, performance.now());
+    if (cached !== undefined) return answerOf(cached, input.fingerprint);
+    const result = await this.store.claim(input);
+    if (result.status === 'completed') this.fill(input.key);
+    return result;
+  }
+
+  async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
+    const startedAt = performance.now();
+    const saved = await this.store.complete(key, token, response, retentionMs);
+    if (saved) this.fill(key, { token, response: { ...response, headers: { ...response.headers } }, expiresBy: startedAt + retentionMs });
+    return saved;
+  }
+
+  release(key: string, token: string): Promise<boolean> {
+    return this.store.release(key, token);
+  }
+
+  renew(key: string, token: string, leaseMs: number): Promise<boolean> {
+    return this.store.renew(key, token, leaseMs);
+  }
+
+  get(key: string): Promise<StoredRecord | undefined> {
+    return this.store.get(key);
+  }
+
+  /** Forgets here at once (also a read on its way), then in the store; other instances hear it from their tracking. */
+  override async forget(key: string): Promise<ForgetResult> {
+    this.invalidated([key]);
+    try {
+      return await this.store.forget(key);
+    } finally {
+      this.invalidated([key]);
+    }
+  }
+
+  override ping(): Promise<void> {
+    return this.store.ping();
+  }
+
+  override watch(key: string): Promise<SettleWatch> {
+    return this.store.watch(key);
+  }
+
+  invalidated(keys: readonly string[]): void {
+    for (const key of keys) {
+      this.records.delete(key);
+      const fill = this.fills.get(key);
+      if (fill !== undefined) fill.stale = true;
+    }
+  }
+
+  reset(): void {
+    this.records.clear();
+    for (const fill of this.fills.values()) fill.stale = true;
+    this.fills.clear();
+  }
+
+  async onModuleInit(): Promise<void> {
+    await (this.store as Hooks).onModuleInit?.();
+    await this.tracking.start(this);
+  }
+
+  async onApplicationBootstrap(): Promise<void> {
+    await (this.store as Hooks).onApplicationBootstrap?.();
+  }
+
+  async onModuleDestroy(): Promise<void> {
+    await (this.store as Hooks).onModuleDestroy?.();
+  }
+
+  async beforeApplicationShutdown(signal?: string): Promise<void> {
+    await (this.store as Hooks).beforeApplicationShutdown?.(signal);
+  }
+
+  async onApplicationShutdown(signal?: string): Promise<void> {
+    await this.tracking.stop();
+    this.reset();
+    await (this.store as Hooks).onApplicationShutdown?.(signal);
+  }
+
+  /** Reads the record, tracked, off the request path, and keeps it unless it changed meanwhile. */
+  private fill(key: string, own?: OwnCompletion): void {
+    if (!this.tracking.live || this.fills.has(key)) return;
+    const fill: Fill = { stale: false };
+    this.fills.set(key, fill);
+    const sentAt = performance.now();
+    const done = () => {
+      if (this.fills.get(key) === fill) this.fills.delete(key);
+    };
+    this.tracking.read(key, own?.token).then(
+      (read) => {
+        done();
+        const response = read?.response ?? own?.response;
+        if (fill.stale || read === undefined || response === undefined) return;
+        const expiresAt = Math.min(sentAt + (read.ttlMs ?? Number.POSITIVE_INFINITY), own?.expiresBy ?? Number.POSITIVE_INFINITY);
+        if (expiresAt !== Number.POSITIVE_INFINITY) this.records.set(key, { fingerprint: read.fingerprint, response, expiresAt });
+      },
+      (error: unknown) => {
+        done();
+        // The store answered the call itself; only the cache missed an entry.
+        this.logger.debug(`could not read ${key} for the local cache: ${(error as Error).message}`);
+      },
+    );
+  }
+}
+
+/** What a claim of a completed record answers, as the store would: the fingerprint check first. */
+function answerOf(cached: CachedRecord, fingerprint: string): ClaimResult {
+  if (fingerprint !== '' && cached.fingerprint !== '' && cached.fingerprint !== fingerprint) return { status: 'mismatch' };
+  return { status: 'completed', response: cached.response };
+}

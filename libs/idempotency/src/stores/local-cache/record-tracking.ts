@@ -1,0 +1,44 @@
+import type { SavedResponse } from '../idempotency-store.js';
+
+/** A completed record as a tracked read found it. */
+export interface TrackedRecord {
+  /** The fingerprint the record was claimed with ('' when not compared). */
+  fingerprint: string;
+  /** The saved answer; absent when the read checked only the head of one's own completion. */
+  response?: SavedResponse;
+  /**
+   * Retention left when the store read it, in milliseconds. Absent after a head-only read of one's
+   * own completion: the caller knows the retention it asked for.
+   */
+  ttlMs?: number;
+}
+
+/** What the local cache hears from its tracking. */
+export interface TrackingListener {
+  /** These keys changed, were deleted or expired in the store: their entries are stale. */
+  invalidated(keys: readonly string[]): void;
+  /** Every entry is suspect: a connection dropped (its tracking went with it) or the store was flushed. */
+  reset(): void;
+}
+
+/**
+ * How the local cache learns that a record it holds changed in the store, on any instance
+ * (server-assisted client-side caching). After `read` returns a record, every later change of
+ * its key is announced to the listener, for as long as `live` stays true; when tracking is lost,
+ * the listener is `reset` first.
+ */
+export interface RecordTracking {
+  /** True while changes of the keys read through `read` are announced. */
+  readonly live: boolean;
+  /** Starts listening; never rejects (tracking that cannot start yet keeps `live` false and retries). */
+  start(listener: TrackingListener): Promise<void>;
+  /**
+   * Reads the completed record of `key` and tracks the key from that read on. With `token`, only
+   * the record's head is read, and only a record that `token` completed counts (the caller has
+   * the answer it saved, and the retention it asked for). Undefined when `key` holds no such
+   * record, or one without a retention.
+   */
+  read(key: string, token?: string): Promise<TrackedRecord | undefined>;
+  /** Stops listening and closes its connections. */
+  stop(): Promise<void>;
+}

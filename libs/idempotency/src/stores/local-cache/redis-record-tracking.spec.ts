@@ -1,0 +1,263 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
+import { Redis } from 'ioredis';
+import { randomUUID } from 'node:crypto';
+import { eventually } from '../../../../../test/support/eventually.js';
+import { startRedisServer, type RedisServer } from '../../../../../test/support/redis-server.js';
+import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
+import { connectRedis, REDIS_URL } from '../../../../../test/support/services.js';
+import { describeStoreContract } from '../../testing/index.js';
+import type { IdempotencyStore, SavedResponse } from '../idempotency-store.js';
+import { RedisIdempotencyStore } from '../redis/redis-idempotency.store.js';
+import { LocalCacheIdempotencyStore } from './local-cache.store.js';
+import { RedisRecordTracking, TRACKING_CHECK_MS } from './redis-record-tracking.js';
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+const answer: SavedResponse = { statusCode: 201, headers: { 'content-type': 'application/json' }, body: '{"id":1}' };
+
+async function openCache(client: Redis): Promise<LocalCacheIdempotencyStore> {
+  const store = new LocalCacheIdempotencyStore(new RedisIdempotencyStore(client), new RedisRecordTracking(client), {
+    maxEntries: 1000,
+    maxBytes: 1 << 20,
+  });
+  await store.onModuleInit();
+  return store;
+}
+
+/** A client that reconnects (the shared test client does not), as the module's own does. */
+function reconnectingClient(url = REDIS_URL, keyPrefix?: string): Redis {
+  const client = new Redis(url, { maxRetriesPerRequest: 0, retryStrategy: () => 50, keyPrefix });
+  client.on('error', () => undefined);
+  return client;
+}
+
+/** The CLIENT LIST lines of the connections named `name`. */
+async function connectionsNamed(redis: Redis, name: string): Promise<string[]> {
+  return ((await redis.client('LIST')) as string).split('\n').filter((line) => line.includes(` name=${name} `));
+}
+
+/** The commands naming `key` that clients sent while `run` ran (MONITOR; not those scripts ran). */
+async function commandsOn(monitored: Redis, key: string, run: () => Promise<unknown>): Promise<string[]> {
+  const sent: string[] = [];
+  const monitor = await monitored.monitor();
+  monitor.on('monitor', (_time: string, args: string[], source: string) => {
+    if (source !== 'lua' && args.includes(key)) sent.push(args[0].toLowerCase());
+  });
+  await run();
+  await sleep(50);
+  monitor.disconnect();
+  return sent;
+}
+
+describe('the local cache on Redis (client-side caching)', () => {
+  let client: Redis;
+  const opened: { close(): Promise<unknown> }[] = [];
+  const cache = async (on: Redis = client) => {
+    const store = await openCache(on);
+    opened.push({ close: () => store.onApplicationShutdown() });
+    return store;
+  };
+  /** Claims and completes `key` through `store`, and waits until it holds the entry. */
+  const completeCached = async (store: LocalCacheIdempotencyStore, key: string, retentionMs = 60_000) => {
+    expect(await store.claim({ key, token: 't1', fingerprint: 'fp', leaseMs: 10_000 })).toMatchObject({ status: 'acquired' });
+    expect(await store.complete(key, 't1', answer, retentionMs)).toBe(true);
+    await eventually(() => store.cacheStats().entries === 1, { timeoutMs: 2000 });
+  };
+  const replay = (store: IdempotencyStore, key: string, token: string = randomUUID()) =>
+    store.claim({ key, token, fingerprint: 'fp', leaseMs: 10_000 });
+
+  beforeAll(async () => {
+    client = await connectRedis();
+  });
+  afterEach(async () => {
+    await Promise.all(opened.splice(0).map((o) => o.close()));
+  });
+  afterAll(async () => {
+    await client.quit();
+  });
+
+  // The wrapped store keeps every promise of the store it wraps.
+  describeStoreContract(
+    'redis + local cache',
+    async () => {
+      const store = await openCache(client);
+      return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
+    },
+    200,
+  );
+
+  it('answers a replay it has seen with no Redis command; without the cache, one command per replay', async () => {
+    const store = await cache();
+    const key = `lc:seen:${randomUUID()}`;
+    const first = await commandsOn(client, key, () => completeCached(store, key));
+    // The claim, the completion (its script: EVALSHA, or EVAL once per client or after a SCRIPT
+    // FLUSH), then off the request path the head of the record, tracked.
+    expect(first.filter((command) => !command.startsWith('eval'))).toEqual(['set', 'getrange']);
+    expect(first.indexOf('getrange')).toBe(first.length - 1);
+    const cached = await commandsOn(client, key, async () => {
+      for (let i = 0; i < 20; i++) expect(await replay(store, key)).toEqual({ status: 'completed', response: answer });
+      // The fingerprint came from the record's head, as Redis holds it.
+      expect(await store.claim({ key, token: 'x', fingerprint: 'other', leaseMs: 10_000 })).toEqual({ status: 'mismatch' });
+    });
+    expect(cached).toEqual([]);
+    const plain = new RedisIdempotencyStore(client);
+    const uncached = await commandsOn(client, key, async () => {
+      for (let i = 0; i < 20; i++) expect(await replay(plain, key)).toEqual({ status: 'completed', response: answer });
+    });
+    expect(uncached).toEqual(Array(20).fill('set'));
+  });
+
+  it('fills from a replay of a record another instance completed: that replay is one command, the next none', async () => {
+    const [here, there] = [await cache(), new RedisIdempotencyStore(client)];
+    const key = `lc:other:${randomUUID()}`;
+    await there.claim({ key, token: 'there', fingerprint: 'fp', leaseMs: 10_000 });
+    await there.complete(key, 'there', answer, 60_000);
+    const first = await commandsOn(client, key, () => replay(here, key));
+    expect(first[0]).toBe('set'); // the claim; the tracked read (get, pttl) follows off the request path
+    expect(first.slice(1).sort()).toEqual(['get', 'pttl']);
+    await eventually(() => here.cacheStats().entries === 1, { timeoutMs: 2000 });
+    expect(await commandsOn(client, key, () => replay(here, key))).toEqual([]);
+    expect(await here.claim({ key, token: 'x', fingerprint: 'another', leaseMs: 10_000 })).toEqual({ status: 'mismatch' });
+  });
+
+  it('drops an entry when another instance forgets the record: the next claim here takes the key', async () => {
+    const otherClient = reconnectingClient();
+    opened.push({ close: () => otherClient.quit() });
+    const [a, b] = [await cache(), await cache(otherClient)];
+    const key = `lc:forget:${randomUUID()}`;
+    await completeCached(a, key);
+    expect(await b.forget(key)).toEqual({ forgotten: true });
+    const forgotAt = performance.now();
+    await eventually(() => a.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+    console.log(`an instance heard another's forget within ${(performance.now() - forgotAt).toFixed(1)} ms`);
+    expect(await replay(a, key, 'after')).toEqual({ status: 'acquired', token: 'after' });
+  });
+
+  it.each([
+    ['a DEL', (admin: Redis, key: string) => admin.del(key)],
+    ['an overwrite', (admin: Redis, key: string) => admin.set(key, 'C["x","fp",0]\n[200,{}]', 'PX', 60_000)],
+    ['a shorter expiry', (admin: Redis, key: string) => admin.pexpire(key, 30_000)],
+  ])('drops an entry on %s from outside the guard', async (_what, change) => {
+    const store = await cache();
+    const key = `lc:external:${randomUUID()}`;
+    await completeCached(store, key);
+    await change(client, key);
+    await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+  });
+
+  it('never answers a record past its retention', async () => {
+    const store = await cache();
+    const key = `lc:retention:${randomUUID()}`;
+    await completeCached(store, key, 300);
+    const expiredBy = Date.now() + 300; // Redis set the expiry before complete() returned
+    const late: number[] = [];
+    let cachedAnswers = 0;
+    for (let sent = Date.now(); sent < expiredBy + 200; sent = Date.now()) {
+      const entries = store.cacheStats().entries;
+      const result = await replay(store, key);
+      if (result.status === 'completed' && sent >= expiredBy) late.push(sent - expiredBy);
+      if (result.status === 'completed' && entries === 1) cachedAnswers++;
+      await sleep(5);
+    }
+    expect(late).toEqual([]);
+    expect(cachedAnswers).toBeGreaterThan(10);
+    expect((await replay(store, key)).status).not.toBe('completed');
+  });
+
+  it('strips the client\'s keyPrefix from the keys Redis invalidates', async () => {
+    const prefixed = reconnectingClient(REDIS_URL, 'lcpfx:');
+    opened.push({ close: () => prefixed.quit() });
+    const store = await cache(prefixed);
+    const key = `lc:prefixed:${randomUUID()}`;
+    await completeCached(store, key);
+    await client.del(`lcpfx:${key}`);
+    await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+  });
+
+  it('never turns tracking on on the client it was given: its own connections track, and close on shutdown', async () => {
+    const name = `lcown${randomUUID().slice(0, 8)}`;
+    const own = new Redis(REDIS_URL, { maxRetriesPerRequest: 0, connectionName: name });
+    const store = await openCache(own);
+    const connections = await connectionsNamed(client, name);
+    expect(connections).toHaveLength(3);
+    // The reader tracks, redirected to the subscriber; the client it was given does not track.
+    const reader = connections.find((line) => / flags=t /.test(line))!;
+    const redirect = / redir=(\d+) /.exec(reader)![1];
+    const subscriber = connections.find((line) => line.startsWith(`id=${redirect} `));
+    expect(subscriber).toMatch(/ sub=1 /);
+    expect(await own.client('TRACKINGINFO')).toContainEqual(['off']);
+    await store.onApplicationShutdown();
+    expect(await own.ping()).toBe('PONG');
+    await eventually(async () => (await connectionsNamed(client, name)).length === 1, { timeoutMs: 2000 });
+    expect(await own.client('TRACKINGINFO')).toContainEqual(['off']);
+    await own.quit();
+  });
+
+  it('two caches on one client track independently: each hears a forget made elsewhere', async () => {
+    const shared = reconnectingClient();
+    opened.push({ close: () => shared.quit() });
+    const [a, b] = [await cache(shared), await cache(shared)];
+    const keys = [`lc:shared:a:${randomUUID()}`, `lc:shared:b:${randomUUID()}`];
+    await completeCached(a, keys[0]);
+    await completeCached(b, keys[1]);
+    await client.del(keys[0], keys[1]);
+    // Announced within a few milliseconds, well before a heartbeat could notice a lost redirect.
+    await eventually(() => a.cacheStats().entries === 0 && b.cacheStats().entries === 0, { timeoutMs: 200, intervalMs: 1 });
+  });
+
+  it('starts afresh within about two checks when its connections go silent without closing', async () => {
+    const proxy = await new TcpProxy({ host: '127.0.0.1', port: Number(new URL(REDIS_URL).port || 6379) }).start();
+    const own = reconnectingClient(proxy.url);
+    opened.push({ close: async () => (await proxy.stop(), own.disconnect()) });
+    const store = await cache(own);
+    const key = `lc:silent:${randomUUID()}`;
+    await completeCached(store, key);
+    proxy.delayMs = 10_000; // every byte now takes 10 s: the forget's announcement too
+    await client.del(key);
+    const silentAt = performance.now();
+    await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 3 * TRACKING_CHECK_MS, intervalMs: 10 });
+    console.log(`silent connections noticed within ${(performance.now() - silentAt).toFixed(0)} ms`);
+    expect(store.cacheStats().live).toBe(false);
+  });
+
+  describe('on a Redis server of its own', () => {
+    let server: RedisServer;
+    let admin: Redis;
+    beforeAll(async () => {
+      server = await startRedisServer();
+      admin = await connectRedis(server.url);
+    });
+    afterAll(async () => {
+      admin.disconnect();
+      await server.kill();
+    });
+
+    it('starts afresh on FLUSHALL', async () => {
+      const own = reconnectingClient(server.url);
+      opened.push({ close: () => own.quit() });
+      const store = await cache(own);
+      await completeCached(store, 'flushed');
+      await admin.flushall();
+      await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+      expect(await replay(store, 'flushed', 'again')).toEqual({ status: 'acquired', token: 'again' });
+    });
+
+    it.each(['the subscriber', 'the reader (its tracked connection)', "the store's connection"])(
+      'starts afresh when %s drops, and tracks again once it is back',
+      async (which) => {
+        const own = reconnectingClient(server.url);
+        opened.push({ close: () => own.quit() });
+        const store = await cache(own);
+        await completeCached(store, `${which}:1`);
+        const reader = ((await admin.client('LIST')) as string).split('\n').find((line) => / redir=\d+ /.test(line))!;
+        const victim =
+          which === 'the subscriber' ? / redir=(\d+) /.exec(reader)![1] : which.startsWith('the reader') ? /^id=(\d+) /.exec(reader)![1] : await own.client('ID');
+        await admin.client('KILL', 'ID', String(victim));
+        await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+        await eventually(() => store.cacheStats().live, { timeoutMs: 3000 });
+        await completeCached(store, `${which}:2`);
+        await admin.del(`${which}:2`);
+        await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+      },
+    );
+  });
+});

@@ -1,0 +1,256 @@
+import { Logger } from '@nestjs/common';
+import type { Redis, RedisOptions } from 'ioredis';
+import { decodeCompletedHead, decodeRecord, tokenPrefix } from '../redis/redis-record.js';
+import type { RecordTracking, TrackedRecord, TrackingListener } from './record-tracking.js';
+
+/** Where Redis publishes invalidations to a RESP2 redirect connection. */
+const INVALIDATE_CHANNEL = '__redis__:invalidate';
+const INVALIDATE_CHANNEL_BYTES = Buffer.from(INVALIDATE_CHANNEL);
+
+/** How much of a record one's own completion reads back: enough for its head (token, fingerprint). */
+const HEAD_BYTES = 1024;
+
+/** How often both connections are checked, and how long each check may take, in milliseconds. */
+export const TRACKING_CHECK_MS = 1000;
+
+/**
+ * Redis server-assisted client-side caching for the local cache, on a single primary. The cache
+ * owns two connections, duplicated from the store's client (same server, credentials, db and
+ * `keyPrefix`), and never changes the store's client itself: a client the user hands in may be
+ * shared, by the app or by another module's cache, and tracking is a connection's state.
+ *
+ * - The reader runs `CLIENT TRACKING ON REDIRECT <id> OPTIN` and the tracked reads: Redis
+ *   remembers a key only when a read follows `CLIENT CACHING YES`, and on any change of it (a
+ *   write, a delete, an expiry, a flush, from any connection) sends an invalidation to the
+ *   redirect connection.
+ * - The subscriber, in RESP2, subscribed to `__redis__:invalidate`: each message is the array of
+ *   keys (read as buffers: a key may hold a comma), or null for a flush.
+ *
+ * Tracking lives with the connections. When either closes, the listener is reset and `live` turns
+ * false until both are back and tracking is on again; when the store's connection closes (another
+ * server may be behind its address now), the cache's two reconnect with it. Every second both
+ * are checked (`CLIENT TRACKINGINFO` on the reader, a `PING` of the subscriber): a connection
+ * that went silent, or a redirect Redis lost, also resets; a silent one is reconnected.
+ */
+export class RedisRecordTracking implements RecordTracking {
+  private readonly logger = new Logger('IdempotencyLocalCache');
+  private readonly keyPrefix: string;
+  private listener: TrackingListener | undefined;
+  /** The cache's own connections: the tracked reads, and the invalidations. */
+  private reader: Redis | undefined;
+  private subscriber: Redis | undefined;
+  /** The subscriber's client id, once it is subscribed on its current connection. */
+  private subscriberId: number | undefined;
+  /** Bumped whenever tracking is lost, so that an enabling begun before it does not turn live. */
+  private epoch = 0;
+  private enabling: Promise<void> | undefined;
+  private stopped = false;
+  private timer: NodeJS.Timeout | undefined;
+  /** Whether the cache's being off was said since tracking was last live (one warning per outage). */
+  private warned = false;
+  live = false;
+
+  constructor(private readonly client: Redis) {
+    // Invalidations name keys as Redis holds them; the cache knows them without the client's prefix.
+    this.keyPrefix = client.options.keyPrefix ?? '';
+  }
+
+  async start(listener: TrackingListener): Promise<void> {
+    this.listener = listener;
+    // No offline queue, no resend: a read or a tracking command never reaches a later connection.
+    const reader = this.own({ enableOfflineQueue: false });
+    const subscriber = this.own({ protocol: 2, keyPrefix: '', enableOfflineQueue: true, autoResubscribe: false });
+    this.reader = reader;
+    this.subscriber = subscriber;
+    reader.on('close', this.lost);
+    reader.on('ready', this.enable);
+    subscriber.on('messageBuffer', this.onMessage);
+    subscriber.on('close', this.onSubscriberClose);
+    subscriber.on('ready', this.enable);
+    this.client.on('close', this.onStoreClose);
+    this.timer = setInterval(() => void this.check(), TRACKING_CHECK_MS).unref();
+    await Promise.all([reader, subscriber].map((connection) => connection.status === 'ready' || waitReady(connection, TRACKING_CHECK_MS)));
+    await this.enable();
+    if (!this.live) this.warnOnce('Redis tracking is not on yet: the local cache stays empty until it is');
+  }
+
+  /**
+   * One pipelined round trip: `CLIENT CACHING YES` (so that Redis tracks the key), then the
+   * record. One's own completion reads only its head (`GETRANGE`): its token proves the record is
+   * the one just saved, and the caller knows the body and the retention. A record found by a
+   * claim is read whole, with its `PTTL`.
+   */
+  async read(key: string, token?: string): Promise<TrackedRecord | undefined> {
+    if (!this.reader) return undefined;
+    const pipeline = this.reader.pipeline().client('CACHING', 'YES');
+    if (token !== undefined) pipeline.getrange(key, 0, HEAD_BYTES - 1);
+    else pipeline.get(key).pttl(key);
+    const replies = (await pipeline.exec()) ?? [];
+    for (const [error] of replies) if (error) throw error;
+    const value = replies[1]?.[1] as string | null;
+    if (!value) return undefined;
+    try {
+      if (token !== undefined) {
+        const head = value.startsWith(`C${tokenPrefix(token)}`) ? decodeCompletedHead(value) : undefined;
+        return head && { fingerprint: head.fingerprint };
+      }
+      const ttlMs = replies[2]?.[1] as number;
+      // A record without an expiry (-1) is not cached: nothing may outlive a retention it lacks.
+      if (!(ttlMs > 0)) return undefined;
+      const record = decodeRecord(value);
+      return record.state === 'completed' ? { fingerprint: record.fingerprint, response: record.response, ttlMs } : undefined;
+    } catch {
+      return undefined;
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearInterval(this.timer);
+    this.lost();
+    this.client.off('close', this.onStoreClose);
+    await Promise.all([this.reader, this.subscriber].map((connection) => connection && close(connection)));
+  }
+
+  /** A connection of the cache's own, duplicated from the store's client. */
+  private own(options: RedisOptions): Redis {
+    const connection = this.client.duplicate({
+      ...options,
+      lazyConnect: false,
+      autoResendUnfulfilledCommands: false,
+      himportFieldsets: undefined,
+    } as RedisOptions);
+    connection.on('error', () => undefined);
+    return connection;
+  }
+
+  private readonly onMessage = (channel: Buffer, keys: Buffer[] | null): void => {
+    if (!INVALIDATE_CHANNEL_BYTES.equals(channel)) return;
+    if (keys === null) {
+      this.listener?.reset(); // FLUSHALL or FLUSHDB
+      return;
+    }
+    const prefix = this.keyPrefix;
+    const names = keys.map(String);
+    this.listener?.invalidated(prefix ? names.filter((name) => name.startsWith(prefix)).map((name) => name.slice(prefix.length)) : names);
+  };
+
+  private readonly lost = (): void => {
+    this.epoch++;
+    this.live = false;
+    this.listener?.reset();
+  };
+
+  private readonly onSubscriberClose = (): void => {
+    this.subscriberId = undefined;
+    this.lost();
+  };
+
+  /**
+   * The store's connection dropped: its address may lead to another server now (a failover).
+   * The cache starts afresh, and its connections reconnect too, so that all three reach one
+   * server. Only connected ones: while Redis is down they are reconnecting already.
+   */
+  private readonly onStoreClose = (): void => {
+    this.lost();
+    for (const connection of [this.reader, this.subscriber]) if (connection?.status === 'ready') connection.disconnect(true);
+  };
+
+  /** Turns tracking on when both connections are ready and it is off; resolves when that try ends. */
+  private readonly enable = (): Promise<void> => {
+    const { reader, subscriber } = this;
+    if (this.enabling) return this.enabling;
+    if (this.stopped || this.live || !reader || !subscriber || reader.status !== 'ready' || subscriber.status !== 'ready') {
+      return Promise.resolve();
+    }
+    this.enabling = this.turnOn(reader, subscriber).finally(() => {
+      this.enabling = undefined;
+    });
+    return this.enabling;
+  };
+
+  /** Subscribes (once per subscriber connection), then turns the reader's tracking on towards it. */
+  private async turnOn(reader: Redis, subscriber: Redis): Promise<void> {
+    const epoch = this.epoch;
+    try {
+      if (this.subscriberId === undefined) {
+        const id = (await subscriber.client('ID')) as number;
+        await subscriber.subscribe(INVALIDATE_CHANNEL);
+        this.subscriberId = id;
+      }
+      await reader.client('TRACKING', 'OFF');
+      await reader.client('TRACKING', 'ON', 'REDIRECT', String(this.subscriberId), 'OPTIN');
+      // A connection that dropped meanwhile took the tracking with it: the next check enables again.
+      if (epoch === this.epoch && !this.stopped) {
+        this.live = true;
+        this.warned = false;
+      }
+    } catch (error) {
+      this.warnOnce(`could not turn Redis tracking on (the local cache stays empty meanwhile): ${(error as Error).message}`);
+    }
+  }
+
+  /** Turns tracking on if it is off; else checks that both connections answer and the redirect holds. */
+  private async check(): Promise<void> {
+    const { reader, subscriber } = this;
+    if (this.stopped || !reader || !subscriber) return;
+    if (!this.live) return this.enable();
+    const epoch = this.epoch;
+    const [info, pong] = await Promise.all([
+      within(reader.client('TRACKINGINFO'), TRACKING_CHECK_MS),
+      within(subscriber.ping(), TRACKING_CHECK_MS),
+    ]);
+    if (epoch !== this.epoch || this.stopped) return;
+    if (info === undefined || pong === undefined) {
+      this.warnOnce('a Redis connection of the local cache did not answer: the local cache starts afresh');
+      this.lost();
+      if (info === undefined) reader.disconnect(true);
+      if (pong === undefined) subscriber.disconnect(true);
+    } else if (!redirectsTo(info, this.subscriberId)) {
+      this.warnOnce('Redis tracking was lost (no redirect): the local cache starts afresh');
+      this.lost();
+    }
+  }
+
+  private warnOnce(message: string): void {
+    if (this.warned) return;
+    this.warned = true;
+    this.logger.warn(message);
+  }
+}
+
+/** Whether a `CLIENT TRACKINGINFO` reply says tracking is on, redirected to `id`, and not broken. */
+function redirectsTo(info: unknown, id: number | undefined): boolean {
+  // A flat array (RESP2, and ioredis's default mapping of RESP3), or a map (`replyMapping: 'resp3'`).
+  const field = (name: string): unknown =>
+    Array.isArray(info) ? info[info.indexOf(name) + 1] : info instanceof Map ? info.get(name) : (info as Record<string, unknown> | undefined)?.[name];
+  const flags = field('flags');
+  return Array.isArray(flags) && flags.includes('on') && !flags.includes('broken_redirect') && Number(field('redirect')) === id;
+}
+
+/** The promise's value, or undefined when it rejects or takes longer than `ms`. */
+function within<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<undefined>((resolve) => {
+    timer = setTimeout(resolve, ms, undefined).unref();
+  });
+  return Promise.race([promise.catch(() => undefined), late]).finally(() => clearTimeout(timer));
+}
+
+/** Quits `connection` (at most `TRACKING_CHECK_MS` when Redis is silent), or drops it when it is not connected. */
+async function close(connection: Redis): Promise<void> {
+  if (connection.status === 'ready' && (await within(connection.quit(), TRACKING_CHECK_MS)) !== undefined) return;
+  connection.disconnect();
+}
+
+function waitReady(connection: Redis, ms: number): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(done, ms).unref();
+    connection.once('ready', done);
+    function done() {
+      clearTimeout(timer);
+      connection.off('ready', done);
+      resolve();
+    }
+  });
+}

@@ -1,0 +1,275 @@
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import {
+  Body,
+  ClassSerializerInterceptor,
+  ConflictException,
+  Controller,
+  HttpException,
+  Module,
+  Post,
+  RequestTimeoutException,
+  type CallHandler,
+  type ExecutionContext,
+  type INestApplication,
+  type NestInterceptor,
+} from '@nestjs/common';
+import { APP_INTERCEPTOR, NestFactory, Reflector } from '@nestjs/core';
+import { ExpressAdapter } from '@nestjs/platform-express';
+import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { randomUUID } from 'node:crypto';
+import { Agent } from 'node:http';
+import { catchError, of, retry, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
+import { IdempotencyModule, NoRepeatSubmit, type IdempotencyEvent } from '../libs/idempotency/src/index.js';
+import { send, until, type RawAnswer } from './support/edge-app.js';
+import { REDIS_URL } from './support/services.js';
+
+/**
+ * The problem+json Content-Type (and Retry-After) the guard sets on the response
+ * before it throws a refusal must not reach an answer that is not that refusal.
+ */
+
+/** Nest docs' TimeoutInterceptor. */
+class TimeoutInterceptor implements NestInterceptor {
+  intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle().pipe(
+      timeout(5000),
+      catchError((err) => throwError(() => (err instanceof TimeoutError ? new RequestTimeoutException() : err))),
+    );
+  }
+}
+
+/** A "resilience" interceptor: retries a failed call after a short pause. */
+class RetryInterceptor implements NestInterceptor {
+  intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle().pipe(retry({ count: 2, delay: 250 }));
+  }
+}
+
+/** Answers a duplicate in flight as "202 pending" instead of the guard's 409. */
+class PendingInterceptor implements NestInterceptor {
+  intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle().pipe(
+      catchError((err: unknown) =>
+        err instanceof ConflictException || (err instanceof HttpException && err.getStatus() === 409)
+          ? of({ pending: true })
+          : throwError(() => err),
+      ),
+    );
+  }
+}
+
+let gate: { promise: Promise<void>; open: () => void } = { promise: Promise.resolve(), open: () => undefined };
+const newGate = () => {
+  let open = () => undefined as void;
+  const promise = new Promise<void>((resolve) => (open = resolve));
+  gate = { promise, open };
+};
+let failNext = false;
+let runs = 0;
+const events: IdempotencyEvent[] = [];
+
+@Controller()
+class PaymentsController {
+  /** Waits at the gate; the first run after `failNext` fails (a transient error: the key is released). */
+  @Post('payments')
+  @NoRepeatSubmit()
+  async pay(@Body() body: { amount: number }) {
+    runs++;
+    await gate.promise;
+    if (failNext) {
+      failNext = false;
+      throw new HttpException({ statusCode: 503, message: 'bank busy' }, 503);
+    }
+    return { paid: body.amount, run: runs };
+  }
+
+  @Post('plain')
+  @NoRepeatSubmit()
+  plain(@Body() body: unknown) {
+    return { body };
+  }
+}
+
+async function start(
+  adapter: 'express' | 'fastify',
+  outer: 'retry' | 'pending',
+  errorFormat: 'nest' | 'problem+json' = 'problem+json',
+): Promise<{ app: INestApplication; url: string }> {
+  @Module({
+    imports: [
+      IdempotencyModule.forRoot({
+        store: { redis: REDIS_URL },
+        keyPrefix: `refusal-headers-${randomUUID().slice(0, 8)}`,
+        errorFormat,
+        onEvent: (event) => {
+          events.push(event);
+        },
+      }),
+    ],
+    controllers: [PaymentsController],
+    providers: [{ provide: APP_INTERCEPTOR, useClass: outer === 'retry' ? RetryInterceptor : PendingInterceptor }],
+  })
+  class AppModule {}
+  const app = await NestFactory.create(AppModule, adapter === 'fastify' ? new FastifyAdapter() : new ExpressAdapter(), { logger: false });
+  app.useGlobalInterceptors(new ClassSerializerInterceptor(app.get(Reflector)), new TimeoutInterceptor());
+  await app.listen(0, '127.0.0.1');
+  return { app, url: `http://127.0.0.1:${(app.getHttpServer().address() as { port: number }).port}` };
+}
+
+const contentType = (answer: RawAnswer) => answer.headers['content-type'];
+
+describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, Retry-After) on answers that are not refusals (%s)', (adapter) => {
+  describe('under an outer retry interceptor', () => {
+    let app: INestApplication;
+    let url: string;
+    beforeAll(async () => {
+      ({ app, url } = await start(adapter, 'retry'));
+    });
+    afterAll(async () => app?.close());
+
+    it('a duplicate refused 409 in progress, then run by the retry after the first failed, answers 201 as application/json, and its replay too', async () => {
+      const key = randomUUID();
+      newGate();
+      failNext = true;
+      events.length = 0;
+      const first = send(url, '/payments', { key, body: { amount: 5 }, timeoutMs: 8000 });
+      await until(() => runs > 0 && events.some((e) => e.type === 'acquired'));
+      const startedRuns = runs;
+      const duplicate = send(url, '/payments', { key, body: { amount: 5 }, timeoutMs: 8000 });
+      // The duplicate was refused once (in progress) and its retry is pending: now the first run fails.
+      await until(() => events.some((e) => e.type === 'in_progress'));
+      gate.open();
+      const [a, b] = await Promise.all([first, duplicate]);
+      expect(runs).toBeGreaterThan(startedRuns);
+      const ran = [a, b].find((answer) => answer.status === 201 && answer.headers['idempotent-replayed'] === undefined)!;
+      expect(ran).toBeDefined();
+      const replay = await send(url, '/payments', { key, body: { amount: 5 } });
+      // Before the fix: the duplicate's own run went out 201 as application/problem+json, and the record saved
+      // that header, so every replay of the payment says problem+json too.
+      expect({
+        duplicate: [b.status, b.headers['idempotent-replayed'], contentType(b)],
+        replay: [replay.status, replay.headers['idempotent-replayed'], contentType(replay)],
+      }).toEqual({
+        duplicate: [201, undefined, expect.stringMatching(/^application\/json/)],
+        replay: [201, 'true', expect.stringMatching(/^application\/json/)],
+      });
+    });
+
+    it('the same retried 201 carries no Retry-After (a header of the refusal it superseded)', async () => {
+      const key = randomUUID();
+      newGate();
+      failNext = true;
+      events.length = 0;
+      const first = send(url, '/payments', { key, body: { amount: 6 }, timeoutMs: 8000 });
+      await until(() => events.some((e) => e.type === 'acquired'));
+      const duplicate = send(url, '/payments', { key, body: { amount: 6 }, timeoutMs: 8000 });
+      await until(() => events.some((e) => e.type === 'in_progress'));
+      gate.open();
+      const [, b] = await Promise.all([first, duplicate]);
+      expect(b.status).toBe(201);
+      expect(b.headers['retry-after']).toBeUndefined();
+    });
+
+    it('regression: a duplicate still in progress after every retry is answered as the refusal: 409 problem+json with Retry-After', async () => {
+      const key = randomUUID();
+      newGate();
+      failNext = false;
+      events.length = 0;
+      const first = send(url, '/payments', { key, body: { amount: 8 }, timeoutMs: 8000 });
+      await until(() => events.some((e) => e.type === 'acquired'));
+      const duplicate = await send(url, '/payments', { key, body: { amount: 8 }, timeoutMs: 8000 });
+      gate.open();
+      expect((await first).status).toBe(201);
+      expect([duplicate.status, contentType(duplicate), duplicate.headers['retry-after']]).toEqual([
+        409,
+        expect.stringMatching(/^application\/problem\+json/),
+        expect.stringMatching(/^[12]$/),
+      ]);
+      expect(JSON.parse(duplicate.text)).toMatchObject({ status: 409, code: 'IDEMPOTENCY_IN_PROGRESS' });
+    });
+  });
+
+  describe('in the default format, under an outer retry interceptor', () => {
+    let app: INestApplication;
+    let url: string;
+    beforeAll(async () => {
+      ({ app, url } = await start(adapter, 'retry', 'nest'));
+    });
+    afterAll(async () => app?.close());
+
+    it('the 201 of a duplicate the retry ran carries no Retry-After, nor does its replay', async () => {
+      const key = randomUUID();
+      newGate();
+      failNext = true;
+      events.length = 0;
+      const first = send(url, '/payments', { key, body: { amount: 9 }, timeoutMs: 8000 });
+      await until(() => events.some((e) => e.type === 'acquired'));
+      const duplicate = send(url, '/payments', { key, body: { amount: 9 }, timeoutMs: 8000 });
+      await until(() => events.some((e) => e.type === 'in_progress'));
+      gate.open();
+      const [, b] = await Promise.all([first, duplicate]);
+      const replay = await send(url, '/payments', { key, body: { amount: 9 } });
+      // Before the fix: Retry-After: 2 on the 201 (in the 'nest' format too, before problem+json existed).
+      expect([b.status, b.headers['retry-after'], contentType(b)]).toEqual([201, undefined, expect.stringMatching(/^application\/json/)]);
+      expect([replay.status, replay.headers['idempotent-replayed'], replay.headers['retry-after']]).toEqual([201, 'true', undefined]);
+    });
+  });
+
+  describe('under an outer interceptor that answers a duplicate in flight itself', () => {
+    let app: INestApplication;
+    let url: string;
+    beforeAll(async () => {
+      ({ app, url } = await start(adapter, 'pending'));
+    });
+    afterAll(async () => app?.close());
+
+    it('its 201 { pending: true } goes out as application/json, not as problem details', async () => {
+      const key = randomUUID();
+      newGate();
+      failNext = false;
+      events.length = 0;
+      const first = send(url, '/payments', { key, body: { amount: 7 } });
+      await until(() => events.some((e) => e.type === 'acquired'));
+      const duplicate = await send(url, '/payments', { key, body: { amount: 7 } });
+      gate.open();
+      expect((await first).status).toBe(201);
+      expect(JSON.parse(duplicate.text)).toEqual({ pending: true });
+      // Before the fix: Content-Type: application/problem+json on { pending: true }.
+      expect(contentType(duplicate)).toMatch(/^application\/json/);
+    });
+
+    it('its { pending: true } carries no Retry-After either, in the default format too', async () => {
+      const pendingIn = async (target: string, amount: number) => {
+        const key = randomUUID();
+        newGate();
+        failNext = false;
+        events.length = 0;
+        const first = send(target, '/payments', { key, body: { amount } });
+        await until(() => events.some((e) => e.type === 'acquired'));
+        const duplicate = await send(target, '/payments', { key, body: { amount } });
+        gate.open();
+        await first;
+        return [duplicate.status, JSON.parse(duplicate.text), duplicate.headers['retry-after'], contentType(duplicate)];
+      };
+      const nest = await start(adapter, 'pending', 'nest');
+      try {
+        const expected = [201, { pending: true }, undefined, expect.stringMatching(/^application\/json/)];
+        expect({ problem: await pendingIn(url, 10), nest: await pendingIn(nest.url, 11) }).toEqual({ problem: expected, nest: expected });
+      } finally {
+        await nest.app.close();
+      }
+    });
+
+    it('regression: a refusal, then a 2xx on the same keep-alive connection: the 2xx is application/json', async () => {
+      const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+      try {
+        const refused = await send(url, '/plain', { body: { a: 1 }, agent });
+        expect([refused.status, contentType(refused)]).toEqual([400, expect.stringMatching(/^application\/problem\+json/)]);
+        const ok = await send(url, '/plain', { key: randomUUID(), body: { a: 1 }, agent });
+        expect([ok.status, contentType(ok)]).toEqual([201, expect.stringMatching(/^application\/json/)]);
+      } finally {
+        agent.destroy();
+      }
+    });
+  });
+});
