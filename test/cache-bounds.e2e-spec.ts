@@ -16,7 +16,7 @@ import {
   type SavedResponse,
 } from 'nestjs-idempotency';
 import { eventually } from './support/eventually.js';
-import { REDIS_URL } from './support/services.js';
+import { patientRedis } from './support/services.js';
 
 @Controller('flood')
 class FloodController {
@@ -46,7 +46,11 @@ const post = (url: string, k: string, size: number) =>
     method: 'POST',
     headers: { 'content-type': 'application/json', 'idempotency-key': k },
     body: JSON.stringify({ k, size }),
-  }).then(async (res) => ({ status: res.status, replayed: res.headers.get('idempotent-replayed') === 'true', bytes: (await res.arrayBuffer()).byteLength }));
+  }).then(async (res) => {
+    const body = Buffer.from(await res.arrayBuffer());
+    // A refusal's body is kept whole, so a failure says what answered (a 503, a 409, ...).
+    return { status: res.status, replayed: res.headers.get('idempotent-replayed') === 'true', bytes: body.byteLength, ...(res.status >= 300 ? { refusal: body.toString('utf8') } : {}) };
+  });
 
 describe('localCache bounds under a flood of distinct keys (HTTP, Express)', () => {
   const keyPrefix = `rvbd${randomUUID().slice(0, 8)}`;
@@ -54,7 +58,8 @@ describe('localCache bounds under a flood of distinct keys (HTTP, Express)', () 
   const maxEntries = 40;
   let instance: Awaited<ReturnType<typeof start>>;
   beforeAll(async () => {
-    instance = await start({ store: { redis: REDIS_URL }, keyPrefix, localCache: { maxEntries, maxBytes } });
+    // About bounds, not latency: a save that times out on a loaded machine answers its retry 409.
+    instance = await start({ store: { redis: patientRedis() }, keyPrefix, localCache: { maxEntries, maxBytes } });
     await eventually(() => instance.cache.cacheStats().live, { timeoutMs: 3000 });
   });
   afterAll(async () => instance?.app.close());
@@ -65,11 +70,11 @@ describe('localCache bounds under a flood of distinct keys (HTTP, Express)', () 
     for (let i = 0; i < keys.length; i += 30) {
       const batch = keys.slice(i, i + 30);
       const answers = await Promise.all(batch.map(({ k, size }) => post(instance.url, k, size)));
-      expect(answers.every((x) => x.status === 201)).toBe(true);
+      expect(answers.filter((x) => x.status !== 201)).toEqual([]);
       seen.push(instance.cache.cacheStats());
       // Replays of recent keys: the cache answers some, Redis the others.
       const replays = await Promise.all(batch.map(({ k, size }) => post(instance.url, k, size)));
-      expect(replays.every((x) => x.status === 201 && x.replayed)).toBe(true);
+      expect(replays.filter((x) => x.status !== 201 || !x.replayed)).toEqual([]);
       seen.push(instance.cache.cacheStats());
     }
     await new Promise((resolve) => setTimeout(resolve, 200));
@@ -100,7 +105,7 @@ describe('localCache: what the entries hold in memory against maxBytes (README: 
   beforeAll(async () => {
     setFlagsFromString('--expose-gc');
     gc = runInNewContext('gc') as () => void;
-    instance = await start({ store: { redis: REDIS_URL }, keyPrefix, localCache: { maxEntries: 1_000_000, maxBytes } });
+    instance = await start({ store: { redis: patientRedis() }, keyPrefix, localCache: { maxEntries: 1_000_000, maxBytes } });
     await eventually(() => instance.cache.cacheStats().live, { timeoutMs: 3000 });
   });
   afterAll(async () => instance?.app.close());

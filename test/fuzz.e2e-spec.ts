@@ -3,7 +3,7 @@ import type { INestApplication } from '@nestjs/common';
 import fc from 'fast-check';
 import { randomUUID } from 'node:crypto';
 import { createGuardTestApp, type AdapterName } from './support/guard-test.app.js';
-import { REDIS_URL } from './support/services.js';
+import { patientRedis } from './support/services.js';
 
 const REQUESTS = 10_000;
 const CONCURRENCY = 50;
@@ -30,9 +30,7 @@ describe.each<AdapterName>(['express', 'fastify'])('10,000 random requests throu
   beforeAll(async () => {
     // This spec is about inputs, not store latency: on a loaded CI machine a Redis command can take
     // longer than the module's 1 s default, and `/closed` (fail-closed) rightly answers that with 503.
-    const { hostname, port } = new URL(REDIS_URL);
-    const redis = { host: hostname, port: Number(port || 6379), commandTimeout: 15_000 };
-    app = await createGuardTestApp(adapter, { store: { redis }, keyPrefix: `fuzz-${randomUUID()}` });
+    app = await createGuardTestApp(adapter, { store: { redis: patientRedis() }, keyPrefix: `fuzz-${randomUUID()}` });
     await app.listen(0, '127.0.0.1');
     baseUrl = (await app.getUrl()).replace('[::1]', '127.0.0.1');
   });

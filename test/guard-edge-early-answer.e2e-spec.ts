@@ -19,7 +19,7 @@ class WebhookController {
     const r = res.status(202);
     if (r.json) r.json({ received: true });
     else r.send({ received: true });
-    await sleep(1500); // processes the event after acknowledging it
+    await sleep(4000); // processes the event after acknowledging it (long: a loaded CI machine is slow to answer)
     finished = true;
   }
 }
