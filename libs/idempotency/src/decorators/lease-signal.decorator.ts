@@ -1,11 +1,29 @@
 import { createParamDecorator, type ExecutionContext } from '@nestjs/common';
 
+/** What holds a call's signal: the claim, whose signal is made when first read. */
+interface SignalSource {
+  readonly signal: AbortSignal;
+}
+
+/** One handler's signal source on a call; `next`: another handler's on the same call. */
+interface LeaseEntry {
+  handler: object;
+  source: SignalSource;
+  next: LeaseEntry | undefined;
+}
+
 /**
- * The signal of each guarded call that holds a claim, by the call's request (or RPC context),
- * then by handler: Nest calls every `@EventPattern` handler of one pattern with the same objects.
+ * The sources of each guarded call that holds a claim, on the call's object (the HTTP request, or
+ * the RPC context) under a symbol, by handler: Nest calls every `@EventPattern` handler of one
+ * pattern with the same objects. A property rather than a WeakMap: WeakMap entries outlive
+ * young-generation collections, and every guarded request then kept its entry until a full one.
+ * A call object that cannot take a property (frozen) falls back to the WeakMap.
  */
-const signals = new WeakMap<object, WeakMap<object, AbortSignal>>();
+const LEASES = Symbol('nestjs-idempotency.leases');
+const sealed = new WeakMap<object, LeaseEntry>();
 const NEVER_ABORTED = new AbortController().signal;
+
+type CallObject = { [LEASES]?: LeaseEntry };
 
 /** The object that stands for the call: the HTTP request; for a message, its context (else its data). */
 function callOf(ctx: ExecutionContext): object | undefined {
@@ -14,13 +32,25 @@ function callOf(ctx: ExecutionContext): object | undefined {
   return candidates.find((arg): arg is object => typeof arg === 'object' && arg !== null);
 }
 
+function entriesOf(call: object): LeaseEntry | undefined {
+  return Object.isExtensible(call) || LEASES in call ? (call as CallObject)[LEASES] : sealed.get(call);
+}
+
 /** Hands the claim's signal to `@LeaseSignal()` parameters of this call (the guard calls it). */
-export function rememberLeaseSignal(ctx: ExecutionContext, signal: AbortSignal): void {
+export function rememberLeaseSignal(ctx: ExecutionContext, source: SignalSource): void {
   const call = callOf(ctx);
   if (!call) return;
-  let byHandler = signals.get(call);
-  if (!byHandler) signals.set(call, (byHandler = new WeakMap()));
-  byHandler.set(ctx.getHandler(), signal);
+  const handler = ctx.getHandler();
+  const first = entriesOf(call);
+  for (let entry = first; entry; entry = entry.next) {
+    if (entry.handler === handler) {
+      entry.source = source;
+      return;
+    }
+  }
+  const entry: LeaseEntry = { handler, source, next: first };
+  if (Object.isExtensible(call) || LEASES in call) (call as CallObject)[LEASES] = entry;
+  else sealed.set(call, entry);
 }
 
 /**
@@ -42,5 +72,9 @@ export function rememberLeaseSignal(ctx: ExecutionContext, signal: AbortSignal):
  */
 export const LeaseSignal = createParamDecorator((_data: unknown, ctx: ExecutionContext): AbortSignal => {
   const call = callOf(ctx);
-  return (call && signals.get(call)?.get(ctx.getHandler())) ?? NEVER_ABORTED;
+  const handler = ctx.getHandler();
+  for (let entry = call && entriesOf(call); entry; entry = entry.next) {
+    if (entry.handler === handler) return entry.source.signal;
+  }
+  return NEVER_ABORTED;
 });

@@ -133,6 +133,6 @@ export class ClaimAnswers {
 }
 
 function runHolding(ctx: ExecutionContext, exchange: GuardExchange, next: CallHandler, claim: HeldClaim): Guarded {
-  rememberLeaseSignal(ctx, claim.signal);
+  rememberLeaseSignal(ctx, claim);
   return { result: exchange.run(next, claim), release: claim.release };
 }

@@ -27,8 +27,8 @@ export interface HeldClaim {
    * after its caller went away (an outer timeout), so that its answer is still saved.
    */
   holdMs: number;
-  /** Aborted when the claim is lost while the handler runs (`@LeaseSignal()` hands it over). */
-  signal: AbortSignal;
+  /** Aborted when the claim is lost while the handler runs (`@LeaseSignal()` hands it over; made when first read). */
+  readonly signal: AbortSignal;
 }
 
 /**

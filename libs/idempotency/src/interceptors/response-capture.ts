@@ -14,6 +14,41 @@ export interface CapturedResponse {
 export type SaveCaptured = (response: CapturedResponse | undefined) => Promise<void>;
 
 type Args = unknown[];
+
+interface Reported {
+  headersSent: boolean;
+  writableEnded: boolean;
+}
+const REPORTED = Symbol('nestjs-idempotency.reported');
+type Reporting = ServerResponse & { [REPORTED]?: Reported };
+
+/**
+ * The accessors `report` puts on a response: one function each for every response, so that V8
+ * gives every captured response the same shape (a closure per response gave each its own, and
+ * Node's HTTP code then ran on a new shape every request).
+ */
+const reportedAccessors = {
+  headersSent: {
+    configurable: true,
+    get(this: Reporting): boolean {
+      return this[REPORTED]?.headersSent || (Reflect.get(Object.getPrototypeOf(this) as object, 'headersSent', this) as boolean);
+    },
+  },
+  writableEnded: {
+    configurable: true,
+    get(this: Reporting): boolean {
+      return this[REPORTED]?.writableEnded || (Reflect.get(Object.getPrototypeOf(this) as object, 'writableEnded', this) as boolean);
+    },
+  },
+} satisfies PropertyDescriptorMap;
+
+/** Puts the shared accessors on `raw`, answering from the state returned. */
+function reportedOn(raw: Reporting): Reported {
+  const reported: Reported = { headersSent: false, writableEnded: false };
+  raw[REPORTED] = reported;
+  Object.defineProperties(raw, reportedAccessors);
+  return reported;
+}
 const callbackOf = (args: Args) => args.find((arg) => typeof arg === 'function') as ((error?: Error) => void) | undefined;
 const withoutCallback = (args: Args) => args.filter((arg) => typeof arg !== 'function');
 
@@ -42,7 +77,8 @@ export class ResponseCapture {
   private bytes = 0;
   private overflowed = false;
   private head: OutgoingHttpHeaders | undefined;
-  private reported = '';
+  /** What `report` last said; undefined until it first said anything (no accessors on the response yet). */
+  private reported: Reported | undefined;
   private readonly names: readonly string[];
   private readonly write: ServerResponse['write'];
   private readonly end: ServerResponse['end'];
@@ -165,15 +201,21 @@ export class ResponseCapture {
     for (const args of held) this.write.apply(this.raw, args as never);
   }
 
-  /** What the app sees of the response while bytes are held: what it did, not what left. */
+  /**
+   * What the app sees of the response while bytes are held: what it did, not what left. The
+   * first report puts two accessors on the response (`reportedOn`), which answer from what was
+   * reported or, when that says nothing, from Node's own getters; they stay (a `delete` would turn
+   * the response into a slow dictionary object for the rest of its life).
+   */
   private report(seen: { headersSent?: true; writableEnded?: true }): void {
-    const key = `${seen.headersSent ?? ''}${seen.writableEnded ?? ''}`;
-    if (key === this.reported) return;
-    this.reported = key;
-    for (const name of ['headersSent', 'writableEnded'] as const) {
-      if (seen[name]) Object.defineProperty(this.raw, name, { configurable: true, get: () => true });
-      else delete (this.raw as unknown as Record<string, unknown>)[name];
+    const headersSent = seen.headersSent === true;
+    const writableEnded = seen.writableEnded === true;
+    if (!this.reported) {
+      if (!headersSent && !writableEnded) return;
+      this.reported = reportedOn(this.raw);
     }
+    this.reported.headersSent = headersSent;
+    this.reported.writableEnded = writableEnded;
   }
 
   private record(chunk: unknown, encoding: unknown): void {

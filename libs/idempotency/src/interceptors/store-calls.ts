@@ -34,7 +34,10 @@ export class StoreCalls {
     const claimedAt = Date.now();
     return {
       holdMs: renewal ? route.maxHoldMs : route.leaseMs,
-      signal: renewal?.signal ?? NEVER_ABORTED,
+      // Read only by `@LeaseSignal()`: the renewal makes its AbortController then.
+      get signal() {
+        return renewal?.signal ?? NEVER_ABORTED;
+      },
       save: (response) => {
         events?.settled(); // handlerMs: the answer is ready; the save's round trip is a store_call
         renewal?.stop();
