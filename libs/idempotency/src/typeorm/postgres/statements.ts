@@ -1,8 +1,8 @@
 // What PostgresIdempotencyStore (store/) and PostgresOutcomeRecorder (outcomes/) share, written
 // once in this folder, so that both run, time, fence and purge their statements the same way:
-// - statements.ts: running one statement (on a pooled connection or a transaction's runner;
-//   database errors as IdempotencyStoreError) and running a claim again when its snapshot
-//   missed a concurrent commit;
+// - statements.ts: running one statement (a named prepared statement on a pooled connection or
+//   on a transaction's runner; database errors as IdempotencyStoreError) and running a claim
+//   again when its snapshot missed a concurrent commit;
 // - lease-sql.ts: database-clock time (where a lease or a retention ends, the milliseconds left)
 //   and the owner-token fence of a write;
 // - purge.ts: the batched purge of expired rows and its timer;
@@ -15,32 +15,153 @@
 // fences differ in one point, on purpose: the recorder's `succeed`/`fail` still accept an owner
 // whose lease ran out while nobody took the record over (`succeedWith` relies on it); every
 // other fenced write, and both renewals, also need the lease to be running.
-import type { DataSource, QueryResult, QueryRunner } from 'typeorm';
+import { Logger } from '@nestjs/common';
+import { createHash } from 'node:crypto';
+import { QueryFailedError, QueryRunnerAlreadyReleasedError, TypeORMError, type DataSource, type QueryRunner } from 'typeorm';
 import { IdempotencyConfigError, IdempotencyStoreError } from '../../index.js';
 
-/** Runs one statement: `sql` with `params`, on `runner` when given (a transaction's). */
-export type RunStatement = (sql: string, params: unknown[], runner?: QueryRunner) => Promise<QueryResult>;
+/** The rows a statement returned and the rows it affected (written ones for INSERT/UPDATE/DELETE). */
+export interface StatementResult {
+  records: unknown[];
+  affected?: number;
+}
 
-/** How many times a claim statement runs when its snapshot keeps missing a concurrent commit. */
-const CLAIM_ATTEMPTS = 5;
+/** Runs one statement: `sql` with `params`, on `runner` when given (a transaction's). */
+export type RunStatement = (sql: string, params: unknown[], runner?: QueryRunner) => Promise<StatementResult>;
+
+/** The part of a pg `Client` (and of pg-pool's pooled client) a statement needs. */
+interface PgClient {
+  query(config: { name?: string; text: string; values: unknown[] }): Promise<{ rows: unknown[]; rowCount: number | null }>;
+  on(event: 'error', listener: (error: Error) => void): unknown;
+  removeListener(event: 'error', listener: (error: Error) => void): unknown;
+}
+interface PooledPgClient extends PgClient {
+  release(error?: Error): void;
+}
+
+/** pg-pool of TypeORM's PostgresDriver: `master` (the only pool, or the primary's with replication). */
+interface PostgresDriverPools {
+  master?: { connect(): Promise<PooledPgClient> };
+}
+
+/** `cached plan must not change result type`: the table changed under a prepared statement. */
+const PLAN_CHANGED = '0A000';
+/** `prepared statement ... does not exist`: the session lost it (DISCARD ALL, DEALLOCATE, a transaction-mode pooler). */
+const NO_SUCH_STATEMENT = '26000';
+
+/** Statement names by SQL text: a digest of the text, so that one text has one name in every session. */
+const names = new Map<string, string>();
+/** Per connection, the texts whose prepared statement PostgreSQL refused, and how many times: they run under a new name. */
+const renamed = new WeakMap<object, Map<string, number>>();
+
+function statementName(client: object, sql: string): string {
+  let name = names.get(sql);
+  if (name === undefined) {
+    name = `idempotency_${createHash('sha256').update(sql).digest('hex').slice(0, 24)}`;
+    names.set(sql, name);
+  }
+  const generation = renamed.get(client)?.get(sql);
+  return generation === undefined ? name : `${name}_${generation}`;
+}
+
+function rename(client: object, sql: string): void {
+  let texts = renamed.get(client);
+  if (!texts) renamed.set(client, (texts = new Map()));
+  texts.set(sql, (texts.get(sql) ?? 0) + 1);
+}
 
 /**
- * Runs statements of `dataSource`: on the runner given (a transaction's), else on a connection
- * taken from the pool and released after the statement. The result holds the rows and the
- * affected count. Database errors become `IdempotencyStoreError` with the driver's error as `cause`.
+ * Runs statements of `dataSource`: on the runner given (a transaction's: on its connection),
+ * else on a connection taken from the DataSource's pool (the primary's, with replication) and
+ * released after the statement. Each SQL text is a named prepared statement, parsed and planned
+ * once per connection, not on every call; TypeORM's logger still sees every statement. The
+ * result holds the rows and the affected count. Database errors become `IdempotencyStoreError`
+ * with TypeORM's `QueryFailedError` (holding the driver's error) as `cause`.
+ *
+ * A prepared statement whose table changed its result type (a migration) is prepared again under
+ * a new name on that connection; when a session loses a prepared statement (DISCARD ALL, a pooler
+ * in transaction mode), this runner stops preparing and runs every statement unnamed. Either way
+ * the refused statement did nothing and runs again at once, outside a transaction; inside one,
+ * the error has aborted the transaction and is thrown, and the next transaction runs it anew.
  */
 export function statementRunner(dataSource: DataSource): RunStatement {
-  return async (sql, params, runner) => {
-    let pooled: QueryRunner | undefined;
+  const { logger } = dataSource;
+  let prepare = true;
+  const prepared = async (client: PgClient, sql: string, values: unknown[], canRetry: boolean) => {
+    if (!prepare) return client.query({ text: sql, values });
     try {
-      return await (runner ?? (pooled = dataSource.createQueryRunner())).query(sql, params, true);
+      return await client.query({ name: statementName(client, sql), text: sql, values });
+    } catch (error) {
+      const state = sqlStateOf(error);
+      if (state === PLAN_CHANGED) rename(client, sql);
+      else if (state === NO_SUCH_STATEMENT) lostStatements();
+      else throw error;
+      if (!canRetry) throw error;
+      return client.query({ name: prepare ? statementName(client, sql) : undefined, text: sql, values });
+    }
+  };
+  const lostStatements = () => {
+    prepare = false;
+    const why = 'DISCARD ALL, or a pooler in transaction mode';
+    Logger.warn(`A PostgreSQL session lost a prepared statement (${why}?): statements now run unnamed`, 'IdempotencyStatements');
+  };
+  // As TypeORM's QueryRunner does: log, time, and wrap a failed query in QueryFailedError.
+  const query = async (client: PgClient, sql: string, params: unknown[], runner?: QueryRunner) => {
+    // Outside a transaction a refused statement runs again; inside one, the error aborted it.
+    const canRetry = !runner?.isTransactionActive;
+    logger.logQuery(sql, params, runner);
+    const started = Date.now();
+    try {
+      const raw = await prepared(client, sql, params, canRetry);
+      const slowMs = dataSource.options.maxQueryExecutionTime;
+      if (slowMs && Date.now() - started > slowMs) logger.logQuerySlow(Date.now() - started, sql, params, runner);
+      return { records: raw.rows, affected: raw.rowCount ?? undefined };
+    } catch (error) {
+      logger.logQueryError(error as Error, sql, params, runner);
+      throw new QueryFailedError(sql, params, error as Error);
+    }
+  };
+  return async (sql, params, runner) => {
+    try {
+      if (runner) return await onRunner(runner, (client) => query(client, sql, params, runner));
+      return await onPooled(dataSource, (client) => query(client, sql, params));
     } catch (error) {
       throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
-    } finally {
-      await pooled?.release();
     }
   };
 }
+
+/** Runs `work` on the connection of `runner` (TypeORM's, with its own error listener). */
+async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Promise<T>): Promise<T> {
+  if (runner.isReleased) throw new QueryRunnerAlreadyReleasedError();
+  return work((await runner.connect()) as PgClient);
+}
+
+/**
+ * Runs `work` on a connection of the DataSource's pool and gives it back. A connection that
+ * fails meanwhile leaves the pool (and its 'error' event has a listener: none would crash).
+ */
+async function onPooled<T>(dataSource: DataSource, work: (client: PgClient) => Promise<T>): Promise<T> {
+  const pool = (dataSource.driver as unknown as PostgresDriverPools).master;
+  if (!pool) throw new TypeORMError('Driver not Connected');
+  const client = await pool.connect();
+  let released = false;
+  const release = (error?: Error) => {
+    if (released) return;
+    released = true;
+    client.release(error);
+  };
+  client.on('error', release);
+  try {
+    return await work(client);
+  } finally {
+    client.removeListener('error', release);
+    release();
+  }
+}
+
+/** How many times a claim statement runs when its snapshot keeps missing a concurrent commit. */
+const CLAIM_ATTEMPTS = 10;
 
 /**
  * Runs `attempt` (one claim statement, and the answer read from its rows) until it answers, at
@@ -54,6 +175,9 @@ export async function claimUntilAnswered<T>(what: string, attempt: () => Promise
   for (let i = 1; i <= CLAIM_ATTEMPTS; i++) {
     const answer = await attempt();
     if (answer !== undefined) return answer;
+    // Statements racing on one key in lockstep can keep missing each other's commits (forgets
+    // racing claims did, 5 times in a row under load): from the second miss, a short random pause.
+    if (i >= 2 && i < CLAIM_ATTEMPTS) await new Promise((resolve) => setTimeout(resolve, Math.random() * i));
   }
   throw new IdempotencyStoreError(`PostgreSQL ${what} found no answer in ${CLAIM_ATTEMPTS} attempts`);
 }

@@ -52,8 +52,9 @@ interface RecordRow extends Omit<ClaimRow, 'acquired' | 'remaining_ms'> {
 
 /**
  * PostgreSQL store on a logged table: survives restarts and needs no Redis. Each operation is one
- * SQL statement (one round trip) on the DataSource's pool, each time taken from the database
- * clock, so application servers with skewed clocks agree. Create the table with
+ * SQL statement (one round trip) on the DataSource's pool (the primary's, with replication), a
+ * prepared statement planned once per connection (`../postgres/statements.ts`), each time taken
+ * from the database clock, so application servers with skewed clocks agree. Create the table with
  * `IDEMPOTENCY_MIGRATIONS`. Keys of any length work: one over 1,020 UTF-8 bytes is stored as a
  * readable head and its SHA-256 (`recordKey`).
  */

@@ -1,0 +1,146 @@
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from '@jest/globals';
+import { randomUUID } from 'node:crypto';
+import pg from 'pg';
+import { DataSource, QueryFailedError } from 'typeorm';
+import { DATABASE_URL } from '../../../../../test/support/services.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
+import { IdempotencyStoreError } from '../../index.js';
+import { IDEMPOTENCY_ENTITIES } from '../entities.js';
+import { uniqueViolationOf } from '../helpers/unique-violation.js';
+import { IDEMPOTENCY_MIGRATIONS } from '../migrations.js';
+import { PostgresIdempotencyStore } from '../store/postgres-idempotency.store.js';
+import { statementRunner } from './statements.js';
+
+/** What this session has prepared: each statement's text and how many times it ran. */
+const PREPARED = `SELECT statement, generic_plans + custom_plans AS runs, from_sql FROM pg_prepared_statements`;
+
+/** Runs `sql` on a connection of its own (a migration, another instance). */
+async function elsewhere(sql: string): Promise<void> {
+  const admin = new pg.Client({ connectionString: DATABASE_URL });
+  await admin.connect();
+  try {
+    await admin.query(sql);
+  } finally {
+    await admin.end();
+  }
+}
+
+describe('statementRunner: named prepared statements on the pool or on a transaction runner', () => {
+  const schema = testSchemaName();
+  // One connection: every statement below meets what the earlier ones prepared on it.
+  let single: DataSource;
+  let table: string;
+
+  beforeAll(async () => {
+    single = await openSchemaDataSource(schema, {
+      entities: IDEMPOTENCY_ENTITIES,
+      migrations: IDEMPOTENCY_MIGRATIONS,
+      migrationsRun: true,
+      extra: { max: 1 },
+    });
+  });
+  afterAll(async () => {
+    await dropSchemaDataSource(single);
+  });
+
+  beforeEach(async () => {
+    table = `"${schema}"."t_${randomUUID().slice(0, 8)}"`;
+    await single.query(`CREATE TABLE ${table} (id int PRIMARY KEY, v int NOT NULL)`);
+  });
+
+  it("prepares the store's claim once per connection and runs it again from there", async () => {
+    const store = new PostgresIdempotencyStore(single);
+    for (let i = 0; i < 7; i++) await store.claim({ key: `prepared:${randomUUID()}`, token: 't', fingerprint: '', leaseMs: 60_000 });
+    const claims = (await single.query(PREPARED)).filter((row: { statement: string }) => row.statement.includes('claimed AS ('));
+    expect(claims).toEqual([expect.objectContaining({ runs: '7', from_sql: false })]);
+  });
+
+  it('prepares a statement again when a migration changed its result type under it (0A000), and answers', async () => {
+    const store = new PostgresIdempotencyStore(single);
+    const key = `migrated:${randomUUID()}`;
+    await store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
+    await store.complete(key, 't', { statusCode: 201, headers: {}, body: '{"id":1}' }, 60_000);
+    expect(await store.get(key)).toMatchObject({ state: 'completed', response: { body: '{"id":1}' } });
+    // The prepared `get` returns `body` as text; from now on the column is varchar.
+    await elsewhere(`ALTER TABLE "${schema}".idempotency_records ALTER COLUMN body TYPE varchar`);
+    expect(await store.get(key)).toMatchObject({ state: 'completed', response: { body: '{"id":1}' } });
+  });
+
+  it("runs on a transaction's runner: its connection and uncommitted rows; a refused statement aborts only that transaction", async () => {
+    const two = await openSchemaDataSource(testSchemaName(), { extra: { max: 2 } });
+    const run = statementRunner(two);
+    const runner = two.createQueryRunner();
+    try {
+      await runner.startTransaction();
+      await run(`INSERT INTO ${table} (id, v) VALUES ($1, $2)`, [1, 10], runner);
+      expect((await run(`SELECT v FROM ${table} WHERE id = $1`, [1], runner)).records).toEqual([{ v: 10 }]);
+      // The pool's other connection does not see the uncommitted row.
+      expect((await run(`SELECT v FROM ${table} WHERE id = $1`, [1])).records).toEqual([]);
+      await runner.commitTransaction();
+
+      await elsewhere(`ALTER TABLE ${table} ALTER COLUMN v TYPE bigint`);
+      await runner.startTransaction();
+      const refused = await run(`SELECT v FROM ${table} WHERE id = $1`, [1], runner).catch((error: unknown) => error);
+      expect(refused).toBeInstanceOf(IdempotencyStoreError);
+      expect(((refused as Error).cause as QueryFailedError & { driverError: { code: string } }).driverError.code).toBe('0A000');
+      await runner.rollbackTransaction();
+
+      await runner.startTransaction();
+      expect((await run(`SELECT v FROM ${table} WHERE id = $1`, [1], runner)).records).toEqual([{ v: '10' }]);
+      await runner.commitTransaction();
+    } finally {
+      if (runner.isTransactionActive) await runner.rollbackTransaction();
+      await runner.release();
+      await dropSchemaDataSource(two);
+    }
+  });
+
+  it('turns a database error into IdempotencyStoreError (cause: QueryFailedError with the SQLSTATE) and keeps the connection', async () => {
+    const run = statementRunner(single);
+    const backend = async () => ((await run('SELECT pg_backend_pid() AS pid', [])).records as { pid: number }[])[0].pid;
+    const before = await backend();
+    await run(`INSERT INTO ${table} (id, v) VALUES ($1, $2)`, [1, 1]);
+    const error = await run(`INSERT INTO ${table} (id, v) VALUES ($1, $2)`, [1, 2]).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(IdempotencyStoreError);
+    expect((error as Error).message).toMatch(/duplicate key/);
+    expect((error as Error).cause).toBeInstanceOf(QueryFailedError);
+    expect(uniqueViolationOf((error as Error).cause)).toMatchObject({ driver: 'postgres' });
+    expect(await backend()).toBe(before);
+    const missing = await run(`SELECT v FROM "${schema}".no_such_table`, []).catch((e: unknown) => e);
+    expect(missing).toBeInstanceOf(IdempotencyStoreError);
+    expect((missing as Error).message).toMatch(/no_such_table/);
+  });
+
+  it('runs statements unnamed once a session lost one it prepared (DISCARD ALL, a pooler in transaction mode)', async () => {
+    const run = statementRunner(single);
+    const read = () => run(`SELECT v FROM ${table} WHERE id = $1`, [1]);
+    await run(`INSERT INTO ${table} (id, v) VALUES ($1, $2)`, [1, 5]);
+    expect((await read()).records).toEqual([{ v: 5 }]);
+    await single.query('DISCARD ALL');
+    expect((await read()).records).toEqual([{ v: 5 }]);
+    expect((await read()).records).toEqual([{ v: 5 }]);
+    expect(await single.query(PREPARED)).toEqual([]);
+  });
+
+  it("runs on the primary's pool when the DataSource has replicas", async () => {
+    const replicated = new DataSource({
+      type: 'postgres',
+      schema,
+      replication: {
+        master: { url: DATABASE_URL, applicationName: 'idempotency-primary' },
+        slaves: [{ url: DATABASE_URL, applicationName: 'idempotency-replica' }],
+      },
+    });
+    await replicated.initialize();
+    try {
+      const [row] = (await statementRunner(replicated)(`SELECT current_setting('application_name') AS app`, [])).records;
+      expect(row).toEqual({ app: 'idempotency-primary' });
+      const store = new PostgresIdempotencyStore(replicated);
+      const key = `replicated:${randomUUID()}`;
+      expect(await store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 })).toEqual({ status: 'acquired', token: 't' });
+      expect(await store.get(key)).toMatchObject({ state: 'processing', token: 't' });
+    } finally {
+      await replicated.destroy();
+    }
+  });
+});
