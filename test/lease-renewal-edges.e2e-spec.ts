@@ -91,9 +91,12 @@ describe.each(Object.keys(stores))('renewals racing saves and releases (%s store
         const ms = 20 + ((i * 37) % 900);
         const path = i % 4 === 3 ? '/fail' : '/race';
         // The first and three concurrent duplicates (they wait for the result on /race: the W mark on Redis).
-        return Array.from({ length: 4 }, (_, d) => sleep(d * 7).then(() => raw(edge.url, path, { body: { ms, key } }).answer));
+        // A client that gave up (5 s by default, on a loaded machine) would leave its handler running
+        // while the records are read: every call waits for the server's answer.
+        return Array.from({ length: 4 }, (_, d) => sleep(d * 7).then(() => raw(edge.url, path, { body: { ms, key }, timeoutMs: 45_000 }).answer));
       }),
     );
+    expect(answers.filter((a) => a.status === 0).map((a) => a.error)).toEqual([]);
     await sleep(400); // more than a lease: any renewal that resurrected a record would still show
     const records = await Promise.all(
       keys.map((key) => subject.store.get(buildStorageKey({ prefix: PREFIX, user: { anonymous: true }, handler: `RaceController.${keys.indexOf(key) % 4 === 3 ? 'fail' : 'race'}`, key }))),
