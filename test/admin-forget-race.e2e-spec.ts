@@ -3,16 +3,14 @@
 // may only ever delete a completed record: the handler must never run twice at once, a forget
 // of a running request is refused, and every answer is a 201, a replay or a 409.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, Module, Post, type DynamicModule, type INestApplication } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
-import { ExpressAdapter } from '@nestjs/platform-express';
-import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { Body, Controller, Post, type INestApplication } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import type { DataSource } from 'typeorm';
-import { IdempotencyAdmin, IdempotencyModule, NoRepeatSubmit, type IdempotencyModuleOptions } from 'nestjs-idempotency';
+import { IdempotencyAdmin, NoRepeatSubmit, type IdempotencyModuleOptions } from 'nestjs-idempotency';
 import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS, PostgresIdempotencyStore } from 'nestjs-idempotency/typeorm';
 import { REDIS_URL } from './support/services.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from './support/test-schema.js';
+import { makeApp } from './support/edge-app.js';
 
 const running = new Map<string, number>();
 const overlaps: string[] = [];
@@ -31,13 +29,6 @@ class RaceController {
     await new Promise((resolve) => setTimeout(resolve, 20));
     running.set(body.k, running.get(body.k)! - 1);
     return { k: body.k, run };
-  }
-}
-
-@Module({})
-class RaceModule {
-  static register(options: IdempotencyModuleOptions): DynamicModule {
-    return { module: RaceModule, imports: [IdempotencyModule.forRoot(options)], controllers: [RaceController] };
   }
 }
 
@@ -64,13 +55,7 @@ describe.each(cases)('forgets racing requests of one key (%s, %s)', (adapter, st
       dataSource = await openSchemaDataSource(testSchemaName(), { entities: IDEMPOTENCY_ENTITIES, migrations: IDEMPOTENCY_MIGRATIONS, migrationsRun: true });
       options = { ...options, store: new PostgresIdempotencyStore(dataSource) };
     }
-    const module = RaceModule.register(options);
-    app =
-      adapter === 'fastify'
-        ? await NestFactory.create(module, new FastifyAdapter(), { logger: ['error'], abortOnError: false })
-        : await NestFactory.create(module, new ExpressAdapter(), { logger: ['error'], abortOnError: false });
-    await app.listen(0, '127.0.0.1');
-    url = `http://127.0.0.1:${(app.getHttpServer().address() as { port: number }).port}`;
+    ({ app, url } = await makeApp(adapter, [RaceController], options));
     admin = app.get(IdempotencyAdmin);
   });
   afterAll(async () => {

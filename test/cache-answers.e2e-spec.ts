@@ -2,16 +2,12 @@
 // the same status, headers and body bytes (text, binary), the same refusals (422, 409 not
 // replayable), saved refusals (saveStatuses), waits (waitForResultMs), counters and events.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, HttpCode, Module, NotFoundException, Post, Res, type DynamicModule, type INestApplication } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
-import { ExpressAdapter } from '@nestjs/platform-express';
-import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { Body, Controller, HttpCode, NotFoundException, Post, Res, type INestApplication } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import {
   IdempotencyAdmin,
   IdempotencyCounters,
-  IdempotencyModule,
   IdempotencyStore,
   LocalCacheIdempotencyStore,
   NoRepeatSubmit,
@@ -21,6 +17,7 @@ import {
 } from 'nestjs-idempotency';
 import { eventually } from './support/eventually.js';
 import { REDIS_URL } from './support/services.js';
+import { makeApp } from './support/edge-app.js';
 
 const runs = new Map<string, number>();
 const bump = (k: string) => {
@@ -74,13 +71,6 @@ class AnswersController {
   }
 }
 
-@Module({})
-class AnswersModule {
-  static register(options: IdempotencyModuleOptions): DynamicModule {
-    return { module: AnswersModule, imports: [IdempotencyModule.forRoot(options)], controllers: [AnswersController] };
-  }
-}
-
 interface Instance {
   app: INestApplication;
   url: string;
@@ -91,14 +81,8 @@ interface Instance {
 
 async function start(adapter: 'express' | 'fastify', options: IdempotencyModuleOptions): Promise<Instance> {
   const events: IdempotencyEvent[] = [];
-  const module = AnswersModule.register({ ...options, onEvent: (event) => void events.push(event) });
-  const app =
-    adapter === 'fastify'
-      ? await NestFactory.create(module, new FastifyAdapter(), { logger: ['error'], abortOnError: false })
-      : await NestFactory.create(module, new ExpressAdapter(), { logger: ['error'], abortOnError: false });
-  await app.listen(0, '127.0.0.1');
-  const { port } = app.getHttpServer().address() as { port: number };
-  return { app, url: `http://127.0.0.1:${port}`, admin: app.get(IdempotencyAdmin), store: app.get(IdempotencyStore), events };
+  const { app, url } = await makeApp(adapter, [AnswersController], { ...options, onEvent: (event) => void events.push(event) });
+  return { app, url, admin: app.get(IdempotencyAdmin), store: app.get(IdempotencyStore), events };
 }
 
 interface Raw {

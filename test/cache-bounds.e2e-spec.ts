@@ -1,14 +1,11 @@
 // The local cache's bounds (maxEntries, maxBytes) under a flood of distinct keys,
 // and what the entries really hold in memory against "Memory: at most maxBytes, per process".
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, Module, Post, type DynamicModule, type INestApplication } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
-import { ExpressAdapter } from '@nestjs/platform-express';
+import { Body, Controller, Post, type INestApplication } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import {
-  IdempotencyModule,
   IdempotencyStore,
   LocalCacheIdempotencyStore,
   NoRepeatSubmit,
@@ -17,6 +14,7 @@ import {
 } from 'nestjs-idempotency';
 import { eventually } from './support/eventually.js';
 import { patientRedis } from './support/services.js';
+import { makeApp } from './support/edge-app.js';
 
 @Controller('flood')
 class FloodController {
@@ -27,18 +25,9 @@ class FloodController {
   }
 }
 
-@Module({})
-class FloodModule {
-  static register(options: IdempotencyModuleOptions): DynamicModule {
-    return { module: FloodModule, imports: [IdempotencyModule.forRoot(options)], controllers: [FloodController] };
-  }
-}
-
 async function start(options: IdempotencyModuleOptions): Promise<{ app: INestApplication; url: string; cache: LocalCacheIdempotencyStore }> {
-  const app = await NestFactory.create(FloodModule.register(options), new ExpressAdapter(), { logger: ['error'], abortOnError: false });
-  await app.listen(0, '127.0.0.1');
-  const { port } = app.getHttpServer().address() as { port: number };
-  return { app, url: `http://127.0.0.1:${port}`, cache: app.get(IdempotencyStore) as LocalCacheIdempotencyStore };
+  const { app, url } = await makeApp('express', [FloodController], options);
+  return { app, url, cache: app.get(IdempotencyStore) as LocalCacheIdempotencyStore };
 }
 
 const post = (url: string, k: string, size: number) =>

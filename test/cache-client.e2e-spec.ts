@@ -1,10 +1,7 @@
 // The local cache's connections. A client the user hands in (`{ redis: client }`),
 // one the module opens, ioredis 5, and what app.close() leaves behind.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, Module, Post, type DynamicModule, type INestApplication } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
-import { ExpressAdapter } from '@nestjs/platform-express';
-import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { Body, Controller, Post, type INestApplication } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
@@ -15,7 +12,6 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import {
   IdempotencyAdmin,
-  IdempotencyModule,
   IdempotencyStore,
   LocalCacheIdempotencyStore,
   NoRepeatSubmit,
@@ -24,6 +20,7 @@ import {
 import { eventually } from './support/eventually.js';
 import { startRedisServer, type RedisServer } from './support/redis-server.js';
 import { connectRedis, REDIS_URL } from './support/services.js';
+import { makeApp } from './support/edge-app.js';
 
 const runs = new Map<string, number>();
 
@@ -38,13 +35,6 @@ class ProbeController {
   }
 }
 
-@Module({})
-class ProbeModule {
-  static register(options: IdempotencyModuleOptions): DynamicModule {
-    return { module: ProbeModule, imports: [IdempotencyModule.forRoot(options)], controllers: [ProbeController] };
-  }
-}
-
 interface Instance {
   app: INestApplication;
   url: string;
@@ -53,14 +43,8 @@ interface Instance {
 }
 
 async function start(adapter: 'express' | 'fastify', options: IdempotencyModuleOptions): Promise<Instance> {
-  const module = ProbeModule.register(options);
-  const app =
-    adapter === 'fastify'
-      ? await NestFactory.create(module, new FastifyAdapter(), { logger: ['error'], abortOnError: false })
-      : await NestFactory.create(module, new ExpressAdapter(), { logger: ['error'], abortOnError: false });
-  await app.listen(0, '127.0.0.1');
-  const { port } = app.getHttpServer().address() as { port: number };
-  return { app, url: `http://127.0.0.1:${port}`, admin: app.get(IdempotencyAdmin), store: app.get(IdempotencyStore) };
+  const { app, url } = await makeApp(adapter, [ProbeController], options);
+  return { app, url, admin: app.get(IdempotencyAdmin), store: app.get(IdempotencyStore) };
 }
 
 async function post(instance: Instance, k: string) {

@@ -2,16 +2,12 @@
 // Each test changes a record the cache holds, from outside the guard (DEL, SET, PEXPIRE, flushes,
 // a restart, a failover-like reconnect), then checks what the next duplicate gets.
 import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, Module, Post, type DynamicModule, type INestApplication } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
-import { ExpressAdapter } from '@nestjs/platform-express';
-import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { Body, Controller, Post, type INestApplication } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { createConnection, createServer, type Server, type Socket } from 'node:net';
 import {
   IdempotencyAdmin,
-  IdempotencyModule,
   IdempotencyStore,
   LocalCacheIdempotencyStore,
   NoRepeatSubmit,
@@ -20,6 +16,7 @@ import {
 import { eventually } from './support/eventually.js';
 import { freePort, startRedisServer, type RedisServer } from './support/redis-server.js';
 import { REDIS_URL } from './support/services.js';
+import { makeApp } from './support/edge-app.js';
 
 /** Handler runs per client key, across every app of this file. */
 const runs = new Map<string, number>();
@@ -43,13 +40,6 @@ class ProbeController {
   }
 }
 
-@Module({})
-class ProbeModule {
-  static register(options: IdempotencyModuleOptions): DynamicModule {
-    return { module: ProbeModule, imports: [IdempotencyModule.forRoot(options)], controllers: [ProbeController] };
-  }
-}
-
 type Adapter = 'express' | 'fastify';
 
 interface Instance {
@@ -60,16 +50,10 @@ interface Instance {
 }
 
 async function start(adapter: Adapter, options: IdempotencyModuleOptions): Promise<Instance> {
-  const module = ProbeModule.register(options);
-  const app =
-    adapter === 'fastify'
-      ? await NestFactory.create(module, new FastifyAdapter(), { logger: ['error'], abortOnError: false })
-      : await NestFactory.create(module, new ExpressAdapter(), { logger: ['error'], abortOnError: false });
-  await app.listen(0, '127.0.0.1');
-  const { port } = app.getHttpServer().address() as { port: number };
+  const { app, url } = await makeApp(adapter, [ProbeController], options);
   const cache = app.get(IdempotencyStore);
   expect(cache).toBeInstanceOf(LocalCacheIdempotencyStore);
-  return { app, url: `http://127.0.0.1:${port}`, admin: app.get(IdempotencyAdmin), cache: cache as LocalCacheIdempotencyStore };
+  return { app, url, admin: app.get(IdempotencyAdmin), cache: cache as LocalCacheIdempotencyStore };
 }
 
 interface Answer {

@@ -1,13 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, Module, Post, type DynamicModule, type INestApplication } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
-import { ExpressAdapter } from '@nestjs/platform-express';
-import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { Body, Controller, Post, type INestApplication } from '@nestjs/common';
 import type { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import {
   IdempotencyAdmin,
-  IdempotencyModule,
   IdempotencyStore,
   LocalCacheIdempotencyStore,
   NoRepeatSubmit,
@@ -17,6 +13,7 @@ import { PostgresIdempotencyStore } from 'nestjs-idempotency/typeorm';
 import { DataSource } from 'typeorm';
 import { eventually } from './support/eventually.js';
 import { connectRedis, DATABASE_URL, REDIS_URL } from './support/services.js';
+import { makeApp } from './support/edge-app.js';
 
 /** Handler runs, counted across every app of this file: instances of one service. */
 const runs = { count: 0 };
@@ -30,17 +27,6 @@ class LocalCacheController {
   }
 }
 
-@Module({})
-class LocalCacheAppModule {
-  static register(options: IdempotencyModuleOptions): DynamicModule {
-    return {
-      module: LocalCacheAppModule,
-      imports: [IdempotencyModule.forRoot(options)],
-      controllers: [LocalCacheController],
-    };
-  }
-}
-
 interface Instance {
   app: INestApplication;
   url: string;
@@ -49,13 +35,8 @@ interface Instance {
 }
 
 async function start(adapter: 'express' | 'fastify', options: IdempotencyModuleOptions): Promise<Instance> {
-  const module = LocalCacheAppModule.register(options);
-  const app =
-    adapter === 'fastify'
-      ? await NestFactory.create(module, new FastifyAdapter(), { logger: ['error'] })
-      : await NestFactory.create(module, new ExpressAdapter(), { logger: ['error'] });
-  await app.listen(0, '127.0.0.1');
-  return { app, url: await app.getUrl(), admin: app.get(IdempotencyAdmin), cache: app.get(IdempotencyStore) as LocalCacheIdempotencyStore };
+  const { app, url } = await makeApp(adapter, [LocalCacheController], options);
+  return { app, url, admin: app.get(IdempotencyAdmin), cache: app.get(IdempotencyStore) as LocalCacheIdempotencyStore };
 }
 
 async function order(instance: Instance, key: string) {
@@ -150,7 +131,7 @@ describe('localCache: two instances (Express, Fastify) on one Redis', () => {
 
   it('refuses the PostgreSQL store at start-up: nothing would tell it another instance forgot a record', async () => {
     const store = new PostgresIdempotencyStore(new DataSource({ type: 'postgres', url: DATABASE_URL }));
-    await expect(NestFactory.create(LocalCacheAppModule.register({ store, localCache: true }), { logger: false, abortOnError: false })).rejects.toThrow(
+    await expect(makeApp('express', [LocalCacheController], { store, localCache: true })).rejects.toThrow(
       /localCache needs the Redis store; PostgresIdempotencyStore/,
     );
   });
