@@ -57,7 +57,8 @@ describe('LocalCacheIdempotencyStore', () => {
   }
 
   beforeEach(async () => {
-    jest.useFakeTimers();
+    // setImmediate stays real: a cached answer waits for the check phase.
+    jest.useFakeTimers({ doNotFake: ['setImmediate'] });
     inner = new MemoryIdempotencyStore();
     tracking = new HandTracking(inner);
     store = new LocalCacheIdempotencyStore(inner, tracking, { maxEntries: 100, maxBytes: 1 << 20 });

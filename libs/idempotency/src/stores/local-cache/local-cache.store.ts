@@ -64,9 +64,19 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
     return { entries: this.records.size, bytes: this.records.bytes, live: this.tracking.live };
   }
 
+  /**
+   * A cached record answers without a round trip, but not in the same turn: the answer waits for
+   * the event loop's check phase (`setImmediate`), so that the replays of one poll are answered
+   * together, as answers from Redis are. Answering each in its socket's read callback measured
+   * ~40 µs more CPU per replay on Fastify and ~55 µs on Express (bench/README.md), and a bare
+   * Nest endpoint shows the same.
+   */
   async claim(input: ClaimInput): Promise<ClaimResult> {
     const cached = this.records.get(input.key, performance.now());
-    if (cached !== undefined) return answerOf(cached, input.fingerprint);
+    if (cached !== undefined) {
+      await checkPhase();
+      return answerOf(cached, input.fingerprint);
+    }
     const result = await this.store.claim(input);
     if (result.status === 'completed') this.fill(input.key);
     return result;
@@ -173,6 +183,10 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
 }
 
 /** What a claim of a completed record answers, as the store would: the fingerprint check first. */
+function checkPhase(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
+}
+
 function answerOf(cached: CachedRecord, fingerprint: string): ClaimResult {
   if (fingerprint !== '' && cached.fingerprint !== '' && cached.fingerprint !== fingerprint) return { status: 'mismatch' };
   return { status: 'completed', response: cached.response };
