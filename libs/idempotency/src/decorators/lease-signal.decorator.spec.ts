@@ -5,7 +5,7 @@ import { describe, expect, it } from '@jest/globals';
 import { ROUTE_ARGS_METADATA } from '@nestjs/common/constants.js';
 import type { ExecutionContext } from '@nestjs/common';
 import { LeaseRenewal } from '../interceptors/lease-renewal.js';
-import { LeaseSignal, rememberLeaseSignal } from './lease-signal.decorator.js';
+import { LeaseSignal, leaseSignalOf, rememberLeaseSignal } from './lease-signal.decorator.js';
 
 /** The factory behind `@LeaseSignal()`, as Nest calls it. */
 function leaseSignalFactory(): (data: unknown, ctx: ExecutionContext) => AbortSignal {
@@ -22,6 +22,12 @@ const contextOf = (type: 'http' | 'rpc', args: unknown[], handler: object) =>
 
 describe('@LeaseSignal() hand-over', () => {
   const read = leaseSignalFactory();
+
+  it('is recorded by Nest with leaseSignalOf as its factory, which is how a route knows it takes a signal', () => {
+    // routeOptions looks for this factory among the handler's parameters; a route without it
+    // gets no hand-over at all (no property on its request).
+    expect(read).toBe(leaseSignalOf);
+  });
 
   it('gives each handler of one call its own source, and the never-aborted signal to a call without a claim', () => {
     const request = {};

@@ -36,7 +36,10 @@ function entriesOf(call: object): LeaseEntry | undefined {
   return Object.isExtensible(call) || LEASES in call ? (call as CallObject)[LEASES] : sealed.get(call);
 }
 
-/** Hands the claim's signal to `@LeaseSignal()` parameters of this call (the guard calls it). */
+/**
+ * Hands the claim's signal to `@LeaseSignal()` parameters of this call (the guard calls it, on
+ * routes whose handler has one: see `takesLeaseSignal`).
+ */
 export function rememberLeaseSignal(ctx: ExecutionContext, source: SignalSource): void {
   const call = callOf(ctx);
   if (!call) return;
@@ -70,11 +73,14 @@ export function rememberLeaseSignal(ctx: ExecutionContext, source: SignalSource)
  * }
  * ```
  */
-export const LeaseSignal = createParamDecorator((_data: unknown, ctx: ExecutionContext): AbortSignal => {
+export const LeaseSignal = createParamDecorator(leaseSignalOf);
+
+/** What `@LeaseSignal()` gives a handler (Nest keeps it as the parameter's factory). */
+export function leaseSignalOf(_data: unknown, ctx: ExecutionContext): AbortSignal {
   const call = callOf(ctx);
   const handler = ctx.getHandler();
   for (let entry = call && entriesOf(call); entry; entry = entry.next) {
     if (entry.handler === handler) return entry.source.signal;
   }
   return NEVER_ABORTED;
-});
+}

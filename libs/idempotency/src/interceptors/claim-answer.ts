@@ -94,7 +94,7 @@ export class ClaimAnswers {
       case 'acquired':
         this.counters.count('acquired', route.handler);
         events?.emit('acquired', {});
-        return runHolding(ctx, exchange, next, this.calls.hold(input, route, false, events));
+        return runHolding(ctx, exchange, next, route, this.calls.hold(input, route, false, events));
     }
   }
 
@@ -118,7 +118,7 @@ export class ClaimAnswers {
     // A claim that timed out may still land when the store recovers: run as its possible
     // holder, so that the answer completes it or a failure releases it, never a stranded key.
     const possible = this.calls.hold(input, route, true, events);
-    const { result } = runHolding(ctx, exchange, next, possible);
+    const { result } = runHolding(ctx, exchange, next, route, possible);
     const failOpen = () => {
       this.counters.count('failOpen', route.handler);
       events?.emit('fail_open', {});
@@ -132,7 +132,7 @@ export class ClaimAnswers {
   }
 }
 
-function runHolding(ctx: ExecutionContext, exchange: GuardExchange, next: CallHandler, claim: HeldClaim): Guarded {
-  rememberLeaseSignal(ctx, claim);
+function runHolding(ctx: ExecutionContext, exchange: GuardExchange, next: CallHandler, route: GuardedRoute, claim: HeldClaim): Guarded {
+  if (route.takesLeaseSignal) rememberLeaseSignal(ctx, claim);
   return { result: exchange.run(next, claim), release: claim.release };
 }

@@ -1,5 +1,6 @@
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { withoutRefusalHeaders } from './refusal-headers.js';
+import { hookResponse, showReports, type ResponseHook, type Through } from './response-hooks.js';
 
 /** The answer as it left for the first client. */
 export interface CapturedResponse {
@@ -18,36 +19,6 @@ type Args = unknown[];
 interface Reported {
   headersSent: boolean;
   writableEnded: boolean;
-}
-const REPORTED = Symbol('nestjs-idempotency.reported');
-type Reporting = ServerResponse & { [REPORTED]?: Reported };
-
-/**
- * The accessors `report` puts on a response: one function each for every response, so that V8
- * gives every captured response the same shape (a closure per response gave each its own, and
- * Node's HTTP code then ran on a new shape every request).
- */
-const reportedAccessors = {
-  headersSent: {
-    configurable: true,
-    get(this: Reporting): boolean {
-      return this[REPORTED]?.headersSent || (Reflect.get(Object.getPrototypeOf(this) as object, 'headersSent', this) as boolean);
-    },
-  },
-  writableEnded: {
-    configurable: true,
-    get(this: Reporting): boolean {
-      return this[REPORTED]?.writableEnded || (Reflect.get(Object.getPrototypeOf(this) as object, 'writableEnded', this) as boolean);
-    },
-  },
-} satisfies PropertyDescriptorMap;
-
-/** Puts the shared accessors on `raw`, answering from the state returned. */
-function reportedOn(raw: Reporting): Reported {
-  const reported: Reported = { headersSent: false, writableEnded: false };
-  raw[REPORTED] = reported;
-  Object.defineProperties(raw, reportedAccessors);
-  return reported;
 }
 const callbackOf = (args: Args) => args.find((arg) => typeof arg === 'function') as ((error?: Error) => void) | undefined;
 const withoutCallback = (args: Args) => args.filter((arg) => typeof arg !== 'function');
@@ -69,7 +40,7 @@ const withoutCallback = (args: Args) => args.filter((arg) => typeof arg !== 'fun
  * an `end()` after the handler succeeded (the client left, the app destroyed it) is also
  * recorded as never delivered: held bytes are never saved as a whole answer.
  */
-export class ResponseCapture {
+export class ResponseCapture implements ResponseHook {
   private mode: 'pending' | 'save' | 'pass' | 'foreign' = 'pending';
   private state: 'open' | 'ending' | 'ended' = 'open';
   private held: Args[] = [];
@@ -77,12 +48,11 @@ export class ResponseCapture {
   private bytes = 0;
   private overflowed = false;
   private head: OutgoingHttpHeaders | undefined;
-  /** What `report` last said; undefined until it first said anything (no accessors on the response yet). */
-  private reported: Reported | undefined;
+  /** What the response says of itself (see `report`); undefined until the capture first held bytes. */
+  reported: Reported | undefined = undefined;
   private readonly names: readonly string[];
-  private readonly write: ServerResponse['write'];
-  private readonly end: ServerResponse['end'];
-  private readonly writeHead: ServerResponse['writeHead'];
+  /** The response's methods before the capture. */
+  private readonly through: Through;
 
   constructor(
     private readonly raw: ServerResponse,
@@ -92,23 +62,23 @@ export class ResponseCapture {
     private readonly save: SaveCaptured,
   ) {
     this.names = headerNames.includes('content-encoding') ? headerNames : [...headerNames, 'content-encoding'];
-    this.write = raw.write;
-    this.end = raw.end;
-    this.writeHead = raw.writeHead;
-    const capture = this;
-    raw.writeHead = function (this: ServerResponse, ...args: Args) {
-      const headers = args.find((arg) => typeof arg === 'object' && arg !== null && !Array.isArray(arg));
-      if (headers) capture.head = headers as OutgoingHttpHeaders;
-      return (capture.writeHead as (...a: Args) => ServerResponse).apply(this, args);
-    } as ServerResponse['writeHead'];
-    raw.write = function (this: ServerResponse, ...args: Args) {
-      return capture.onWrite(args);
-    } as ServerResponse['write'];
-    raw.end = function (this: ServerResponse, ...args: Args) {
-      capture.onEnd(args);
-      return this;
-    } as ServerResponse['end'];
+    this.through = hookResponse(raw, this);
     raw.once('close', () => this.onClose());
+  }
+
+  writeHead(res: ServerResponse, args: Args): ServerResponse {
+    const headers = args.find((arg) => typeof arg === 'object' && arg !== null && !Array.isArray(arg));
+    if (headers) this.head = headers as OutgoingHttpHeaders;
+    return (this.through.writeHead as (...a: Args) => ServerResponse).apply(res, args);
+  }
+
+  write(_res: ServerResponse, args: Args): boolean {
+    return this.onWrite(args);
+  }
+
+  end(res: ServerResponse, args: Args): ServerResponse {
+    this.onEnd(args);
+    return res;
   }
 
   /**
@@ -141,11 +111,11 @@ export class ResponseCapture {
       if (callback) process.nextTick(callback);
       return false;
     }
-    if (this.mode === 'pass' || this.mode === 'foreign' || this.overflowed) return this.write.apply(this.raw, args as never);
+    if (this.mode === 'pass' || this.mode === 'foreign' || this.overflowed) return this.through.write.apply(this.raw, args as never);
     this.record(args[0], args[1]);
     if (this.overflowed) {
       this.flush();
-      return this.write.apply(this.raw, args as never);
+      return this.through.write.apply(this.raw, args as never);
     }
     this.held.push(withoutCallback(args));
     if (callback) process.nextTick(callback);
@@ -187,7 +157,7 @@ export class ResponseCapture {
       if (this.raw.destroyed) return;
       try {
         this.flush();
-        this.end.apply(this.raw, args as never);
+        this.through.end.apply(this.raw, args as never);
       } catch (error) {
         this.raw.destroy(error as Error);
       }
@@ -198,21 +168,22 @@ export class ResponseCapture {
     const held = this.held;
     this.held = [];
     this.report({});
-    for (const args of held) this.write.apply(this.raw, args as never);
+    for (const args of held) this.through.write.apply(this.raw, args as never);
   }
 
   /**
    * What the app sees of the response while bytes are held: what it did, not what left. The
-   * first report puts two accessors on the response (`reportedOn`), which answer from what was
-   * reported or, when that says nothing, from Node's own getters; they stay (a `delete` would turn
-   * the response into a slow dictionary object for the rest of its life).
+   * response's `headersSent` and `writableEnded` (see `hookResponse`) answer from what was
+   * reported or, when that says nothing, from Node's own getters.
    */
   private report(seen: { headersSent?: true; writableEnded?: true }): void {
     const headersSent = seen.headersSent === true;
     const writableEnded = seen.writableEnded === true;
     if (!this.reported) {
       if (!headersSent && !writableEnded) return;
-      this.reported = reportedOn(this.raw);
+      this.reported = { headersSent, writableEnded };
+      showReports(this.raw, this);
+      return;
     }
     this.reported.headersSent = headersSent;
     this.reported.writableEnded = writableEnded;

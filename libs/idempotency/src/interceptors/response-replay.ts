@@ -1,6 +1,7 @@
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { REPLAYED_HEADER } from '../idempotency.constants.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
+import { hookResponse } from './response-hooks.js';
 
 /**
  * Headers that describe the body the app's pipeline made for a replay, which is not sent; the
@@ -25,18 +26,17 @@ export function savedBytes(saved: SavedResponse): Buffer {
  */
 export function replayInto(raw: ServerResponse, saved: SavedResponse, headerNames: readonly string[]): void {
   const body = NO_BODY.has(saved.statusCode) ? Buffer.alloc(0) : savedBytes(saved);
-  const writeHead = raw.writeHead;
-  const end = raw.end;
   let headed = false;
-  const setHead = (pipelineHeaders?: OutgoingHttpHeaders): OutgoingHttpHeaders | undefined => {
+  let ended = false;
+  const setHead = (res: ServerResponse, pipelineHeaders?: OutgoingHttpHeaders): OutgoingHttpHeaders | undefined => {
     if (headed) return pipelineHeaders;
     headed = true;
     const replaced = new Set([...BODY_HEADERS, ...headerNames]);
-    for (const name of replaced) raw.removeHeader(name);
-    for (const [name, value] of Object.entries(saved.headers)) raw.setHeader(name, value);
-    if (!NO_BODY.has(saved.statusCode)) raw.setHeader('content-length', body.length);
-    raw.setHeader(REPLAYED_HEADER, 'true');
-    raw.statusCode = saved.statusCode;
+    for (const name of replaced) res.removeHeader(name);
+    for (const [name, value] of Object.entries(saved.headers)) res.setHeader(name, value);
+    if (!NO_BODY.has(saved.statusCode)) res.setHeader('content-length', body.length);
+    res.setHeader(REPLAYED_HEADER, 'true');
+    res.statusCode = saved.statusCode;
     if (!pipelineHeaders) return undefined;
     const kept: OutgoingHttpHeaders = {};
     for (const [name, value] of Object.entries(pipelineHeaders)) {
@@ -44,24 +44,28 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
     }
     return kept;
   };
-  raw.writeHead = function (this: ServerResponse, ...args: unknown[]) {
-    const headers = args.find((arg) => typeof arg === 'object' && arg !== null && !Array.isArray(arg)) as
-      | OutgoingHttpHeaders
-      | undefined;
-    const kept = setHead(headers);
-    return kept ? writeHead.call(this, saved.statusCode, kept) : writeHead.call(this, saved.statusCode);
-  } as ServerResponse['writeHead'];
-  raw.write = function (this: ServerResponse, ...args: unknown[]) {
-    const callback = args.find((arg) => typeof arg === 'function') as (() => void) | undefined;
-    if (callback) process.nextTick(callback);
-    return true;
-  } as ServerResponse['write'];
-  raw.end = function (this: ServerResponse, ...args: unknown[]) {
-    const callback = args.find((arg) => typeof arg === 'function') as (() => void) | undefined;
-    raw.end = end;
-    if (!this.headersSent) setHead();
-    return (end as (chunk: Buffer, callback?: () => void) => ServerResponse).call(this, body, callback);
-  } as ServerResponse['end'];
+  const through = hookResponse(raw, {
+    writeHead(res, args) {
+      const headers = args.find((arg) => typeof arg === 'object' && arg !== null && !Array.isArray(arg)) as
+        | OutgoingHttpHeaders
+        | undefined;
+      const kept = setHead(res, headers);
+      return kept ? through.writeHead.call(res, saved.statusCode, kept) : through.writeHead.call(res, saved.statusCode);
+    },
+    write(_res, args) {
+      const callback = args.find((arg) => typeof arg === 'function') as (() => void) | undefined;
+      if (callback) process.nextTick(callback);
+      return true;
+    },
+    end(res, args) {
+      // A second end() is Node's to answer, as it was before the replay.
+      if (ended) return (through.end as (...a: unknown[]) => ServerResponse).apply(res, args);
+      ended = true;
+      const callback = args.find((arg) => typeof arg === 'function') as (() => void) | undefined;
+      if (!res.headersSent) setHead(res);
+      return (through.end as (chunk: Buffer, callback?: () => void) => ServerResponse).call(res, body, callback);
+    },
+  });
 }
 
 /** Sends the saved answer at once (for routes where the app sends nothing itself). */

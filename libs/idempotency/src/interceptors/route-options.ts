@@ -1,4 +1,5 @@
 import type { ExecutionContext } from '@nestjs/common';
+import { leaseSignalOf } from '../decorators/lease-signal.decorator.js';
 import { controllerMethods, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { savesStatus, type ResolvedIdempotencyOptions, type SavesStatus } from '../idempotency.config.js';
 import type { ErrorFormat } from '../errors/problem-details.js';
@@ -31,6 +32,8 @@ export interface GuardedRoute {
   maxResponseBytes: number;
   /** The handler sends its own answer (`@Res()` / `@Next()` without passthrough): Nest sends none. */
   sendsOwnResponse: boolean;
+  /** The handler has a `@LeaseSignal()` parameter: the guard hands it the claim's signal. */
+  takesLeaseSignal: boolean;
   /** The request header that carries the key (lower case), for routes keyed by a header. */
   keyHeader: string;
   /** The request methods guarded, for a route a class-level decorator alone guards (else all but HEAD). */
@@ -70,6 +73,7 @@ export function routeOptions(
     keyHeader: keyHeader.toLowerCase(),
     maxResponseBytes: options.maxResponseBytes ?? defaults.maxResponseBytes,
     sendsOwnResponse: sendsOwnResponse(ctx, method),
+    takesLeaseSignal: takesLeaseSignal(ctx, method),
     required: options.required ?? defaults.required,
     savesStatus: options.saveStatuses === undefined ? defaults.savesStatus : savesStatus(options.saveStatuses),
     skipIf: options.skipIf,
@@ -93,9 +97,24 @@ const RESPONSE_ARG = 1;
 const NEXT_ARG = 2;
 
 /** Whether Nest leaves the answer to the handler, as its router decides (`isResponseHandled`). */
+type RouteArgs = Record<string, { data?: { passthrough?: boolean }; factory?: unknown }>;
+
+/** The handler's parameters as Nest records them (the same metadata for HTTP and RPC handlers). */
+function routeArgs(ctx: ExecutionContext, method: string): RouteArgs {
+  return (Reflect.getMetadata(ROUTE_ARGS_METADATA, ctx.getClass(), method) as RouteArgs | undefined) ?? {};
+}
+
+/**
+ * Whether a parameter is `@LeaseSignal()`, so that a route without one hands over no signal: the
+ * hand-over is a property on the request, and on Express a property added to a request costs a
+ * hidden class of its own (see `hookResponse`).
+ */
+function takesLeaseSignal(ctx: ExecutionContext, method: string): boolean {
+  return Object.values(routeArgs(ctx, method)).some((arg) => arg.factory === leaseSignalOf);
+}
+
 function sendsOwnResponse(ctx: ExecutionContext, method: string): boolean {
-  const args: Record<string, { data?: { passthrough?: boolean } }> =
-    Reflect.getMetadata(ROUTE_ARGS_METADATA, ctx.getClass(), method) ?? {};
+  const args = routeArgs(ctx, method);
   return Object.entries(args).some(([slot, arg]) => {
     const type = Number(slot.split(':')[0]);
     return (type === RESPONSE_ARG || type === NEXT_ARG) && !arg.data?.passthrough;

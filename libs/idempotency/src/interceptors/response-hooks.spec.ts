@@ -1,0 +1,186 @@
+// Where the guard's hooks go on a Node.js response, over a real HTTP server: a response built by
+// its class (Fastify's reply.raw) takes them as its own properties; one whose prototype was swapped
+// after it was built (Express sets its app's `response` on every response; done here the way
+// Express does it) takes a single property and a derived prototype, because every property added
+// to such an object gives it a hidden class of its own (bench/README.md has the cost).
+import { afterEach, describe, expect, it } from '@jest/globals';
+import { createServer, ServerResponse, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { ResponseCapture } from './response-capture.js';
+import { hookResponse, showReports, type ResponseHook, type Through } from './response-hooks.js';
+
+/** An Express app's `response`: its prototype chain leads to Node's. */
+const appResponse = Object.create(ServerResponse.prototype, { locals: { value: 'app', writable: true } }) as object;
+
+let server: Server | undefined;
+async function closeServer(): Promise<void> {
+  const closing = server;
+  server = undefined;
+  if (!closing) return;
+  closing.closeAllConnections();
+  await new Promise((resolve) => closing.close(resolve));
+}
+afterEach(closeServer);
+
+/** Serves one request with `handle` and returns what the client got. */
+async function serve(handle: (res: ServerResponse) => void): Promise<{ status: number; body: string }> {
+  server = createServer((_req, res) => handle(res));
+  await new Promise<void>((resolve) => server!.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  const response = await fetch(`http://127.0.0.1:${port}/`);
+  return { status: response.status, body: await response.text() };
+}
+
+/** A hook that upper-cases what is written and counts its calls. */
+function shouting(calls: string[], name = 'hook'): ResponseHook & { through?: Through } {
+  const hook: ResponseHook & { through?: Through } = {
+    writeHead(res, args) {
+      calls.push(`${name}.writeHead`);
+      return (hook.through!.writeHead as (...a: unknown[]) => ServerResponse).apply(res, args);
+    },
+    write(res, args) {
+      calls.push(`${name}.write`);
+      return (hook.through!.write as (...a: unknown[]) => boolean).call(res, String(args[0]).toUpperCase());
+    },
+    end(res, args) {
+      calls.push(`${name}.end`);
+      return (hook.through!.end as (...a: unknown[]) => ServerResponse).call(res, args[0] === undefined ? undefined : String(args[0]).toUpperCase());
+    },
+  };
+  return hook;
+}
+
+/** What the guard may add: the methods and accessors it hooks, and its own symbols. */
+const byTheGuard = (key: string | symbol) =>
+  typeof key === 'symbol' ? String(key).includes('nestjs-idempotency') : ['writeHead', 'write', 'end', 'headersSent', 'writableEnded'].includes(key);
+const ownKeys = (res: ServerResponse) => new Set(Reflect.ownKeys(res));
+const added = (before: Set<string | symbol>, res: ServerResponse) => Reflect.ownKeys(res).filter((key) => !before.has(key));
+
+describe('hookResponse', () => {
+  it('puts the methods on a response built by its class (Fastify, plain Node)', async () => {
+    const calls: string[] = [];
+    let keys: (string | symbol)[] = [];
+    const got = await serve((res) => {
+      const before = ownKeys(res);
+      const hook = shouting(calls);
+      hook.through = hookResponse(res, hook);
+      keys = added(before, res);
+      res.writeHead(201, { 'content-type': 'text/plain' });
+      res.write('a');
+      res.end('b');
+    });
+    expect(got).toEqual({ status: 201, body: 'AB' });
+    expect(calls).toEqual(['hook.writeHead', 'hook.write', 'hook.end']);
+    expect(keys).toEqual(['writeHead', 'write', 'end']);
+  });
+
+  it('adds one property to a prototype-swapped response (Express), whose prototype then finds the hook', async () => {
+    const calls: string[] = [];
+    let keys: (string | symbol)[] = [];
+    let stillAResponse = false;
+    let appMembers = '';
+    const got = await serve((res) => {
+      Object.setPrototypeOf(res, appResponse);
+      const before = ownKeys(res);
+      const hook = shouting(calls);
+      hook.through = hookResponse(res, hook);
+      keys = added(before, res);
+      stillAResponse = res instanceof ServerResponse;
+      appMembers = (res as ServerResponse & { locals: string }).locals;
+      res.writeHead(201, { 'content-type': 'text/plain' });
+      res.write('a');
+      res.end('b');
+    });
+    expect(got).toEqual({ status: 201, body: 'AB' });
+    expect(calls).toEqual(['hook.writeHead', 'hook.write', 'hook.end']);
+    expect(keys).toHaveLength(1);
+    expect(typeof keys[0]).toBe('symbol');
+    expect(stillAResponse).toBe(true);
+    expect(appMembers).toBe('app');
+  });
+
+  it('leaves an unhooked response of the same app as it was, after another one was hooked', async () => {
+    await serve((res) => {
+      Object.setPrototypeOf(res, appResponse);
+      const hook = shouting([]);
+      hook.through = hookResponse(res, hook);
+      res.end('x');
+    });
+    await closeServer();
+    const got = await serve((res) => {
+      Object.setPrototypeOf(res, appResponse);
+      res.end('plain');
+    });
+    expect(got.body).toBe('plain');
+  });
+
+  it("stands in front of a response's own methods (a compression middleware's), and of an earlier hook", async () => {
+    for (const swap of [false, true]) {
+      const calls: string[] = [];
+      const got = await serve((res) => {
+        if (swap) Object.setPrototypeOf(res, appResponse);
+        // A middleware's wrapper, set before the guard runs (compression does this).
+        const nodeEnd = res.end;
+        res.end = function (this: ServerResponse, ...args: unknown[]) {
+          calls.push('middleware.end');
+          return (nodeEnd as (...a: unknown[]) => ServerResponse).apply(this, args);
+        } as ServerResponse['end'];
+        const first = shouting(calls, 'first');
+        first.through = hookResponse(res, first);
+        // A second run on the same response (an outer retry()).
+        const second = shouting(calls, 'second');
+        second.through = hookResponse(res, second);
+        res.end('b');
+      });
+      await closeServer();
+      expect(got.body).toBe('B');
+      // Node's end() writes the implicit head through writeHead: the hooks see that too.
+      expect(calls).toEqual(['second.end', 'first.end', 'middleware.end', 'second.writeHead', 'first.writeHead']);
+    }
+  });
+
+  it('lets a hook say what headersSent and writableEnded report, else Node answers', async () => {
+    for (const swap of [false, true]) {
+      const seen: boolean[] = [];
+      await serve((res) => {
+        if (swap) Object.setPrototypeOf(res, appResponse);
+        const reported = { headersSent: false, writableEnded: false };
+        const hook = Object.assign(shouting([]), { reported });
+        hook.through = hookResponse(res, hook);
+        showReports(res, hook);
+        seen.push(res.headersSent, res.writableEnded);
+        reported.headersSent = true;
+        reported.writableEnded = true;
+        seen.push(res.headersSent, res.writableEnded);
+        reported.headersSent = false;
+        reported.writableEnded = false;
+        res.end('x');
+        seen.push(res.headersSent, res.writableEnded);
+      });
+      await closeServer();
+      expect(seen).toEqual([false, false, true, true, true, true]);
+    }
+  });
+});
+
+describe('ResponseCapture on a prototype-swapped response (Express)', () => {
+  it('adds one property to it, however much it holds and reports', async () => {
+    let keys: (string | symbol)[] = [];
+    let saved: string | undefined;
+    const got = await serve((res) => {
+      Object.setPrototypeOf(res, appResponse);
+      const before = ownKeys(res);
+      const capture = new ResponseCapture(res, ['content-type'], 1 << 20, false, async (sent) => {
+        saved = sent?.body?.toString();
+      });
+      capture.succeed();
+      res.setHeader('content-type', 'text/plain');
+      res.write('held ');
+      res.end('then sent');
+      keys = added(before, res).filter(byTheGuard);
+    });
+    expect(got).toEqual({ status: 200, body: 'held then sent' });
+    expect(saved).toBe('held then sent');
+    expect(keys).toHaveLength(1);
+  });
+});

@@ -1,0 +1,170 @@
+import type { ServerResponse } from 'node:http';
+
+type Args = unknown[];
+
+/** What the guard does with a call of a response's writing methods (`res` is the response). */
+export interface ResponseHook {
+  writeHead(res: ServerResponse, args: Args): ServerResponse;
+  write(res: ServerResponse, args: Args): boolean;
+  end(res: ServerResponse, args: Args): ServerResponse;
+  /** What the response says of itself while the hook holds its bytes; undefined: what Node says. */
+  readonly reported?: { readonly headersSent: boolean; readonly writableEnded: boolean };
+}
+
+/** The writing methods as they were before a hook: what it calls to let a call through. */
+export interface Through {
+  writeHead: ServerResponse['writeHead'];
+  write: ServerResponse['write'];
+  end: ServerResponse['end'];
+}
+
+const HOOK = Symbol('nestjs-idempotency.responseHook');
+type Hooked = ServerResponse & { [HOOK]?: ResponseHook };
+
+const derivedPrototypes = new WeakMap<object, object>();
+
+/**
+ * Puts `hook` on the response's `writeHead`, `write` and `end`, and returns the methods it stands
+ * in front of. See `showReports` for `headersSent` and `writableEnded`.
+ *
+ * Where it goes depends on how the response was built, because each property added to an object
+ * whose prototype was swapped after it was built (Express does so on every response, to its
+ * app's `response`) gives that object a hidden class of its own: V8 shares no transitions from a
+ * prototype-swapped map. Measured on Express: seven properties added per response cost ~20 µs of
+ * CPU a request, the collector's share included (bench/README.md). So:
+ * - a response built by its class (Node's, Fastify's `reply.raw`) takes the methods as its own
+ *   properties, along V8's shared transitions;
+ * - a prototype-swapped one (Express) takes one property, the hook, and a prototype derived once
+ *   from its own, whose methods find the hook;
+ * - a response that already has methods of its own (a compression middleware's) or a hook (a
+ *   second run after an outer `retry()`) takes them as its own properties, in front of those.
+ */
+export function hookResponse(raw: ServerResponse, hook: ResponseHook): Through {
+  const response = raw as Hooked;
+  const through: Through = { writeHead: raw.writeHead, write: raw.write, end: raw.end };
+  const prototype = Object.getPrototypeOf(raw) as object | null;
+  if (prototype !== null && swapped(raw, prototype) && !(HOOK in raw) && !hasOwnMethod(raw)) {
+    response[HOOK] = hook;
+    Object.setPrototypeOf(raw, derivedFrom(prototype));
+    return through;
+  }
+  raw.writeHead = function (this: ServerResponse, ...args: Args) {
+    return hook.writeHead(this, args);
+  } as ServerResponse['writeHead'];
+  raw.write = function (this: ServerResponse, ...args: Args) {
+    return hook.write(this, args);
+  } as ServerResponse['write'];
+  raw.end = function (this: ServerResponse, ...args: Args) {
+    return hook.end(this, args);
+  } as ServerResponse['end'];
+  return through;
+}
+
+/**
+ * From now on the response's `headersSent` and `writableEnded` answer from `hook.reported` (when
+ * it says true), else from Node. A hook on the response's prototype has them there already; a
+ * hook of its own properties puts two accessors on the response now, not before (until then,
+ * the app reads Node's own getters, at their speed).
+ */
+export function showReports(raw: ServerResponse, hook: ResponseHook): void {
+  if ((raw as Hooked)[HOOK] === hook) return;
+  (raw as OwnReporting)[OWN_REPORTER] = hook;
+  Object.defineProperties(raw, ownReports);
+}
+
+/** A prototype other than the one its class gives: set after the object was built. */
+function swapped(raw: ServerResponse, prototype: object): boolean {
+  return typeof raw.constructor !== 'function' || prototype !== raw.constructor.prototype;
+}
+
+function hasOwnMethod(raw: ServerResponse): boolean {
+  return Object.hasOwn(raw, 'writeHead') || Object.hasOwn(raw, 'write') || Object.hasOwn(raw, 'end');
+}
+
+/**
+ * The prototype hooked responses of `parent` get: its methods call the response's hook, else
+ * (no hook) the parent's. Made once per parent (an Express app's `response`).
+ */
+function derivedFrom(parent: object): object {
+  let derived = derivedPrototypes.get(parent);
+  if (derived !== undefined) return derived;
+  const inherited = parent as Through;
+  const headersSent = getterOf(parent, 'headersSent');
+  const writableEnded = getterOf(parent, 'writableEnded');
+  derived = Object.create(parent, {
+    writeHead: {
+      configurable: true,
+      writable: true,
+      value(this: Hooked, ...args: Args) {
+        const hook = this[HOOK];
+        return hook ? hook.writeHead(this, args) : (inherited.writeHead as (...a: Args) => ServerResponse).apply(this, args);
+      },
+    },
+    write: {
+      configurable: true,
+      writable: true,
+      value(this: Hooked, ...args: Args) {
+        const hook = this[HOOK];
+        return hook ? hook.write(this, args) : (inherited.write as (...a: Args) => boolean).apply(this, args);
+      },
+    },
+    end: {
+      configurable: true,
+      writable: true,
+      value(this: Hooked, ...args: Args) {
+        const hook = this[HOOK];
+        return hook ? hook.end(this, args) : (inherited.end as (...a: Args) => ServerResponse).apply(this, args);
+      },
+    },
+    headersSent: {
+      configurable: true,
+      get(this: Hooked): boolean {
+        return this[HOOK]?.reported?.headersSent || headersSent.call(this);
+      },
+    },
+    writableEnded: {
+      configurable: true,
+      get(this: Hooked): boolean {
+        return this[HOOK]?.reported?.writableEnded || writableEnded.call(this);
+      },
+    },
+  }) as object;
+  derivedPrototypes.set(parent, derived);
+  return derived;
+}
+
+/**
+ * The getter `name` has on `prototype` or up its chain (Node's `OutgoingMessage` has both), found
+ * once; where it is not a getter, a plain read through the chain.
+ */
+function getterOf(prototype: object, name: string): (this: object) => boolean {
+  for (let at: object | null = prototype; at !== null; at = Object.getPrototypeOf(at) as object | null) {
+    const descriptor = Object.getOwnPropertyDescriptor(at, name);
+    if (descriptor?.get) return descriptor.get as (this: object) => boolean;
+    if (descriptor) break;
+  }
+  return function (this: object) {
+    return Reflect.get(prototype, name, this) as boolean;
+  };
+}
+
+/**
+ * The hook whose reports a response with own methods shows. The accessors are the same two
+ * functions for every response, so that such responses keep sharing a shape.
+ */
+const OWN_REPORTER = Symbol('nestjs-idempotency.responseReporter');
+type OwnReporting = ServerResponse & { [OWN_REPORTER]?: ResponseHook };
+const ownReports = {
+  headersSent: {
+    configurable: true,
+    get(this: OwnReporting): boolean {
+      return this[OWN_REPORTER]?.reported?.headersSent || (Reflect.get(Object.getPrototypeOf(this) as object, 'headersSent', this) as boolean);
+    },
+  },
+  writableEnded: {
+    configurable: true,
+    get(this: OwnReporting): boolean {
+      return this[OWN_REPORTER]?.reported?.writableEnded || (Reflect.get(Object.getPrototypeOf(this) as object, 'writableEnded', this) as boolean);
+    },
+  },
+} satisfies PropertyDescriptorMap;
