@@ -19,10 +19,10 @@ export const TRACKING_CHECK_MS = 1000;
  * `keyPrefix`), and never changes the store's client itself: a client the user hands in may be
  * shared, by the app or by another module's cache, and tracking is a connection's state.
  *
- * - The reader runs `CLIENT TRACKING ON REDIRECT <id> OPTIN` and the tracked reads: Redis
- *   remembers a key only when a read follows `CLIENT CACHING YES`, and on any change of it (a
- *   write, a delete, an expiry, a flush, from any connection) sends an invalidation to the
- *   redirect connection.
+ * - The reader runs `CLIENT TRACKING ON REDIRECT <id>` and the tracked reads (it reads nothing
+ *   else, so every key it reads is one to track, without `OPTIN` and a `CLIENT CACHING YES`
+ *   before each): Redis remembers each key it read, and on any change of it (a write, a delete,
+ *   an expiry, a flush, from any connection) sends an invalidation to the redirect connection.
  * - The subscriber, in RESP2, subscribed to `__redis__:invalidate`: each message is the array of
  *   keys (read as buffers: a key may hold a comma), or null for a flush.
  *
@@ -75,28 +75,29 @@ export class RedisRecordTracking implements RecordTracking {
   }
 
   /**
-   * One pipelined round trip: `CLIENT CACHING YES` (so that Redis tracks the key), then the
-   * record. One's own completion reads only its head (`GETRANGE`): its token proves the record is
-   * the one just saved, and the caller knows the body and the retention. A record found by a
-   * claim is read whole, with its `PTTL`.
+   * One round trip on the reader, whose every read Redis tracks. One's own completion reads only
+   * its head (`GETRANGE`, one command): its token proves the record is the one just saved, and
+   * the caller knows the body and the retention. A record found by a claim is read whole, with
+   * its `PTTL` (one pipeline).
    */
   async read(key: string, token?: string): Promise<TrackedRecord | undefined> {
     if (!this.reader) return undefined;
-    const pipeline = this.reader.pipeline().client('CACHING', 'YES');
-    if (token !== undefined) pipeline.getrange(key, 0, HEAD_BYTES - 1);
-    else pipeline.get(key).pttl(key);
-    const replies = (await pipeline.exec()) ?? [];
-    for (const [error] of replies) if (error) throw error;
-    const value = replies[1]?.[1] as string | null;
-    if (!value) return undefined;
-    try {
-      if (token !== undefined) {
-        const head = value.startsWith(`C${tokenPrefix(token)}`) ? decodeCompletedHead(value) : undefined;
-        return head && { fingerprint: head.fingerprint };
+    if (token !== undefined) {
+      const head = await this.reader.getrange(key, 0, HEAD_BYTES - 1);
+      try {
+        const completed = head.startsWith(`C${tokenPrefix(token)}`) ? decodeCompletedHead(head) : undefined;
+        return completed && { fingerprint: completed.fingerprint };
+      } catch {
+        return undefined;
       }
-      const ttlMs = replies[2]?.[1] as number;
-      // A record without an expiry (-1) is not cached: nothing may outlive a retention it lacks.
-      if (!(ttlMs > 0)) return undefined;
+    }
+    const replies = (await this.reader.pipeline().get(key).pttl(key).exec()) ?? [];
+    for (const [error] of replies) if (error) throw error;
+    const value = replies[0]?.[1] as string | null;
+    const ttlMs = replies[1]?.[1] as number;
+    // A record without an expiry (-1) is not cached: nothing may outlive a retention it lacks.
+    if (!value || !(ttlMs > 0)) return undefined;
+    try {
       const record = decodeRecord(value);
       return record.state === 'completed' ? { fingerprint: record.fingerprint, response: record.response, ttlMs } : undefined;
     } catch {
@@ -179,7 +180,7 @@ export class RedisRecordTracking implements RecordTracking {
         this.subscriberId = id;
       }
       await reader.client('TRACKING', 'OFF');
-      await reader.client('TRACKING', 'ON', 'REDIRECT', String(this.subscriberId), 'OPTIN');
+      await reader.client('TRACKING', 'ON', 'REDIRECT', String(this.subscriberId));
       // A connection that dropped meanwhile took the tracking with it: the next check enables again.
       if (epoch === this.epoch && !this.stopped) {
         this.live = true;
