@@ -62,7 +62,8 @@ export class ResponseCapture implements ResponseHook {
     private readonly save: SaveCaptured,
   ) {
     this.names = headerNames.includes('content-encoding') ? headerNames : [...headerNames, 'content-encoding'];
-    this.through = hookResponse(raw, this);
+    // A handler that answers itself may hand the response to code that swaps its prototype.
+    this.through = hookResponse(raw, this, handlerAnswers);
     raw.once('close', () => this.onClose());
   }
 

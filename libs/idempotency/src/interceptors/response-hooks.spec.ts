@@ -183,4 +183,23 @@ describe('ResponseCapture on a prototype-swapped response (Express)', () => {
     expect(saved).toBe('held then sent');
     expect(keys).toHaveLength(1);
   });
+
+  it('on a route whose handler answers (@Res()), still sees the answer after another Express app swapped the prototype again', async () => {
+    // A @Res() handler may hand the request to a legacy express() app, which sets its own
+    // app.response as the prototype (express/lib/application.js): the hook must not live there.
+    const legacyResponse = Object.create(ServerResponse.prototype) as object;
+    let saved: string | undefined;
+    const got = await serve((res) => {
+      Object.setPrototypeOf(res, appResponse);
+      new ResponseCapture(res, ['content-type'], 1 << 20, true, async (sent) => {
+        saved = sent?.body?.toString();
+      });
+      res.write('prefix-');
+      Object.setPrototypeOf(res, legacyResponse);
+      res.statusCode = 201;
+      res.end('body');
+    });
+    expect(got).toEqual({ status: 201, body: 'prefix-body' });
+    expect(saved).toBe('prefix-body');
+  });
 });

@@ -37,13 +37,16 @@ const derivedPrototypes = new WeakMap<object, object>();
  * - a prototype-swapped one (Express) takes one property, the hook, and a prototype derived once
  *   from its own, whose methods find the hook;
  * - a response that already has methods of its own (a compression middleware's) or a hook (a
- *   second run after an outer `retry()`) takes them as its own properties, in front of those.
+ *   second run after an outer `retry()`) takes them as its own properties, in front of those;
+ * - so does one handed to code that may swap its prototype again (`ownProperties`: a `@Res()`
+ *   handler may pass it to another Express app, which sets that app's `response` as its
+ *   prototype, and a hook on the old prototype would no longer see the answer).
  */
-export function hookResponse(raw: ServerResponse, hook: ResponseHook): Through {
+export function hookResponse(raw: ServerResponse, hook: ResponseHook, ownProperties = false): Through {
   const response = raw as Hooked;
   const through: Through = { writeHead: raw.writeHead, write: raw.write, end: raw.end };
   const prototype = Object.getPrototypeOf(raw) as object | null;
-  if (prototype !== null && swapped(raw, prototype) && !(HOOK in raw) && !hasOwnMethod(raw)) {
+  if (!ownProperties && prototype !== null && swapped(raw, prototype) && !(HOOK in raw) && !hasOwnMethod(raw)) {
     response[HOOK] = hook;
     Object.setPrototypeOf(raw, derivedFrom(prototype));
     return through;

@@ -182,11 +182,12 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
   }
 }
 
-/** What a claim of a completed record answers, as the store would: the fingerprint check first. */
+/** Resolves in the event loop's check phase. */
 function checkPhase(): Promise<void> {
   return new Promise((resolve) => setImmediate(resolve));
 }
 
+/** What a claim of a completed record answers, as the store would: the fingerprint check first. */
 function answerOf(cached: CachedRecord, fingerprint: string): ClaimResult {
   if (fingerprint !== '' && cached.fingerprint !== '' && cached.fingerprint !== fingerprint) return { status: 'mismatch' };
   return { status: 'completed', response: cached.response };
