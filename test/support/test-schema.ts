@@ -7,8 +7,8 @@ import { DATABASE_URL } from './services.js';
 /** A fresh schema name, so that each spec has its tables to itself in the shared database. */
 export const testSchemaName = (): string => `test_${randomUUID().replace(/-/g, '').slice(0, 12)}`;
 
-/** Runs one statement on its own connection (schemas are made and dropped outside any DataSource). */
-async function adminQuery(sql: string): Promise<void> {
+/** Runs one statement on its own connection: schemas made and dropped outside any DataSource, a migration or another instance in a test. */
+export async function adminQuery(sql: string): Promise<void> {
   const admin = new pg.Client({ connectionString: DATABASE_URL });
   await admin.connect();
   try {

@@ -1,9 +1,8 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
-import pg from 'pg';
 import { DataSource, QueryFailedError } from 'typeorm';
 import { DATABASE_URL } from '../../../../../test/support/services.js';
-import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
+import { adminQuery, dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 import { IdempotencyStoreError } from '../../index.js';
 import { IDEMPOTENCY_ENTITIES } from '../entities.js';
 import { uniqueViolationOf } from '../helpers/unique-violation.js';
@@ -13,17 +12,6 @@ import { statementRunner } from './statements.js';
 
 /** What this session has prepared: each statement's text and how many times it ran. */
 const PREPARED = `SELECT statement, generic_plans + custom_plans AS runs, from_sql FROM pg_prepared_statements`;
-
-/** Runs `sql` on a connection of its own (a migration, another instance). */
-async function elsewhere(sql: string): Promise<void> {
-  const admin = new pg.Client({ connectionString: DATABASE_URL });
-  await admin.connect();
-  try {
-    await admin.query(sql);
-  } finally {
-    await admin.end();
-  }
-}
 
 describe('statementRunner: named prepared statements on the pool or on a transaction runner', () => {
   const schema = testSchemaName();
@@ -62,7 +50,7 @@ describe('statementRunner: named prepared statements on the pool or on a transac
     await store.complete(key, 't', { statusCode: 201, headers: {}, body: '{"id":1}' }, 60_000);
     expect(await store.get(key)).toMatchObject({ state: 'completed', response: { body: '{"id":1}' } });
     // The prepared `get` returns `body` as text; from now on the column is varchar.
-    await elsewhere(`ALTER TABLE "${schema}".idempotency_records ALTER COLUMN body TYPE varchar`);
+    await adminQuery(`ALTER TABLE "${schema}".idempotency_records ALTER COLUMN body TYPE varchar`);
     expect(await store.get(key)).toMatchObject({ state: 'completed', response: { body: '{"id":1}' } });
   });
 
@@ -78,7 +66,7 @@ describe('statementRunner: named prepared statements on the pool or on a transac
       expect((await run(`SELECT v FROM ${table} WHERE id = $1`, [1])).records).toEqual([]);
       await runner.commitTransaction();
 
-      await elsewhere(`ALTER TABLE ${table} ALTER COLUMN v TYPE bigint`);
+      await adminQuery(`ALTER TABLE ${table} ALTER COLUMN v TYPE bigint`);
       await runner.startTransaction();
       const refused = await run(`SELECT v FROM ${table} WHERE id = $1`, [1], runner).catch((error: unknown) => error);
       expect(refused).toBeInstanceOf(IdempotencyStoreError);
