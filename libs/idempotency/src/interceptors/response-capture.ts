@@ -20,6 +20,17 @@ interface Reported {
   headersSent: boolean;
   writableEnded: boolean;
 }
+/** The headers a capture keeps, per list of saved header names (the module's, made once): `content-encoding` too, which the bytes need. */
+const capturedLists = new WeakMap<readonly string[], readonly string[]>();
+function capturedNames(headerNames: readonly string[]): readonly string[] {
+  let names = capturedLists.get(headerNames);
+  if (!names) {
+    names = headerNames.includes('content-encoding') ? headerNames : [...headerNames, 'content-encoding'];
+    capturedLists.set(headerNames, names);
+  }
+  return names;
+}
+
 const callbackOf = (args: Args) => args.find((arg) => typeof arg === 'function') as ((error?: Error) => void) | undefined;
 const withoutCallback = (args: Args) => args.filter((arg) => typeof arg !== 'function');
 
@@ -61,7 +72,7 @@ export class ResponseCapture implements ResponseHook {
     private readonly handlerAnswers: boolean,
     private readonly save: SaveCaptured,
   ) {
-    this.names = headerNames.includes('content-encoding') ? headerNames : [...headerNames, 'content-encoding'];
+    this.names = capturedNames(headerNames);
     // A handler that answers itself may hand the response to code that swaps its prototype.
     this.through = hookResponse(raw, this, handlerAnswers);
     raw.once('close', () => this.onClose());

@@ -8,6 +8,13 @@ import { hookResponse } from './response-hooks.js';
  * saved ones (`content-encoding` among them: the saved bytes may be compressed) take their place.
  */
 const BODY_HEADERS = ['content-type', 'content-length', 'content-encoding', 'transfer-encoding', 'etag', 'last-modified'];
+/** The headers a replay replaces, per list of saved header names (the module's, made once). */
+const replacedSets = new WeakMap<readonly string[], ReadonlySet<string>>();
+function replacedBy(headerNames: readonly string[]): ReadonlySet<string> {
+  let replaced = replacedSets.get(headerNames);
+  if (!replaced) replacedSets.set(headerNames, (replaced = new Set([...BODY_HEADERS, ...headerNames])));
+  return replaced;
+}
 /** Statuses whose responses carry no body. */
 const NO_BODY = new Set([204, 205, 304]);
 
@@ -31,7 +38,7 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
   const setHead = (res: ServerResponse, pipelineHeaders?: OutgoingHttpHeaders): OutgoingHttpHeaders | undefined => {
     if (headed) return pipelineHeaders;
     headed = true;
-    const replaced = new Set([...BODY_HEADERS, ...headerNames]);
+    const replaced = replacedBy(headerNames);
     for (const name of replaced) res.removeHeader(name);
     for (const [name, value] of Object.entries(saved.headers)) res.setHeader(name, value);
     if (!NO_BODY.has(saved.statusCode)) res.setHeader('content-length', body.length);
