@@ -10,7 +10,7 @@ import { assertLoadGenerator } from './driver/load.js';
 import { Progress } from './driver/progress.js';
 import { ArmUnavailable, preparePostgresSchema } from './arms/postgres-arm.js';
 import { fingerprintTable, type FingerprintResult } from './micro/fingerprint.bench.js';
-import { interceptorTable, type InterceptorResult } from './micro/interceptor.bench.js';
+import { interceptorTable, type InProcessRuns } from './micro/interceptor.bench.js';
 import type { MemoryOutcome } from './micro/memory-store.bench.js';
 import { DIST_BENCH, PROJECT_ROOT, RESULTS_DIR } from './paths.js';
 import { BAD_INPUT_CASES, badInputPhase, badInputTable, type BadInputResult } from './phases/bad-input.js';
@@ -71,7 +71,7 @@ async function main(): Promise<void> {
   if (has('throughput') || has('storm') || has('crash')) assertLoadGenerator();
   const progress = new Progress();
   progress.plan(has('fingerprint') ? 1 : 0, 30);
-  progress.plan(has('interceptor') ? 1 : 0, 30);
+  progress.plan(has('interceptor') ? 1 : 0, 60);
   const startedAt = new Date();
   const loadBefore = loadavg();
   progress.log(
@@ -85,10 +85,15 @@ async function main(): Promise<void> {
     fingerprint = await runScript('fingerprint.bench.js', []);
     progress.step('fingerprint');
   }
-  let interceptor: InterceptorResult | undefined;
+  let interceptor: InProcessRuns | undefined;
   if (has('interceptor')) {
     progress.show('interceptor micro-benchmark (alone on the machine)');
-    interceptor = await runScript('interceptor.bench.js', []);
+    // Again with V8's allocation-site pretenuring off: the harness's loop of one response after
+    // another, each end() deferred, sets it off without any guard code (micro/deferred-end.bench.ts).
+    interceptor = {
+      asIs: await runScript('interceptor.bench.js', []),
+      noPretenuring: await runScript('interceptor.bench.js', [], ['--no-allocation-site-pretenuring']),
+    };
     progress.step('interceptor');
   }
   const redisProcess = await startRedis();
@@ -222,7 +227,9 @@ async function main(): Promise<void> {
       '',
       interceptorTable(interceptor),
       '',
-      '`intercept()` and the handler\'s Observable to the end, on a ready request, 50,000 calls per round, median of 5 rounds (`micro/interceptor.bench.ts`).',
+      '`intercept()` and the handler\'s Observable to the end, on a ready request, 50,000 calls per round, median of 5 rounds (`micro/interceptor.bench.ts`). ' +
+        'The second pair of columns is the same run under `--no-allocation-site-pretenuring`: a loop that answers one response after another, each `end()` deferred by a microtask as the guard defers it while saving, ' +
+        'sets off collections that keep megabytes alive with no guard code at all (`micro/deferred-end.bench.ts`). The guard\'s HTTP arms gained nothing from the flag (bench/README.md, Findings).',
     );
   }
   if (memoryOutcome) {
