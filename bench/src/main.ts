@@ -203,14 +203,14 @@ async function main(): Promise<void> {
 
   const loadAfter = loadavg();
   const rows = summarise(samples);
-  const checks = checkTargets(rows, interceptor);
+  const checks = checkTargets(rows, cpus().length, interceptor);
   const sections: string[] = [
     `# npm run bench — ${startedAt.toISOString()}`,
     '',
     `Node ${process.version}, ${cpus().length} cores, the load generator autocannon (${settings.connections} connections); ${cpuPlan.description}. ` +
       `Each arm is its own process; ${settings.rounds} rounds of ${settings.seconds} s per arm and mode after a ${settings.warmupSeconds} s warm-up, arms interleaved. ` +
       'Medians over rounds; ratios are medians of per-round ratios (same round, same adapter), with the lowest and highest round in brackets. ' +
-      'CPU µs/req: CPU time of the arm process (`process.cpuUsage`) + of redis-server (`INFO cpu`) per request sent; added = app + Redis − bare app, the guard\'s cost per request. ' +
+      'CPU µs/req: CPU time of the arm process (`process.cpuUsage`) + of the store\'s server per request sent (redis-server\'s `INFO cpu`; for the PostgreSQL arm, every `postgres` process in /proc: backends, WAL writer, checkpointer); added = app + store − bare app, the guard\'s cost per request. ' +
       'Redis cmds/req: round trips (counted by the guard arms\' own client; from `INFO commandstats` for arms without scripts), then in brackets the commands run inside Lua scripts (the rest of `INFO commandstats`, reset before each run). ' +
       `Load average (1 min) ${loadBefore[0].toFixed(1)} at the start, ${loadAfter[0].toFixed(1)} at the end: above ~2.5 other work shared the machine and absolute figures are low.`,
   ];

@@ -4,6 +4,7 @@ import { REDIS_ARMS, UNGUARDED_ARMS, type AdapterName, type ArmName } from '../a
 import { runLoad, send, type LoadResult } from '../driver/load.js';
 import { handlerRuns, type ArmProcess } from '../driver/processes.js';
 import type { Progress } from '../driver/progress.js';
+import { postgresCpuMicros } from '../driver/postgres-stats.js';
 import { readCommandStats, redisCpuMicros, resetCommandStats, type CommandCounts } from '../driver/redis-stats.js';
 
 /** `unique`: every request a new key (claim + complete). `replay`: one key, answered from the store. */
@@ -19,8 +20,11 @@ export interface Sample extends LoadResult {
   handlerRuns: number;
   /** CPU time of the arm's process per request sent, microseconds (robust to a busy machine). */
   appCpuMicrosPerRequest: number;
-  /** CPU time of the Redis server per request sent, microseconds (Redis arms only). */
-  redisCpuMicrosPerRequest?: number;
+  /**
+   * CPU time of the store's server per request sent, microseconds: redis-server for the Redis
+   * arms, every PostgreSQL process for the PostgreSQL arm.
+   */
+  storeCpuMicrosPerRequest?: number;
   redis?: CommandCounts;
 }
 
@@ -99,11 +103,12 @@ async function measure(arm: ArmProcess, mode: Mode, seconds: number, connections
   }
   const countRedis = REDIS_ARMS.has(arm.arm);
   if (countRedis) await resetCommandStats(redis);
-  const redisCpuBefore = countRedis ? await redisCpuMicros(redis) : 0;
+  const storeCpu = countRedis ? () => redisCpuMicros(redis) : arm.arm === 'guard-postgres' ? postgresCpuMicros : undefined;
+  const storeCpuBefore = await storeCpu?.();
   const before = await handlerRuns(arm);
   const load = await runLoad({ url, headers, body: ORDER_BODY, connections, seconds });
   const after = await settledRuns(arm);
-  const redisCpuAfter = countRedis ? await redisCpuMicros(redis) : 0;
+  const storeCpuAfter = await storeCpu?.();
   const sentByClient =
     after.redisCommands === undefined ? undefined : after.redisCommands - (before.redisCommands ?? 0);
   const commands = countRedis ? await readCommandStats(redis, sentByClient) : undefined;
@@ -111,7 +116,7 @@ async function measure(arm: ArmProcess, mode: Mode, seconds: number, connections
     ...load,
     handlerRuns: after.orders - before.orders,
     appCpuMicrosPerRequest: (after.cpuMicros - before.cpuMicros) / load.sent,
-    redisCpuMicrosPerRequest: countRedis ? (redisCpuAfter - redisCpuBefore) / load.sent : undefined,
+    storeCpuMicrosPerRequest: storeCpuBefore === undefined || storeCpuAfter === undefined ? undefined : (storeCpuAfter - storeCpuBefore) / load.sent,
     redis: commands,
   };
 }
