@@ -2,6 +2,7 @@
 export const ARM_NAMES = [
   'bare',
   'empty-interceptor',
+  'answering-interceptor',
   'guard-redis',
   'guard-redis-local-cache',
   'guard-memory',
@@ -15,11 +16,12 @@ export const ARM_NAMES = [
 export type ArmName = (typeof ARM_NAMES)[number];
 
 /** Run unless `BENCH_ARMS` says otherwise; the lever arms (`guard-redis-uncorked`, `guard-redis-autopipe`) run when named. */
-export const DEFAULT_ARMS: readonly ArmName[] = ['bare', 'empty-interceptor', 'guard-redis', 'guard-redis-local-cache', 'guard-memory', 'guard-postgres', 'peer-redis', 'handwritten'];
+export const DEFAULT_ARMS: readonly ArmName[] = ['bare', 'empty-interceptor', 'answering-interceptor', 'guard-redis', 'guard-redis-local-cache', 'guard-memory', 'guard-postgres', 'peer-redis', 'handwritten'];
 
 export const ARM_LABELS: Record<ArmName, string> = {
   bare: 'bare Nest endpoint',
   'empty-interceptor': 'an empty Nest interceptor (the floor)',
+  'answering-interceptor': 'a Nest interceptor answering without the handler (the replay floor)',
   'guard-redis': 'this guard, Redis',
   'guard-redis-local-cache': 'this guard, Redis, localCache: true',
   'guard-memory': 'this guard, memory',
@@ -32,7 +34,7 @@ export const ARM_LABELS: Record<ArmName, string> = {
 };
 
 /** Arms without a guard: one throughput slot each, no storm or crash phase for the floor. */
-export const UNGUARDED_ARMS: ReadonlySet<ArmName> = new Set(['bare', 'empty-interceptor']);
+export const UNGUARDED_ARMS: ReadonlySet<ArmName> = new Set(['bare', 'empty-interceptor', 'answering-interceptor']);
 
 /** Arms whose store is Redis (commands per request are counted for them). */
 export const REDIS_ARMS: ReadonlySet<ArmName> = new Set(['guard-redis', 'guard-redis-local-cache', 'guard-redis-autopipe', 'guard-redis-uncorked', 'guard-redis-raw-body', 'peer-redis', 'handwritten']);

@@ -3,7 +3,7 @@ import { spawn } from 'node:child_process';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
-import { ADAPTERS, DEFAULT_ARMS, isArmName, type AdapterName, type ArmName } from './arm-names.js';
+import { ADAPTERS, DEFAULT_ARMS, UNGUARDED_ARMS, isArmName, type AdapterName, type ArmName } from './arm-names.js';
 import { ArmUnavailableError, startArm, startRedis, stopAll, stopAllGracefully, trapExit, type ArmEnvironment, type ArmProcess } from './driver/processes.js';
 import { onServerCpus, pinCpus } from './driver/cpu-pinning.js';
 import { assertLoadGenerator } from './driver/load.js';
@@ -147,8 +147,8 @@ async function main(): Promise<void> {
   const runs = has('throughput') ? slotsOf(running).length * settings.adapters.length : 0;
   progress.plan(runs, settings.warmupSeconds + 0.6);
   progress.plan(runs * settings.rounds, settings.seconds + 0.6);
-  // The floor (an empty interceptor) is measured for throughput only: it guards nothing.
-  const stormArms = running.filter((arm) => arm !== 'empty-interceptor');
+  // The floors (the empty and the answering interceptor) are measured for throughput only: they guard nothing.
+  const stormArms = running.filter((arm) => !UNGUARDED_ARMS.has(arm) || arm === 'bare');
   progress.plan(has('storm') ? stormArms.length * settings.adapters.length * 2 : 0, 1.5);
   progress.plan(has('crash') ? 1 : 0, settings.crashLeaseSeconds + 8);
   progress.plan(has('memory') ? 1 : 0, 10);

@@ -7,7 +7,7 @@ import type { Mode, Sample } from './phases/throughput.js';
 export interface Row {
   adapter: AdapterName;
   arm: ArmName;
-  mode: Mode | 'baseline' | 'floor';
+  mode: Mode | 'baseline' | 'floor' | 'replay floor';
   rounds: number;
   rps: number;
   p50: number;
@@ -62,7 +62,7 @@ export function summarise(samples: readonly Sample[]): Row[] {
     const row: Row = {
       adapter,
       arm,
-      mode: arm === 'bare' ? 'baseline' : arm === 'empty-interceptor' ? 'floor' : mode,
+      mode: arm === 'bare' ? 'baseline' : arm === 'empty-interceptor' ? 'floor' : arm === 'answering-interceptor' ? 'replay floor' : mode,
       rounds: group.length,
       rps: median(group.map((s) => s.rps)),
       p50: median(group.map((s) => s.p50)),
@@ -175,7 +175,11 @@ export function checkTargets(rows: readonly Row[], cores: number, inProcess?: { 
   }
   for (const [adapter, min] of [['express', 0.95], ['fastify', 0.8]] as const) {
     const cached = row(adapter, 'guard-redis-local-cache', 'replay');
-    atLeast(`replays, local cache on ≥ ${min.toFixed(2)} × bare (${adapter})`, cached?.ratioToBare, cached?.ratioToBareRange, min);
+    const target = `replays, local cache on ≥ ${min.toFixed(2)} × bare (${adapter})`;
+    atLeast(target, cached?.ratioToBare, cached?.ratioToBareRange, min);
+    // What no interceptor's replay can beat: Nest's pipeline and the adapter's send alone.
+    const floor = rows.find((r) => r.adapter === adapter && r.arm === 'answering-interceptor');
+    if (cached && floor) checks.find((c) => c.target === target)!.measured += ` (the replay floor, an interceptor answering without the handler: ${spread(floor.ratioToBare, floor.ratioToBareRange)})`;
     atLeast(`replays, local cache on ≥ 1.30 × the peer (${adapter})`, cached?.ratioToPeer, cached?.ratioToPeerRange, 1.3);
   }
   const perReplay = (['express', 'fastify'] as const)

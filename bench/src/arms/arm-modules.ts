@@ -8,6 +8,7 @@ import {
   type Provider,
 } from '@nestjs/common';
 import { Redis } from 'ioredis';
+import { of } from 'rxjs';
 import {
   IdempotencyModule,
   NoRepeatSubmit,
@@ -43,6 +44,18 @@ class EmptyInterceptor implements NestInterceptor {
   }
 }
 
+/**
+ * Answers every call with the endpoint's answer without calling the handler, as a replay does:
+ * the floor of any interceptor-based guard's replay (Nest's interceptor pipeline and the
+ * adapter's send, nothing looked up, nothing checked).
+ */
+@Injectable()
+class AnsweringInterceptor implements NestInterceptor {
+  intercept() {
+    return of({ id: 1, orderNo: 'ORD-1', amount: 12.5, status: 'PENDING' });
+  }
+}
+
 /** The Nest module of one arm: the same controller, with that arm's guard around it. */
 export async function armModule(arm: ArmName, settings: ArmSettings): Promise<DynamicModule> {
   const providers: Provider[] = [HandlerRuns];
@@ -64,6 +77,10 @@ export async function armModule(arm: ArmName, settings: ArmSettings): Promise<Dy
       // What any interceptor costs in Nest (its rxjs pipeline), before the guard does anything.
       providers.push(EmptyInterceptor);
       guard = UseInterceptors(EmptyInterceptor);
+      break;
+    case 'answering-interceptor':
+      providers.push(AnsweringInterceptor);
+      guard = UseInterceptors(AnsweringInterceptor);
       break;
     case 'guard-redis':
     case 'guard-redis-raw-body':
