@@ -41,6 +41,17 @@ afterAll(async () => {
   await dropSchemaDataSource(ds);
 });
 
+
+/**
+ * Resolved by a work as its first step: `run()` calls the work once the claim's row is written and
+ * locked, so a duplicate sent after it meets the claim, however slow the machine (a fixed sleep
+ * raced the claim's round trips).
+ */
+function started(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((done) => (resolve = done));
+  return { promise, resolve };
+}
 describe('IdempotentTransactions under review', () => {
   it('50 concurrent duplicates on a pool of 2: one effect, everyone answered, no deadlock', async () => {
     const tx = new IdempotentTransactions(ds, { lockTimeoutMs: 3000 });
@@ -103,8 +114,9 @@ describe('IdempotentTransactions under review', () => {
       })),
     );
     const key = `review:${randomUUID()}`;
-    const holder = tx.run({ key }, async (manager) => { await effect(manager, key); await sleep(600); return { body: 'first' }; });
-    await sleep(100);
+    const holding = started();
+    const holder = tx.run({ key }, async (manager) => { holding.resolve(); await effect(manager, key); await sleep(600); return { body: 'first' }; });
+    await holding.promise;
     const duplicate = await tx.run({ key }, async () => ({ body: 'second' }));
     await holder;
     // The duplicate should wait (lockTimeoutMs 1500 > 500 left) and replay.
@@ -117,8 +129,9 @@ describe('IdempotentTransactions under review', () => {
     const key = `review:${randomUUID()}`;
     await tx.run({ key }, async (manager) => { await effect(manager, key); return { body: 'old' }; });
     await sleep(400);
-    const takeover = tx.run({ key }, async (manager) => { await effect(manager, key); await sleep(500); return { body: 'new' }; });
-    await sleep(100);
+    const taking = started();
+    const takeover = tx.run({ key }, async (manager) => { taking.resolve(); await effect(manager, key); await sleep(500); return { body: 'new' }; });
+    await taking.promise;
     const waiting = await tx.run({ key }, async (manager) => { await effect(manager, key); return { body: 'dup' }; });
     expect({ takeover: await takeover, waiting, effects: await effects(key) }).toEqual({
       takeover: { status: 'ran', statusCode: 200, body: 'new' },
@@ -131,8 +144,9 @@ describe('IdempotentTransactions under review', () => {
     const store = new PostgresIdempotencyStore(ds);
     const tx = new IdempotentTransactions(ds);
     const key = `review:${randomUUID()}`;
-    const run = tx.run({ key }, async (manager) => { await effect(manager, key); await sleep(400); return { statusCode: 201, body: { paid: 1 } }; });
-    await sleep(50);
+    const running = started();
+    const run = tx.run({ key }, async (manager) => { running.resolve(); await effect(manager, key); await sleep(400); return { statusCode: 201, body: { paid: 1 } }; });
+    await running.promise;
     const claims = await Promise.all(
       Array.from({ length: 10 }, () => store.claim({ key, token: randomUUID(), fingerprint: '', leaseMs: 5000 })),
     );
