@@ -55,5 +55,6 @@ describe.each<AdapterName>(['express', 'fastify'])('10,000 random requests throu
     await Promise.all(Array.from({ length: CONCURRENCY }, worker));
     console.log(`${adapter}: statuses of ${REQUESTS} random requests: ${JSON.stringify(statuses)}`);
     expect(failures.slice(0, 5)).toEqual([]);
-  }, 120_000);
+    // About statuses, not speed: one adapter took ~65 s of a loaded CI run.
+  }, 600_000);
 });
