@@ -91,7 +91,7 @@ describe('localCache on a client the user hands in ({ redis: client })', () => {
       await post(a, k);
       const during = await connectionsNamed(observer, name);
       await a.app.close();
-      await settle();
+      await eventually(async () => (await connectionsNamed(observer, name)) === 1, { timeoutMs: 3000 }).catch(() => undefined);
       expect({ during, after: await connectionsNamed(observer, name) }).toEqual({ during: 3, after: 1 });
       expect(client.status).toBe('ready');
       const info = (await client.client('TRACKINGINFO')) as unknown as unknown[];
@@ -166,11 +166,12 @@ describe('localCache on a client the user hands in ({ redis: client })', () => {
         }
         const held = holding();
         expect(await operator.admin.forget(storageKeyOf(operator, k))).toMatchObject({ forgotten: true });
-        await settle(100);
+        // Pushed, it is heard in milliseconds; a deaf cache would hold it until its heartbeat (1 s).
+        await eventually(() => held.every((x) => !holds(x, storageKeyOf(x, k))), { timeoutMs: 500 }).catch(() => undefined);
         for (const instance of held) {
           checked++;
           const answer = await post(instance, k);
-          if (answer.run === firstRun) stale.push(`${instance === first ? 'first' : 'second'}: the forgotten answer (run ${firstRun}) 100 ms after the forget`);
+          if (answer.run === firstRun) stale.push(`${instance === first ? 'first' : 'second'}: the forgotten answer (run ${firstRun}) 500 ms after the forget`);
         }
       }
       expect(checked).toBeGreaterThan(0);
@@ -240,14 +241,14 @@ describe('localCache with ioredis 5 (the lowest the package accepts: 5.3.0), on 
       await eventually(() => holds(a, storageKeyOf(a, k)), { timeoutMs: 3000 });
       expect(await post(a, k)).toMatchObject({ status: 201, replayed: true, run });
       await observer.del(storageKeyOf(a, k));
-      await settle();
+      await eventually(() => !holds(a, storageKeyOf(a, k)), { timeoutMs: 2000 });
       expect(await post(a, k)).toMatchObject({ status: 201, replayed: false, run: run + 1 });
       await eventually(() => holds(a, storageKeyOf(a, k)), { timeoutMs: 3000 });
       await observer.flushdb();
-      await settle();
+      await eventually(() => !holds(a, storageKeyOf(a, k)), { timeoutMs: 2000 });
       expect(await post(a, k)).toMatchObject({ status: 201, replayed: false, run: run + 2 });
       await a.app.close();
-      await settle();
+      await eventually(async () => (await connectionsNamed(observer, 'rv5')) === 1, { timeoutMs: 3000 }).catch(() => undefined);
       expect(await connectionsNamed(observer, 'rv5')).toBe(1);
     } finally {
       client.disconnect();

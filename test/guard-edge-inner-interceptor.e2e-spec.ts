@@ -52,7 +52,7 @@ class ClassGuardedController {
   @HttpCode(200)
   @UseInterceptors(TimeoutInterceptor)
   async slow() {
-    await sleep(500);
+    await sleep(2000); // long past the 200 ms timeout, so the retry meets it running on a loaded machine
     effect('classSlow'); // the payment is made after the client got its 408
     return { paid: true };
   }
@@ -65,7 +65,7 @@ class MethodGuardedController {
   @UseInterceptors(TimeoutInterceptor) // written above: runs inside the guard
   @NoRepeatSubmit()
   async slow() {
-    await sleep(500);
+    await sleep(2000); // long past the 200 ms timeout, so the retry meets it running on a loaded machine
     effect('methodSlow');
     return { sent: true };
   }
@@ -95,7 +95,7 @@ describe.each<Adapter>(['express', 'fastify'])('interceptors inside the guard (%
     const key = randomUUID();
     const first = await send(a.url, path, { key }); // 408 after 200 ms; the handler runs on
     const retry = await send(a.url, path, { key }); // while the first still runs
-    await until(() => (effects[name] ?? 0) >= 1, 3000, 'the first run finishing');
+    await until(() => (effects[name] ?? 0) >= 1, 8000, 'the first run finishing');
     await sleep(700);
     const later = await send(a.url, path, { key });
     await sleep(700);

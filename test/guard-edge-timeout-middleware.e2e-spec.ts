@@ -20,7 +20,7 @@ class ReportsController {
   @NoRepeatSubmit()
   async create() {
     runs++;
-    await sleep(600);
+    await sleep(2000); // long past the 200 ms deadline, so a 503 held until it settles shows on a loaded machine
     finished++;
     return { report: runs };
   }
@@ -28,7 +28,7 @@ class ReportsController {
   @Post('unguarded')
   @HttpCode(200)
   async unguarded() {
-    await sleep(600);
+    await sleep(2000);
     return { report: 0 };
   }
 }
@@ -52,18 +52,18 @@ describe('an Express request-timeout middleware in front of a guarded handler', 
   afterAll(async () => a?.close());
 
   it('(control, no guard) answers 503 at the deadline', async () => {
-    const answer = await send(a.url, '/reports/unguarded', { timeoutMs: 2000 });
+    const answer = await send(a.url, '/reports/unguarded', { timeoutMs: 5000 });
     expect(answer.status).toBe(503);
-    await sleep(600);
+    await sleep(2000);
   });
 
   it('answers 503 at the deadline, keeps the process up, and never runs the handler twice', async () => {
     const key = randomUUID();
     const agent = new Agent({ keepAlive: true, maxSockets: 1 }); // a browser or a proxy keeps the connection
-    const first = await send(a.url, '/reports', { key, timeoutMs: 2000, agent });
+    const first = await send(a.url, '/reports', { key, timeoutMs: 5000, agent });
     const handlerDone = finished;
-    await until(() => finished === 1, 3000, 'the handler to finish');
-    const retry = await send(a.url, '/reports', { key, timeoutMs: 2000, agent });
+    await until(() => finished === 1, 8000, 'the handler to finish');
+    const retry = await send(a.url, '/reports', { key, timeoutMs: 5000, agent });
     agent.destroy();
     expect({ status: first.status, handlerDone }).toEqual({ status: 503, handlerDone: 0 });
     expect(retry.status).not.toBe(200 /* a second run */);

@@ -327,7 +327,8 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('XML uploads with a short
       adapter,
       databaseUrl: DATABASE_URL,
       keyPrefix: `uploads-lease-${randomUUID()}`,
-      uploads: { leaseMs: 300, bodyLimitBytes: 1024, faults: { beforeStore: gates.beforeStore } },
+      // 2 s: the duplicate below must meet the hold on a loaded machine; the tests wait for its end.
+      uploads: { leaseMs: 2000, bodyLimitBytes: 1024, faults: { beforeStore: gates.beforeStore } },
     }));
   });
   beforeEach(() => {
