@@ -129,7 +129,7 @@ describe('localCache on the shared Redis: external changes of a cached record', 
     const { storageKey, run } = await cached(a, 'long', k);
     expect(await post(a, 'long', k)).toMatchObject({ status: 201, replayed: true, run });
     await redis.del(storageKey);
-    await heard(a!, storageKey);
+    await heard(a, storageKey);
     expect(await post(a, 'long', k)).toMatchObject({ status: 201, replayed: false, run: run + 1 });
   });
 
@@ -141,7 +141,7 @@ describe('localCache on the shared Redis: external changes of a cached record', 
     // The other record's value (fingerprint ''-free: same body shape, other k) copied over this key.
     const value = await redis.get(otherKey);
     await redis.set(storageKey, value!, 'PX', 600_000);
-    await heard(a!, storageKey);
+    await heard(a, storageKey);
     const answer = await post(a, 'long', k);
     // The record now holds another fingerprint: Redis would answer 422 (key reused), never the old answer.
     expect(answer).toMatchObject({ status: 422 });
@@ -151,14 +151,14 @@ describe('localCache on the shared Redis: external changes of a cached record', 
     const k = randomUUID();
     const { storageKey, run } = await cached(a, 'long', k);
     await redis.move(storageKey, 7);
-    await heard(a!, storageKey);
+    await heard(a, storageKey);
     expect(await post(a, 'long', k)).toMatchObject({ status: 201, replayed: false, run: run + 1 });
     await eventually(() => holds(a.cache, storageKey), { timeoutMs: 3000 });
     await new Redis(`${REDIS_URL}/7`).pipeline().del(storageKey).quit().exec();
     const spare = `${storageKey}:spare`;
     await redis.set(spare, 'x');
     await redis.rename(spare, storageKey);
-    await heard(a!, storageKey);
+    await heard(a, storageKey);
     // Not a record: the store cannot read it (fail-open runs the handler), never a replay of the cached one.
     expect(await post(a, 'long', k)).toMatchObject({ replayed: false });
     await redis.del(storageKey);
@@ -207,7 +207,7 @@ describe('localCache with a client keyPrefix and a Redis db other than 0', () =>
     const { storageKey, run } = await cached(a, 'long', k);
     expect(await redis.exists(`${clientPrefix}${storageKey}`)).toBe(1);
     await redis.del(`${clientPrefix}${storageKey}`);
-    await heard(a!, storageKey);
+    await heard(a, storageKey);
     expect(await post(a, 'long', k)).toMatchObject({ status: 201, replayed: false, run: run + 1 });
   });
 });
@@ -240,7 +240,7 @@ describe('localCache on a redis-server of its own: flushes and restarts', () => 
     const { storageKey, run } = await cached(a, 'long', k);
     const [name, ...args] = command.split(' ');
     await redis.call(name, ...args);
-    await heard(a!, storageKey);
+    await heard(a, storageKey);
     expect(await post(a, 'long', k)).toMatchObject({ status: 201, replayed: false, run: run + 1 });
   });
 
@@ -256,7 +256,7 @@ describe('localCache on a redis-server of its own: flushes and restarts', () => 
       expect(await redis.exists(storageKey)).toBe(0);
       expect(await spare.dbsize()).toBe(0);
       await spare.flushdb();
-      await heard(a!, storageKey);
+      await heard(a, storageKey);
       expect(await post(a, 'long', k)).toMatchObject({ status: 201, replayed: false, run: run + 1 });
     } finally {
       spare.disconnect();
@@ -282,7 +282,7 @@ describe('localCache on a redis-server of its own: flushes and restarts', () => 
     } finally {
       await redis.config('SET', 'maxmemory', '0');
     }
-    await heard(a!, storageKey);
+    await heard(a, storageKey);
     expect(await post(a!, 'long', k)).toMatchObject({ status: 201, replayed: false, run: run + 1 });
   });
 
