@@ -20,6 +20,9 @@ export interface Through {
 
 const HOOK = Symbol('nestjs-idempotency.responseHook');
 type Hooked = ServerResponse & { [HOOK]?: ResponseHook };
+/** The hook the shared own methods (`ownMethods`) of a response built by its class call. */
+const OWN_HOOK = Symbol('nestjs-idempotency.ownResponseHook');
+type OwnHooked = ServerResponse & { [OWN_HOOK]?: ResponseHook };
 
 const derivedPrototypes = new WeakMap<object, object>();
 
@@ -32,23 +35,34 @@ const derivedPrototypes = new WeakMap<object, object>();
  * app's `response`) gives that object a hidden class of its own: V8 shares no transitions from a
  * prototype-swapped map. Measured on Express: seven properties added per response cost ~20 µs of
  * CPU a request, the collector's share included (bench/README.md). So:
- * - a response built by its class (Node's, Fastify's `reply.raw`) takes the methods as its own
- *   properties, along V8's shared transitions;
+ * - a response built by its class (Node's, Fastify's `reply.raw`) takes the hook and three
+ *   methods as its own properties, along V8's shared transitions. The methods are the same three
+ *   functions for every response, which find the hook on it: a closure of its own on each response
+ *   made the collector keep what the hook holds past young-generation collections (on Fastify,
+ *   ~125 KB promoted per scavenge on replays, against none with shared methods; bench/README.md);
  * - a prototype-swapped one (Express) takes one property, the hook, and a prototype derived once
  *   from its own, whose methods find the hook;
  * - a response that already has methods of its own (a compression middleware's) or a hook (a
- *   second run after an outer `retry()`) takes them as its own properties, in front of those;
- * - so does one handed to code that may swap its prototype again (`ownProperties`: a `@Res()`
+ *   second run after an outer `retry()`) takes closures as its own properties, in front of those;
+ * - a response handed to code that may swap its prototype again (`ownProperties`: a `@Res()`
  *   handler may pass it to another Express app, which sets that app's `response` as its
- *   prototype, and a hook on the old prototype would no longer see the answer).
+ *   prototype, and a hook on the old prototype would no longer see the answer) takes them as its
+ *   own properties too.
  */
 export function hookResponse(raw: ServerResponse, hook: ResponseHook, ownProperties = false): Through {
   const response = raw as Hooked;
   const through: Through = { writeHead: raw.writeHead, write: raw.write, end: raw.end };
   const prototype = Object.getPrototypeOf(raw) as object | null;
-  if (!ownProperties && prototype !== null && swapped(raw, prototype) && !(HOOK in raw) && !hasOwnMethod(raw)) {
-    response[HOOK] = hook;
-    Object.setPrototypeOf(raw, derivedFrom(prototype));
+  if (!(HOOK in raw) && !(OWN_HOOK in raw) && !hasOwnMethod(raw)) {
+    if (!ownProperties && prototype !== null && swapped(raw, prototype)) {
+      response[HOOK] = hook;
+      Object.setPrototypeOf(raw, derivedFrom(prototype));
+      return through;
+    }
+    (raw as OwnHooked)[OWN_HOOK] = hook;
+    raw.writeHead = ownMethods.writeHead;
+    raw.write = ownMethods.write;
+    raw.end = ownMethods.end;
     return through;
   }
   raw.writeHead = function (this: ServerResponse, ...args: Args) {
@@ -76,6 +90,30 @@ export function showReports(raw: ServerResponse, hook: ResponseHook): void {
   // cost 0.43 µs a response against 0.17 µs for these.
   Object.defineProperty(raw, 'headersSent', ownReports.headersSent);
   Object.defineProperty(raw, 'writableEnded', ownReports.writableEnded);
+}
+
+/**
+ * The methods a response built by its class takes as its own: one function each for every
+ * response, calling the hook on the response they are called on (else, called on another
+ * object, what its prototype has).
+ */
+const ownMethods = {
+  writeHead(this: OwnHooked, ...args: Args): ServerResponse {
+    const hook = this[OWN_HOOK];
+    return hook ? hook.writeHead(this, args) : (inheritedMethod(this, 'writeHead') as (...a: Args) => ServerResponse).apply(this, args);
+  },
+  write(this: OwnHooked, ...args: Args): boolean {
+    const hook = this[OWN_HOOK];
+    return hook ? hook.write(this, args) : (inheritedMethod(this, 'write') as (...a: Args) => boolean).apply(this, args);
+  },
+  end(this: OwnHooked, ...args: Args): ServerResponse {
+    const hook = this[OWN_HOOK];
+    return hook ? hook.end(this, args) : (inheritedMethod(this, 'end') as (...a: Args) => ServerResponse).apply(this, args);
+  },
+} as Through;
+
+function inheritedMethod(target: object, name: keyof Through): unknown {
+  return Reflect.get(Object.getPrototypeOf(target) as object, name, target);
 }
 
 /** A prototype other than the one its class gives: set after the object was built. */
