@@ -1,4 +1,4 @@
-import { describe, expect, it } from '@jest/globals';
+import { afterEach, describe, expect, it, jest } from '@jest/globals';
 import { CompletedRecords, ENTRY_OVERHEAD_BYTES, entryBytes, HEADER_OVERHEAD_BYTES, type CachedRecord } from './completed-records.js';
 
 const record = (body: string, expiresAt = Number.POSITIVE_INFINITY): CachedRecord => ({
@@ -22,6 +22,62 @@ describe('CompletedRecords', () => {
     expect(records.size).toBe(3);
     expect(records.get('b', 0)).toBeUndefined();
     expect(['a', 'c', 'd'].map((key) => records.get(key, 0)?.response.body)).toEqual(['a', 'c', 'd']);
+  });
+
+  it('keeps the order of use through any mix of hits, replacements, deletions and evictions', () => {
+    // Against a plain model: an array, least recently used first.
+    const max = 5;
+    const records = new CompletedRecords(max, 1_000_000);
+    let model: string[] = [];
+    let seed = 7;
+    const next = (n: number) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), seed % n);
+    for (let step = 0; step < 2000; step++) {
+      const key = `k${next(8)}`;
+      const op = next(3);
+      if (op === 0) {
+        const hit = records.get(key, 0);
+        expect(hit !== undefined).toBe(model.includes(key));
+        if (hit) model = [...model.filter((k) => k !== key), key];
+      } else if (op === 1) {
+        records.set(key, record(key));
+        model = [...model.filter((k) => k !== key), key].slice(-max);
+      } else {
+        records.delete(key);
+        model = model.filter((k) => k !== key);
+      }
+      expect(records.size).toBe(model.length);
+      // Each new key evicts the least recently used one. The reads in the model's order keep it.
+      if (step % 50 === 49) {
+        expect(model.filter((k) => records.get(k, 0) !== undefined)).toEqual(model);
+        records.set(`new${step}`, record('n'));
+        model = [...model, `new${step}`].slice(-max);
+        expect(model.every((k) => records.get(k, 0) !== undefined)).toBe(true);
+        expect(records.size).toBe(model.length);
+      }
+    }
+  });
+
+  describe('a hit', () => {
+    afterEach(() => {
+      jest.restoreAllMocks();
+    });
+
+    it('moves the entry without taking it out of its Map and putting it back (V8 rehashes a large Map for that)', () => {
+      const records = new CompletedRecords(10_000, 1_000_000_000);
+      for (let i = 0; i < 1000; i++) records.set(`k${i}`, record(`v${i}`));
+      const set = jest.spyOn(Map.prototype, 'set');
+      const remove = jest.spyOn(Map.prototype, 'delete');
+      for (let i = 0; i < 100; i++) expect(records.get(`k${i % 10}`, 0)).toBeDefined();
+      expect([set.mock.calls.length, remove.mock.calls.length]).toEqual([0, 0]);
+      // ...and it still counts as a use: k0-k9 outlive the others.
+      jest.restoreAllMocks();
+      const small = new CompletedRecords(3, 1_000_000);
+      for (const key of ['a', 'b', 'c']) small.set(key, record(key));
+      small.get('a', 0);
+      small.get('b', 0);
+      small.set('d', record('d'));
+      expect(['a', 'b', 'c', 'd'].map((key) => small.get(key, 0) !== undefined)).toEqual([true, true, false, true]);
+    });
   });
 
   it('holds at most maxBytes, counting keys, fingerprints, bodies and headers plus the overheads', () => {
