@@ -64,6 +64,12 @@ export class ResponseCapture implements ResponseHook {
   private readonly names: readonly string[];
   /** The response's methods before the capture. */
   private readonly through: Through;
+  /**
+   * True while the capture calls the response's own `end()`: a write that makes is the answer
+   * going out, not the app's. light-my-request's `end(data)` (Fastify's `inject()`) writes `data`
+   * through `this.write()`.
+   */
+  private ending = false;
 
   constructor(
     private readonly raw: ServerResponse,
@@ -117,6 +123,7 @@ export class ResponseCapture implements ResponseHook {
   }
 
   private onWrite(args: Args): boolean {
+    if (this.ending) return this.through.write.apply(this.raw, args as never);
     const callback = callbackOf(args);
     if (this.state !== 'open') {
       // After end(): Node would fail the write; dropping it is what the client sees either way.
@@ -169,9 +176,12 @@ export class ResponseCapture implements ResponseHook {
       if (this.raw.destroyed) return;
       try {
         this.flush();
+        this.ending = true;
         this.through.end.apply(this.raw, args as never);
       } catch (error) {
         this.raw.destroy(error as Error);
+      } finally {
+        this.ending = false;
       }
     });
   }

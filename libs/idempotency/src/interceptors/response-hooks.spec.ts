@@ -4,10 +4,11 @@
 // Express does it) takes a single property and a derived prototype, because every property added
 // to such an object gives it a hidden class of its own (bench/README.md has the cost).
 import { afterEach, describe, expect, it } from '@jest/globals';
-import { createServer, ServerResponse, type Server } from 'node:http';
+import { createServer, ServerResponse, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { ResponseCapture } from './response-capture.js';
 import { hookResponse, showReports, type ResponseHook, type Through } from './response-hooks.js';
+import { replayInto } from './response-replay.js';
 
 /** An Express app's `response`: its prototype chain leads to Node's. */
 const appResponse = Object.create(ServerResponse.prototype, { locals: { value: 'app', writable: true } }) as object;
@@ -23,8 +24,8 @@ async function closeServer(): Promise<void> {
 afterEach(closeServer);
 
 /** Serves one request with `handle` and returns what the client got. */
-async function serve(handle: (res: ServerResponse) => void): Promise<{ status: number; body: string }> {
-  server = createServer((_req, res) => handle(res));
+async function serve(handle: (res: ServerResponse) => void, Response?: new (req: IncomingMessage) => ServerResponse): Promise<{ status: number; body: string }> {
+  server = Response ? createServer({ ServerResponse: Response as typeof ServerResponse }, (_req, res) => handle(res)) : createServer((_req, res) => handle(res));
   await new Promise<void>((resolve) => server!.listen(0, '127.0.0.1', resolve));
   const { port } = server.address() as AddressInfo;
   const response = await fetch(`http://127.0.0.1:${port}/`);
@@ -217,5 +218,48 @@ describe('ResponseCapture on a prototype-swapped response (Express)', () => {
     });
     expect(got).toEqual({ status: 201, body: 'prefix-body' });
     expect(saved).toBe('prefix-body');
+  });
+});
+
+/**
+ * A response whose end(data) writes `data` through `this.write()`, as light-my-request's does
+ * (what Fastify's and Nest's `inject()` run). The test runner cannot load light-my-request itself
+ * on Node 20 (it requires cookie 2, an ES module), so this class stands in for its Response:
+ * the same three lines, on a real server.
+ */
+class EndWritesThroughWrite extends ServerResponse {
+  override end(...args: unknown[]): this {
+    const [data, encoding] = args;
+    if (data !== undefined && typeof data !== 'function') this.write(data as string, encoding as BufferEncoding);
+    return super.end(typeof args.at(-1) === 'function' ? (args.at(-1) as () => void) : undefined);
+  }
+}
+
+describe('a response whose end(data) writes through this.write() (Fastify inject())', () => {
+  it('gets the whole first answer, and the capture saves it', async () => {
+    for (const handlerAnswers of [false, true]) {
+      let saved: string | undefined;
+      const got = await serve((res) => {
+        const capture = new ResponseCapture(res, ['content-type'], 1 << 20, handlerAnswers, async (sent) => {
+          saved = sent?.body?.toString();
+        });
+        capture.succeed();
+        res.setHeader('content-type', 'text/plain');
+        res.write('held ');
+        res.end('then sent');
+      }, EndWritesThroughWrite);
+      await closeServer();
+      expect(got).toEqual({ status: 200, body: 'held then sent' });
+      expect(saved).toBe('held then sent');
+    }
+  });
+
+  it('gets the whole replay, whatever the pipeline writes', async () => {
+    const got = await serve((res) => {
+      replayInto(res, { statusCode: 201, headers: { 'content-type': 'text/plain' }, body: 'the first answer' }, ['content-type']);
+      res.setHeader('content-type', 'application/json');
+      res.end('{"the":"pipeline\'s own"}');
+    }, EndWritesThroughWrite);
+    expect(got).toEqual({ status: 201, body: 'the first answer' });
   });
 });

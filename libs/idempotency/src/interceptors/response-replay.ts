@@ -35,6 +35,8 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
   const body = NO_BODY.has(saved.statusCode) ? Buffer.alloc(0) : savedBytes(saved);
   let headed = false;
   let ended = false;
+  /** True while the saved bytes go out: a write the response's own end() makes is theirs (light-my-request's end(data) writes through this.write()). */
+  let sending = false;
   const setHead = (res: ServerResponse, pipelineHeaders?: OutgoingHttpHeaders): OutgoingHttpHeaders | undefined => {
     if (headed) return pipelineHeaders;
     headed = true;
@@ -59,7 +61,8 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
       const kept = setHead(res, headers);
       return kept ? through.writeHead.call(res, saved.statusCode, kept) : through.writeHead.call(res, saved.statusCode);
     },
-    write(_res, args) {
+    write(res, args) {
+      if (sending) return (through.write as (...a: unknown[]) => boolean).apply(res, args);
       const callback = args.find((arg) => typeof arg === 'function') as (() => void) | undefined;
       if (callback) process.nextTick(callback);
       return true;
@@ -70,7 +73,12 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
       ended = true;
       const callback = args.find((arg) => typeof arg === 'function') as (() => void) | undefined;
       if (!res.headersSent) setHead(res);
-      return (through.end as (chunk: Buffer, callback?: () => void) => ServerResponse).call(res, body, callback);
+      sending = true;
+      try {
+        return (through.end as (chunk: Buffer, callback?: () => void) => ServerResponse).call(res, body, callback);
+      } finally {
+        sending = false;
+      }
     },
   });
 }
