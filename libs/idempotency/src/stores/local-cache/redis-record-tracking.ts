@@ -1,5 +1,6 @@
 import { Logger } from '@nestjs/common';
 import type { Redis, RedisOptions } from 'ioredis';
+import { coalesceWrites } from '../redis/coalesce-writes.js';
 import { decodeCompletedHead, decodeRecord, tokenPrefix } from '../redis/redis-record.js';
 import type { RecordTracking, TrackedRecord, TrackingListener } from './record-tracking.js';
 
@@ -59,6 +60,9 @@ export class RedisRecordTracking implements RecordTracking {
     this.listener = listener;
     // No offline queue, no resend: a read or a tracking command never reaches a later connection.
     const reader = this.own({ enableOfflineQueue: false });
+    // A tracked read follows each completion this process saves: its writes go out with the
+    // turn's others, one syscall, as on the store's own connection (a write each measured ~5 µs).
+    coalesceWrites(reader);
     const subscriber = this.own({ protocol: 2, keyPrefix: '', enableOfflineQueue: true, autoResubscribe: false });
     this.reader = reader;
     this.subscriber = subscriber;
