@@ -81,6 +81,24 @@ describe('LocalCacheIdempotencyStore', () => {
     expect(innerClaims).not.toHaveBeenCalled();
   });
 
+  it('answers the hits of one turn together in the check phase: one setImmediate for all of them', async () => {
+    await completeHere();
+    await tracking.reads[0].answer();
+    innerClaims.mockClear();
+    const immediates = jest.spyOn(globalThis, 'setImmediate');
+    // Ten replays arriving in one turn (one poll of the sockets): each waiting for a check phase of
+    // its own ran Node's microtask queue once per hit between them (~9 µs of CPU a cached replay
+    // on Fastify, bench/README.md).
+    const answers = await Promise.all(Array.from({ length: 10 }, (_, i) => claim(`r${i}`)));
+    expect(answers).toEqual(Array(10).fill({ status: 'completed', response: answer }));
+    expect(immediates).toHaveBeenCalledTimes(1);
+    // The next turn's hits wait for the next check phase.
+    expect(await claim('later')).toEqual({ status: 'completed', response: answer });
+    expect(immediates).toHaveBeenCalledTimes(2);
+    expect(innerClaims).not.toHaveBeenCalled();
+    immediates.mockRestore();
+  });
+
   it('fills from a claim that found the record completed, with the answer the read found', async () => {
     await inner.claim({ key: 'k', token: 'elsewhere', fingerprint: 'fp', leaseMs: 10_000 });
     await inner.complete('k', 'elsewhere', answer, 60_000);

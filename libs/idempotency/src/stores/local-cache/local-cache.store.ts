@@ -182,9 +182,17 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
   }
 }
 
-/** Resolves in the event loop's check phase. */
+/** The promise of the coming check phase, shared by the hits of one turn. */
+let nextCheck: Promise<void> | undefined;
+
+/** Resolves in the event loop's check phase: one `setImmediate` for every hit of the turn. */
 function checkPhase(): Promise<void> {
-  return new Promise((resolve) => setImmediate(resolve));
+  return (nextCheck ??= new Promise((resolve) =>
+    setImmediate(() => {
+      nextCheck = undefined;
+      resolve();
+    }),
+  ));
 }
 
 /** What a claim of a completed record answers, as the store would: the fingerprint check first. */
