@@ -71,18 +71,20 @@ export class HttpExchange implements GuardExchange {
    * run's, and the new run would otherwise find the key held (409 in progress, every time).
    * The retry then runs the handler again, as it does without `saveStatuses`.
    */
-  static async create(
+  static create(
     req: HttpRequest,
     res: HttpResponse,
     route: GuardedRoute,
     adapter: AbstractHttpAdapter,
     replayHeaders: readonly string[],
-  ): Promise<HttpExchange> {
+  ): HttpExchange | Promise<HttpExchange> {
     const exchange = new HttpExchange(req, res, route, adapter, replayHeaders);
     if (route.savesStatus) {
       const earlier = latestOf.get(req);
       latestOf.set(req, exchange);
-      await earlier?.forgoFailure?.();
+      const forgo = earlier?.forgoFailure;
+      // A promise only when there is a key to free first: every await is a turn of the microtask queue.
+      if (forgo) return forgo().then(() => exchange);
     }
     return exchange;
   }

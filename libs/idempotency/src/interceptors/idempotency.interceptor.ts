@@ -109,7 +109,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
    * call, and the exchange answers the refusal its transport's way.
    */
   private async guard(ctx: ExecutionContext, next: CallHandler, route: GuardedRoute, startedAt: number | undefined): Promise<Guarded> {
-    const exchange = await this.exchangeOf(ctx, route);
+    // Awaited only when a promise: each await is a turn of the microtask queue on every request.
+    const found = this.exchangeOf(ctx, route);
+    const exchange = found instanceof Promise ? await found : found;
     if (!exchange) return { result: next.handle() };
 
     const user = this.userOf(ctx, route);
@@ -129,7 +131,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
     }
     let fingerprint: string;
     try {
-      fingerprint = fingerprintRequest(await exchange.fingerprintInput(), route.ignoreFields);
+      const source = exchange.fingerprintInput();
+      fingerprint = fingerprintRequest(source instanceof Promise ? await source : source, route.ignoreFields);
     } catch (error) {
       if (!(error instanceof IdempotencyError)) throw error;
       if (!(error instanceof UnmatchableBodyError) || clientKey === undefined) {
@@ -149,7 +152,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
   }
 
   /** The call as its transport sees it; undefined for a transport the guard does not know. */
-  private async exchangeOf(ctx: ExecutionContext, route: GuardedRoute): Promise<GuardExchange | undefined> {
+  private exchangeOf(ctx: ExecutionContext, route: GuardedRoute): GuardExchange | undefined | Promise<GuardExchange | undefined> {
     switch (ctx.getType()) {
       case 'http': {
         // The request and response by index: switchToHttp() adds three new closures to the
