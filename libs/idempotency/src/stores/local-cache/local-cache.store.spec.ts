@@ -99,6 +99,17 @@ describe('LocalCacheIdempotencyStore', () => {
     immediates.mockRestore();
   });
 
+  it('answers later hits when fake timers dropped the check phase a hit waited for', async () => {
+    await completeHere();
+    await tracking.reads[0].answer();
+    // A test that fakes setImmediate, makes a hit, and goes back to real timers without running it.
+    jest.useFakeTimers();
+    void claim('left-waiting');
+    jest.useRealTimers();
+    const timeout = new Promise((resolve) => setTimeout(resolve, 2000, 'still waiting'));
+    expect(await Promise.race([claim('after'), timeout])).toEqual({ status: 'completed', response: answer });
+  });
+
   it('fills from a claim that found the record completed, with the answer the read found', async () => {
     await inner.claim({ key: 'k', token: 'elsewhere', fingerprint: 'fp', leaseMs: 10_000 });
     await inner.complete('k', 'elsewhere', answer, 60_000);

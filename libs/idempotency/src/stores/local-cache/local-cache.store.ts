@@ -182,17 +182,28 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
   }
 }
 
-/** The promise of the coming check phase, shared by the hits of one turn. */
-let nextCheck: Promise<void> | undefined;
+/**
+ * The coming check phase, shared by the hits of one turn, and the `setImmediate` that schedules
+ * it: a hit joins it only while that is still the global one. Fake timers (Jest's) replace it,
+ * and an Immediate they dropped unrun would otherwise hold every later hit.
+ */
+let nextCheck: { settled: Promise<void>; by: typeof setImmediate } | undefined;
 
 /** Resolves in the event loop's check phase: one `setImmediate` for every hit of the turn. */
 function checkPhase(): Promise<void> {
-  return (nextCheck ??= new Promise((resolve) =>
-    setImmediate(() => {
-      nextCheck = undefined;
-      resolve();
-    }),
-  ));
+  const schedule = setImmediate;
+  if (nextCheck?.by === schedule) return nextCheck.settled;
+  const check = {
+    by: schedule,
+    settled: new Promise<void>((resolve) =>
+      schedule(() => {
+        if (nextCheck === check) nextCheck = undefined;
+        resolve();
+      }),
+    ),
+  };
+  nextCheck = check;
+  return check.settled;
 }
 
 /** What a claim of a completed record answers, as the store would: the fingerprint check first. */
