@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import { Controller, Logger, Module, Post, type INestApplication } from '@nestjs/common';
+import { MessagePattern } from '@nestjs/microservices';
 import { NestFactory } from '@nestjs/core';
 import { ExecutionContextHost } from '@nestjs/core/helpers/execution-context-host.js';
 import { ExpressAdapter } from '@nestjs/platform-express';
@@ -51,5 +52,53 @@ describe('IdempotencyInterceptor on a GraphQL or WebSocket call', () => {
     } finally {
       warn.mockRestore();
     }
+  });
+});
+
+@Controller()
+class MessagesController {
+  @MessagePattern('orders.create')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  create() {
+    return undefined; // never called: the test hands the interceptor its own handler
+  }
+}
+
+/**
+ * An app that replaced the global `Promise` (Bluebird, or a subclass of its own): an async
+ * function still returns a native promise, which `instanceof Promise` then calls no promise. The
+ * first message's exchange is one (the guard loads `@nestjs/microservices` then), so this file
+ * must not guard a message before this test.
+ */
+describe('IdempotencyInterceptor where the app replaced the global Promise', () => {
+  let app: INestApplication;
+  let interceptor: IdempotencyInterceptor;
+
+  beforeAll(async () => {
+    @Module({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore() })], controllers: [MessagesController] })
+    class AppModule {}
+    app = await NestFactory.create(AppModule, new ExpressAdapter(), { logger: false });
+    await app.init();
+    interceptor = app.get(IdempotencyInterceptor);
+  });
+  afterAll(async () => app.close());
+
+  it('guards a message: the first runs the handler, the duplicate gets its result', async () => {
+    const native = globalThis.Promise;
+    class OtherPromise<T> extends native<T> {}
+    let runs = 0;
+    const message = () => {
+      const ctx = new ExecutionContextHost([{ messageId: 'm-1', orderNo: 'R-1' }, {}], MessagesController, MessagesController.prototype.create);
+      ctx.setType('rpc');
+      return lastValueFrom(interceptor.intercept(ctx, { handle: () => of({ run: ++runs }) }));
+    };
+    globalThis.Promise = OtherPromise as PromiseConstructor;
+    try {
+      expect(await message()).toEqual({ run: 1 });
+      expect(await message()).toEqual({ run: 1 });
+    } finally {
+      globalThis.Promise = native;
+    }
+    expect(runs).toBe(1);
   });
 });

@@ -111,7 +111,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private async guard(ctx: ExecutionContext, next: CallHandler, route: GuardedRoute, startedAt: number | undefined): Promise<Guarded> {
     // Awaited only when a promise: each await is a turn of the microtask queue on every request.
     const found = this.exchangeOf(ctx, route);
-    const exchange = found instanceof Promise ? await found : found;
+    const exchange = isThenable(found) ? await found : found;
     if (!exchange) return { result: next.handle() };
 
     const user = this.userOf(ctx, route);
@@ -132,7 +132,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     let fingerprint: string;
     try {
       const source = exchange.fingerprintInput();
-      fingerprint = fingerprintRequest(source instanceof Promise ? await source : source, route.ignoreFields);
+      fingerprint = fingerprintRequest(isThenable(source) ? await source : source, route.ignoreFields);
     } catch (error) {
       if (!(error instanceof IdempotencyError)) throw error;
       if (!(error instanceof UnmatchableBodyError) || clientKey === undefined) {
@@ -210,4 +210,13 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private onceFor(what: string, log: () => void): void {
     this.memory.onceFor(what, log);
   }
+}
+
+/**
+ * A promise, or any thenable: tested by its `then`, not by `instanceof Promise` (an app that
+ * replaces the global `Promise`, e.g. with Bluebird, would make an async function's native
+ * promise fail that test).
+ */
+function isThenable<T>(value: T | PromiseLike<T>): value is PromiseLike<T> {
+  return typeof (value as { then?: unknown } | undefined)?.then === 'function';
 }

@@ -14,6 +14,8 @@ const EVENT_HANDLER = 2;
 
 type RpcExceptionClass = new (error: object) => Error;
 let rpcException: Promise<RpcExceptionClass> | undefined;
+/** The class, once loaded: later messages get their exchange without a promise. */
+let loadedRpcException: RpcExceptionClass | undefined;
 
 /**
  * A message to a `@MessagePattern` (request-response) or `@EventPattern` handler. Messages have
@@ -34,10 +36,11 @@ export class RpcExchange implements GuardExchange {
     this.isEvent = Reflect.getMetadata(HANDLER_TYPE_METADATA, ctx.getHandler()) === EVENT_HANDLER;
   }
 
-  /** Loads `@nestjs/microservices` (an optional peer) on the first message. */
-  static async create(ctx: ExecutionContext, route: GuardedRoute): Promise<RpcExchange> {
-    rpcException ??= import('@nestjs/microservices').then((m) => m.RpcException as RpcExceptionClass);
-    return new RpcExchange(ctx, route, await rpcException);
+  /** Loads `@nestjs/microservices` (an optional peer) on the first message: a promise until then. */
+  static create(ctx: ExecutionContext, route: GuardedRoute): RpcExchange | Promise<RpcExchange> {
+    if (loadedRpcException) return new RpcExchange(ctx, route, loadedRpcException);
+    rpcException ??= import('@nestjs/microservices').then((m) => (loadedRpcException = m.RpcException as RpcExceptionClass));
+    return rpcException.then((RpcException) => new RpcExchange(ctx, route, RpcException));
   }
 
   /** The message's payload, under the handler's name. */
