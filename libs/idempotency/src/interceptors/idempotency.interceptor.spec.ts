@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
-import { Controller, Logger, Module, Post, type INestApplication } from '@nestjs/common';
+import { Controller, Logger, Module, Post, type INestApplication, type Type } from '@nestjs/common';
 import { MessagePattern } from '@nestjs/microservices';
 import { NestFactory } from '@nestjs/core';
 import { ExecutionContextHost } from '@nestjs/core/helpers/execution-context-host.js';
@@ -9,6 +9,15 @@ import { NoRepeatSubmit } from '../decorators/no-repeat-submit.decorator.js';
 import { IdempotencyModule } from '../idempotency.module.js';
 import { MemoryIdempotencyStore } from '../stores/memory/memory-idempotency.store.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
+
+/** An app of `controller` with the guard on the memory store, and its interceptor to call directly. */
+async function guardedApp(controller: Type): Promise<{ app: INestApplication; interceptor: IdempotencyInterceptor }> {
+  @Module({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore() })], controllers: [controller] })
+  class AppModule {}
+  const app = await NestFactory.create(AppModule, new ExpressAdapter(), { logger: false });
+  await app.init();
+  return { app, interceptor: app.get(IdempotencyInterceptor) };
+}
 
 @Controller()
 class ResolversController {
@@ -29,11 +38,7 @@ describe('IdempotencyInterceptor on a GraphQL or WebSocket call', () => {
   let interceptor: IdempotencyInterceptor;
 
   beforeAll(async () => {
-    @Module({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore() })], controllers: [ResolversController] })
-    class AppModule {}
-    app = await NestFactory.create(AppModule, new ExpressAdapter(), { logger: false });
-    await app.init();
-    interceptor = app.get(IdempotencyInterceptor);
+    ({ app, interceptor } = await guardedApp(ResolversController));
   });
   afterAll(async () => app.close());
 
@@ -75,11 +80,7 @@ describe('IdempotencyInterceptor where the app replaced the global Promise', () 
   let interceptor: IdempotencyInterceptor;
 
   beforeAll(async () => {
-    @Module({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore() })], controllers: [MessagesController] })
-    class AppModule {}
-    app = await NestFactory.create(AppModule, new ExpressAdapter(), { logger: false });
-    await app.init();
-    interceptor = app.get(IdempotencyInterceptor);
+    ({ app, interceptor } = await guardedApp(MessagesController));
   });
   afterAll(async () => app.close());
 

@@ -86,17 +86,20 @@ describe('LocalCacheIdempotencyStore', () => {
     await tracking.reads[0].answer();
     innerClaims.mockClear();
     const immediates = jest.spyOn(globalThis, 'setImmediate');
-    // Ten replays arriving in one turn (one poll of the sockets): each waiting for a check phase of
-    // its own ran Node's microtask queue once per hit between them (~9 µs of CPU a cached replay
-    // on Fastify, bench/README.md).
-    const answers = await Promise.all(Array.from({ length: 10 }, (_, i) => claim(`r${i}`)));
-    expect(answers).toEqual(Array(10).fill({ status: 'completed', response: answer }));
-    expect(immediates).toHaveBeenCalledTimes(1);
-    // The next turn's hits wait for the next check phase.
-    expect(await claim('later')).toEqual({ status: 'completed', response: answer });
-    expect(immediates).toHaveBeenCalledTimes(2);
-    expect(innerClaims).not.toHaveBeenCalled();
-    immediates.mockRestore();
+    try {
+      // Ten replays arriving in one turn (one poll of the sockets): each waiting for a check phase
+      // of its own ran Node's microtask queue once per hit between them (~9 µs of CPU a cached
+      // replay on Fastify, bench/README.md).
+      const answers = await Promise.all(Array.from({ length: 10 }, (_, i) => claim(`r${i}`)));
+      expect(answers).toEqual(Array(10).fill({ status: 'completed', response: answer }));
+      expect(immediates).toHaveBeenCalledTimes(1);
+      // The next turn's hits wait for the next check phase.
+      expect(await claim('later')).toEqual({ status: 'completed', response: answer });
+      expect(immediates).toHaveBeenCalledTimes(2);
+      expect(innerClaims).not.toHaveBeenCalled();
+    } finally {
+      immediates.mockRestore();
+    }
   });
 
   it('answers later hits when fake timers dropped the check phase a hit waited for', async () => {
@@ -106,8 +109,13 @@ describe('LocalCacheIdempotencyStore', () => {
     jest.useFakeTimers();
     void claim('left-waiting');
     jest.useRealTimers();
-    const timeout = new Promise((resolve) => setTimeout(resolve, 2000, 'still waiting'));
-    expect(await Promise.race([claim('after'), timeout])).toEqual({ status: 'completed', response: answer });
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise((resolve) => (timer = setTimeout(resolve, 2000, 'still waiting')));
+    try {
+      expect(await Promise.race([claim('after'), timeout])).toEqual({ status: 'completed', response: answer });
+    } finally {
+      clearTimeout(timer);
+    }
   });
 
   it('fills from a claim that found the record completed, with the answer the read found', async () => {

@@ -128,7 +128,8 @@ describe('the local cache on Redis (client-side caching)', () => {
     const keys = Array.from({ length: 10 }, () => `lc:writes:${randomUUID()}`);
     // Ten completions saved in one turn ask for ten reads: one syscall, not ten (~5 µs each).
     await Promise.all(keys.map((key) => tracking.read(key, 't1')));
-    expect(writes).toEqual([10]);
+    expect(writes).toHaveLength(1);
+    expect(writes[0]).toBeGreaterThanOrEqual(10); // and the tracking check's, had it come in that turn
   });
 
   it('fills from a replay of a record another instance completed: that replay is one command, the next none', async () => {
