@@ -1,4 +1,5 @@
 import { Logger } from '@nestjs/common';
+import { setImmediate } from 'node:timers';
 import {
   IdempotencyStore,
   type ClaimInput,
@@ -182,28 +183,22 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
   }
 }
 
-/**
- * The coming check phase, shared by the hits of one turn, and the `setImmediate` that schedules
- * it: a hit joins it only while that is still the global one. Fake timers (Jest's) replace it,
- * and an Immediate they dropped unrun would otherwise hold every later hit.
- */
-let nextCheck: { settled: Promise<void>; by: typeof setImmediate } | undefined;
+/** The coming check phase, shared by the hits of one turn. */
+let nextCheck: Promise<void> | undefined;
 
-/** Resolves in the event loop's check phase: one `setImmediate` for every hit of the turn. */
+/**
+ * Resolves in the event loop's check phase: one `setImmediate` for every hit of the turn. Node's
+ * own `setImmediate`, never a fake timer's (Jest's replace the global one): a hit stands in for a
+ * round trip, which fake timers do not hold either, and an Immediate they dropped unrun would
+ * hold every later hit.
+ */
 function checkPhase(): Promise<void> {
-  const schedule = setImmediate;
-  if (nextCheck?.by === schedule) return nextCheck.settled;
-  const check = {
-    by: schedule,
-    settled: new Promise<void>((resolve) =>
-      schedule(() => {
-        if (nextCheck === check) nextCheck = undefined;
-        resolve();
-      }),
-    ),
-  };
-  nextCheck = check;
-  return check.settled;
+  return (nextCheck ??= new Promise((resolve) =>
+    setImmediate(() => {
+      nextCheck = undefined;
+      resolve();
+    }),
+  ));
 }
 
 /** What a claim of a completed record answers, as the store would: the fingerprint check first. */

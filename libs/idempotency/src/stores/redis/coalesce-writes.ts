@@ -1,4 +1,7 @@
 import type { Socket } from 'node:net';
+// Node's own, never a fake timer's (Jest's replace the global one): a socket left corked by an
+// uncork a test's fake timers dropped would hold every later command of the client.
+import { setImmediate } from 'node:timers';
 import type { Redis } from 'ioredis';
 
 const COALESCED = Symbol('idempotency.coalescedWrites');
