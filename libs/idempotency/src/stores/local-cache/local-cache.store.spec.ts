@@ -1,4 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
+import { within } from '../../../../../test/support/eventually.js';
 import type { SavedResponse } from '../idempotency-store.js';
 import { MemoryIdempotencyStore } from '../memory/memory-idempotency.store.js';
 import { LocalCacheIdempotencyStore } from './local-cache.store.js';
@@ -110,15 +111,8 @@ describe('LocalCacheIdempotencyStore', () => {
   it('answers hits while setImmediate is a fake timer that never runs, as a round trip would be answered', async () => {
     await completeHere();
     await tracking.reads[0].answer();
-    // The spec's fake timers hold the global setImmediate (and its setTimeout): a hit must not wait for them.
-    const realTimeout = jest.requireActual<typeof import('node:timers')>('node:timers').setTimeout;
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise((resolve) => (timer = realTimeout(resolve, 2000, 'still waiting')));
-    try {
-      expect(await Promise.race([claim('faked'), timeout])).toEqual({ status: 'completed', response: answer });
-    } finally {
-      clearTimeout(timer);
-    }
+    // The spec's fake timers hold the global setImmediate: a hit must not wait for them.
+    expect(await within(claim('faked'))).toEqual({ status: 'completed', response: answer });
   });
 
   it('answers later hits when fake timers dropped a check phase a hit waited for', async () => {
@@ -128,13 +122,7 @@ describe('LocalCacheIdempotencyStore', () => {
     jest.useFakeTimers();
     void claim('left-waiting');
     jest.useRealTimers();
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise((resolve) => (timer = setTimeout(resolve, 2000, 'still waiting')));
-    try {
-      expect(await Promise.race([claim('after'), timeout])).toEqual({ status: 'completed', response: answer });
-    } finally {
-      clearTimeout(timer);
-    }
+    expect(await within(claim('after'))).toEqual({ status: 'completed', response: answer });
   });
 
   it('fills from a claim that found the record completed, with the answer the read found', async () => {

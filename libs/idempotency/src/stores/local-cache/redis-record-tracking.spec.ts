@@ -4,6 +4,7 @@ import { randomUUID } from 'node:crypto';
 import type { Socket } from 'node:net';
 import { eventually } from '../../../../../test/support/eventually.js';
 import { startRedisServer, type RedisServer } from '../../../../../test/support/redis-server.js';
+import { countSocketWrites } from '../../../../../test/support/socket-writes.js';
 import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
 import { connectRedis, REDIS_URL } from '../../../../../test/support/services.js';
 import { describeStoreContract } from '../../testing/index.js';
@@ -112,19 +113,7 @@ describe('the local cache on Redis (client-side caching)', () => {
     opened.push({ close: () => tracking.stop() });
     await tracking.start({ invalidated: () => undefined, reset: () => undefined });
     // Its own connection, read through the field that holds it: nothing public tells how it writes.
-    const socket = (tracking as unknown as { reader: Redis }).reader.stream as Socket;
-    const writes: number[] = [];
-    const { _write: write, _writev: writev } = socket as unknown as Record<'_write' | '_writev', (...args: unknown[]) => unknown>;
-    Object.assign(socket, {
-      _write(...args: unknown[]) {
-        writes.push(1);
-        return write.apply(socket, args);
-      },
-      _writev(chunks: unknown[], ...rest: unknown[]) {
-        writes.push(chunks.length);
-        return writev.apply(socket, [chunks, ...rest]);
-      },
-    });
+    const writes = countSocketWrites((tracking as unknown as { reader: Redis }).reader.stream as Socket);
     const keys = Array.from({ length: 10 }, () => `lc:writes:${randomUUID()}`);
     // Ten completions saved in one turn ask for ten reads: one syscall, not ten (~5 µs each).
     await Promise.all(keys.map((key) => tracking.read(key, 't1')));

@@ -1,26 +1,10 @@
 import { afterEach, beforeEach, describe, expect, it, jest } from '@jest/globals';
 import { Redis } from 'ioredis';
 import type { Socket } from 'node:net';
+import { within } from '../../../../../test/support/eventually.js';
 import { REDIS_URL } from '../../../../../test/support/services.js';
+import { countSocketWrites } from '../../../../../test/support/socket-writes.js';
 import { coalesceWrites } from './coalesce-writes.js';
-
-/** Counts the writes reaching the client's socket, and the commands each holds. */
-function countWrites(client: Redis): number[] {
-  const socket = client.stream as Socket;
-  const writes: number[] = [];
-  const { _write: write, _writev: writev } = socket as unknown as Record<'_write' | '_writev', (...args: unknown[]) => unknown>;
-  Object.assign(socket, {
-    _write(...args: unknown[]) {
-      writes.push(1);
-      return write.apply(socket, args);
-    },
-    _writev(chunks: unknown[], ...rest: unknown[]) {
-      writes.push(chunks.length);
-      return writev.apply(socket, [chunks, ...rest]);
-    },
-  });
-  return writes;
-}
 
 describe('coalesceWrites', () => {
   let client: Redis;
@@ -36,7 +20,7 @@ describe('coalesceWrites', () => {
   });
 
   it('sends the commands of one turn in one write', async () => {
-    const writes = countWrites(client);
+    const writes = countSocketWrites(client.stream as Socket);
     expect(await Promise.all(Array.from({ length: 10 }, () => client.ping()))).toEqual(Array(10).fill('PONG'));
     expect(writes).toEqual([10]);
   });
@@ -45,18 +29,9 @@ describe('coalesceWrites', () => {
     // A test that fakes timers while a request is in flight, then goes back to real ones without
     // running them: an uncork left to the fake setImmediate never ran, and the socket stayed
     // corked, every later command of the client waiting (the guard failing open on timeouts).
-    const realTimeout = setTimeout;
     jest.useFakeTimers();
     const during = client.ping();
     jest.useRealTimers();
-    const within = async <T>(promise: Promise<T>) => {
-      let timer: NodeJS.Timeout | undefined;
-      try {
-        return await Promise.race([promise, new Promise((resolve) => (timer = realTimeout(resolve, 2000, 'still waiting')))]);
-      } finally {
-        clearTimeout(timer);
-      }
-    };
     expect(await within(during)).toBe('PONG');
     expect(await within(client.ping())).toBe('PONG');
   });
