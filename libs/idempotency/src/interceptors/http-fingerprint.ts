@@ -1,5 +1,6 @@
 import type { Readable } from 'node:stream';
-import type { FingerprintInput } from '../keys/fingerprint.js';
+import type { FingerprintFile, FingerprintInput } from '../keys/fingerprint.js';
+import { attachedMultipart, isMultipartContentType } from './attached-multipart.js';
 import type { HttpRequest } from './http-request.js';
 import { uploadedFiles } from './uploaded-files.js';
 
@@ -9,8 +10,9 @@ const FASTIFY_BODYLESS = new Set(['GET', 'HEAD', 'TRACE']);
 /**
  * What the fingerprint of an HTTP request covers: the route (the handler and its path
  * parameters), the query, the body as the parser gave it (or `rawBody`), and the files of a
- * multipart upload. A promise only when it must wait: a file on disk to hash, or a body no parser
- * read whose end may show it empty.
+ * multipart upload: those an upload interceptor put on the request, or those `@fastify/multipart`
+ * attached to the body (`attachFieldsToBody`). A promise only when it must wait: a file on disk
+ * to hash, or a body no parser read whose end may show it empty.
  */
 export function httpFingerprintInput(req: HttpRequest, handler: string): FingerprintInput | Promise<FingerprintInput> {
   const input: FingerprintInput = {
@@ -22,7 +24,12 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
     contentType: req.headers['content-type'] as string | undefined,
     hasBody: carriesBody(req),
   };
-  const files = uploadedFiles(req);
+  let files = uploadedFiles(req);
+  const attached = isMultipartContentType(input.contentType) ? attachedMultipart(req.body) : undefined;
+  if (attached) {
+    input.body = attached.fields;
+    files = withFiles(files, attached.files);
+  }
   const unread = input.hasBody && input.body === undefined && input.rawBody === undefined;
   if (!unread && !(files instanceof Promise)) {
     if (files) input.files = files;
@@ -33,6 +40,16 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
     if (empty) input.hasBody = false;
     return input;
   });
+}
+
+/** The files of an upload interceptor, then those attached to the body. */
+function withFiles(
+  files: FingerprintFile[] | Promise<FingerprintFile[]> | undefined,
+  attached: FingerprintFile[],
+): FingerprintFile[] | Promise<FingerprintFile[]> | undefined {
+  if (attached.length === 0) return files;
+  if (files === undefined) return attached;
+  return files instanceof Promise ? files.then((listed) => [...listed, ...attached]) : [...files, ...attached];
 }
 
 /**

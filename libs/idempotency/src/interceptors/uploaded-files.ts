@@ -12,20 +12,27 @@ interface MulterFile {
   size?: unknown;
   buffer?: unknown;
   path?: unknown;
+  /** A file handed to the handler as a stream (Nest's Fastify `FileStreamInterceptor`). */
+  stream?: unknown;
 }
 
 /**
  * The files of a multipart upload, as the fingerprint covers them: multer's `req.file`, then
- * `req.files` (an array in its order, or arrays by field, fields sorted). Each by its SHA-256:
- * of its buffer (memory storage), or of the file on disk (disk storage), read before the handler
- * runs. Undefined when the request has none; a promise only when a file is on disk.
+ * `req.files` (an array in its order, or arrays by field, fields sorted), as multer and Nest's
+ * upload interceptors for Express and Fastify set them. Each by its SHA-256: of its buffer
+ * (memory storage), or of the file on disk (disk storage), read before the handler runs.
+ * Undefined when the request has none; a promise only when a file is on disk. Methods named
+ * `file` and `files` (which `@fastify/multipart` puts on every request) are no files.
  *
  * @throws IdempotencyError (also as the promise's rejection) for a file whose bytes cannot be
- *   read: a storage engine that keeps neither a buffer nor a path, a file gone or changed on disk
+ *   read: a storage engine that keeps neither a buffer nor a path, a file handed to the handler
+ *   as a stream, a file gone or changed on disk
  */
 export function uploadedFiles(req: HttpRequest): FingerprintFile[] | Promise<FingerprintFile[]> | undefined {
-  if (req.file === undefined && req.files === undefined) return undefined;
-  const listed = listFiles(req.file, req.files);
+  const one = typeof req.file === 'function' ? undefined : req.file;
+  const many = typeof req.files === 'function' ? undefined : req.files;
+  if (one === undefined && many === undefined) return undefined;
+  const listed = listFiles(one, many);
   if (listed.length === 0) return undefined;
   const files = listed.map(fileOf);
   return files.some((f) => f instanceof Promise) ? Promise.all(files) : (files as FingerprintFile[]);
@@ -58,9 +65,15 @@ function fileOf(entry: unknown): FingerprintFile | Promise<FingerprintFile> {
   if (typeof file.path === 'string' && typeof file.size === 'number') {
     return digestOnDisk(file.path, file.size).then((sha256) => ({ ...described, size: file.size as number, sha256 }));
   }
+  if (file.stream !== undefined) {
+    throw new IdempotencyError(
+      'its uploaded file is handed to the handler as a stream (FileStreamInterceptor), so the guard cannot read its bytes ' +
+        'before the handler runs; guard the route with FileInterceptor (memory or disk storage) instead.',
+    );
+  }
   throw new IdempotencyError(
     'the bytes of an uploaded file are not available to the guard: the upload\'s storage keeps neither a buffer ' +
-      '(multer memoryStorage) nor a path on disk (multer diskStorage).',
+      '(memory storage) nor a path on disk (disk storage).',
   );
 }
 

@@ -169,6 +169,14 @@ function unreadBody(contentType: string | undefined): IdempotencyError {
   if (!type) {
     return new IdempotencyError('no body parser read its body; send it with a Content-Type this endpoint accepts.');
   }
+  if (type === 'multipart/form-data') {
+    // A raw parser would take the parts from whatever reads them after the guard (the handler).
+    return new IdempotencyError(
+      'no body parser read its multipart/form-data body before the guard (a handler that reads the parts itself runs ' +
+        'after it); the server can read the upload with FileInterceptor or its kin (@nestjs/platform-express, ' +
+        "@nestjs/platform-fastify/multipart), or @fastify/multipart's attachFieldsToBody.",
+    );
+  }
   return new IdempotencyError(
     `no body parser read its ${type} body; send a Content-Type this endpoint accepts ` +
       `(the server can register a parser for ${type}: ${rawParsers(type)}).`,

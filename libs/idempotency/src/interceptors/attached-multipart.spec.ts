@@ -1,0 +1,69 @@
+import { describe, expect, it } from '@jest/globals';
+import { createHash } from 'node:crypto';
+import { IdempotencyError } from '../errors/idempotency.errors.js';
+import { attachedMultipart, isMultipartContentType } from './attached-multipart.js';
+
+const sha256 = (bytes: string) => createHash('sha256').update(bytes).digest('hex');
+
+/** Parts as `@fastify/multipart` attaches them (`attachFieldsToBody: true`): each refers back to the whole body. */
+function attach(parts: Record<string, object | object[]>): Record<string, unknown> {
+  const body: Record<string, unknown> = {};
+  for (const [name, value] of Object.entries(parts)) {
+    body[name] = Array.isArray(value) ? value.map((part) => ({ ...part, fieldname: name, fields: body })) : { ...value, fieldname: name, fields: body };
+  }
+  return body;
+}
+const field = (value: unknown) => ({ type: 'field', value, mimetype: 'text/plain', encoding: '7bit' });
+const file = (text: string | null, filename = 'a.txt') => ({
+  type: 'file',
+  filename,
+  mimetype: 'text/plain',
+  encoding: '7bit',
+  file: { readable: true },
+  _buf: text === null ? null : Buffer.from(text),
+});
+
+describe('attachedMultipart', () => {
+  it('splits attached parts into text fields and files (by field in order, each field\'s files in order), without the parts\' back-references', () => {
+    const split = attachedMultipart(attach({ title: field('t'), tags: [field('a'), field('b')], doc: file('one'), pics: [file('two', 'x.png'), file('three', 'y.png')] }));
+    expect(split).toEqual({
+      fields: { title: 't', tags: ['a', 'b'] },
+      files: [
+        { field: 'doc', name: 'a.txt', type: 'text/plain', size: 3, sha256: sha256('one') },
+        { field: 'pics', name: 'x.png', type: 'text/plain', size: 3, sha256: sha256('two') },
+        { field: 'pics', name: 'y.png', type: 'text/plain', size: 5, sha256: sha256('three') },
+      ],
+    });
+  });
+
+  it("takes keyValues' Buffers as files without name or type, and its strings as fields", () => {
+    expect(attachedMultipart({ title: 't', doc: Buffer.from('one'), more: [Buffer.from('two'), 'note'] })).toEqual({
+      fields: { title: 't', more: ['note'] },
+      files: [
+        { field: 'doc', name: '', type: '', size: 3, sha256: sha256('one') },
+        { field: 'more', name: '', type: '', size: 3, sha256: sha256('two') },
+      ],
+    });
+  });
+
+  it('leaves a body with no part and no Buffer as it is (undefined)', () => {
+    expect(attachedMultipart({ title: 't', nested: { type: 'other' } })).toBeUndefined();
+    expect(attachedMultipart(undefined)).toBeUndefined();
+    expect(attachedMultipart('text')).toBeUndefined();
+    expect(attachedMultipart(Buffer.from('raw'))).toBeUndefined();
+    expect(attachedMultipart([field('a')])).toBeUndefined();
+  });
+
+  it('refuses a file part whose bytes the plugin did not buffer (an onFile handler read its stream)', () => {
+    expect(() => attachedMultipart(attach({ doc: file(null) }))).toThrow(IdempotencyError);
+    expect(() => attachedMultipart(attach({ doc: file(null) }))).toThrow(/onFile/);
+  });
+
+  it('knows multipart/form-data, parameters and case aside', () => {
+    expect(isMultipartContentType('multipart/form-data; boundary=x')).toBe(true);
+    expect(isMultipartContentType('Multipart/Form-Data')).toBe(true);
+    expect(isMultipartContentType('multipart/mixed')).toBe(false);
+    expect(isMultipartContentType('application/json')).toBe(false);
+    expect(isMultipartContentType(undefined)).toBe(false);
+  });
+});
