@@ -226,6 +226,21 @@ describe('body parsers without rawBody (express)', () => {
     });
   });
 
+  it('multipart text fields whose bracket names nest into an object shaped like a @fastify/multipart part are text fields (422 for another value)', async () => {
+    const key = randomUUID();
+    const upload = (fields: [string, string][]) => {
+      const req = request(app.getHttpServer()).post('/avatars').set('idempotency-key', key);
+      for (const [name, value] of fields) req.field(name, value);
+      return req.attach('file', Buffer.from('F'), { filename: 'a.txt', contentType: 'text/plain' });
+    };
+    expect((await upload([['q[type]', 'field'], ['q[fieldname]', 'email'], ['q[value]', 'v']])).status).toBe(201);
+    // Before the fix (c05116d): 201 replayed: the nested object was taken for a field part whose value is 'v'.
+    expect((await upload([['q', 'v']])).status).toBe(422);
+    // And one shaped like a file part was refused 400 for bytes a plugin did not buffer.
+    const fileShaped = await upload([['f[0][type]', 'file'], ['f[0][fieldname]', 'cv']]);
+    expect({ status: fileShaped.status, code: fileShaped.body.code }).toEqual({ status: 422, code: 'IDEMPOTENCY_KEY_REUSED' });
+  });
+
   it('required: false: a call without a key runs unguarded whatever its body, never 400', async () => {
     const before = runs;
     const answer = await request(app.getHttpServer()).post('/notes').set('content-type', 'application/xml').send('<note>hi</note>');

@@ -85,6 +85,14 @@ class UploadsController {
     return { run: runs, title: body.title, bytes: body.doc.toString('utf8') };
   }
 
+  /** Any form (`attachFieldsToBody`): the names of what came. */
+  @Post('forms')
+  @NoRepeatSubmit()
+  form(@Body() body: Record<string, unknown> | undefined) {
+    runs++;
+    return { run: runs, names: Object.keys(body ?? {}).sort() };
+  }
+
   /** A handler that reads the parts itself, after the guard. */
   @Post('parts')
   @HttpCode(200)
@@ -152,6 +160,19 @@ describe("Fastify with Nest's upload interceptors (@nestjs/platform-fastify/mult
     expect([other.status, other.body.code]).toEqual([422, 'IDEMPOTENCY_KEY_REUSED']);
   });
 
+  it('text fields whose bracket names nest into an object shaped like a part are text: another value under the same key is 422', async () => {
+    const key = randomUUID();
+    const post = (fields: [string, string][]) => {
+      const req = request(app.getHttpServer()).post('/avatars').set('idempotency-key', key);
+      for (const [name, value] of fields) req.field(name, value);
+      return req.attach('file', Buffer.from('F'), { filename: 'a.txt', contentType: 'text/plain' });
+    };
+    expect((await post([['q[type]', 'field'], ['q[fieldname]', 'email'], ['q[value]', 'v'], ['caption', 'c']])).status).toBe(201);
+    // Before the fix (c05116d): 201 replayed, the nested object taken for a field part whose value is 'v'.
+    const other = await post([['q', 'v'], ['caption', 'c']]);
+    expect([other.status, other.body.code]).toEqual([422, 'IDEMPOTENCY_KEY_REUSED']);
+  });
+
   it('an upload on disk: counted by its bytes on disk (another file of the same size under the same key is 422)', async () => {
     const key = randomUUID();
     expect((await upload(app, '/avatars/on-disk', key, 'AAAA')).status).toBe(201);
@@ -194,6 +215,24 @@ describe('Fastify with @fastify/multipart, attachFieldsToBody: true', () => {
     expect([again.status, again.headers['idempotent-replayed'], again.body]).toEqual([201, 'true', first.body]);
     expect((await upload(app, '/documents', key, 'OTHER FILE', 'doc')).status).toBe(422);
     expect((await upload(app, '/documents', key, 'FIRST FILE', 'doc', 'you')).status).toBe(422);
+  });
+
+  it('files in two fields sent in the other order are the same upload (replayed); an empty form is guarded, not refused', async () => {
+    const key = randomUUID();
+    const post = (order: string[]) => {
+      const req = request(app.getHttpServer()).post('/forms').set('idempotency-key', key);
+      for (const name of order) req.attach(name, Buffer.from(`bytes of ${name}`), { filename: `${name}.txt`, contentType: 'text/plain' });
+      return req;
+    };
+    const first = await post(['a', 'b']);
+    expect([first.status, first.body.names]).toEqual([201, ['a', 'b']]);
+    const swapped = await post(['b', 'a']);
+    expect([swapped.status, swapped.headers['idempotent-replayed'], swapped.body]).toEqual([201, 'true', first.body]);
+
+    const empty = () => request(app.getHttpServer()).post('/forms').set('idempotency-key', randomUUID()).type('multipart/form-data; boundary=x').send('--x--\r\n');
+    const answer = await empty();
+    // Before the fix: 400, "no body parser read its multipart/form-data body", advising attachFieldsToBody (on already).
+    expect([answer.status, answer.body.names]).toEqual([201, []]);
   });
 
   it('a guarded JSON route of the same app is guarded as before', async () => {

@@ -46,6 +46,22 @@ describe('attachedMultipart', () => {
     });
   });
 
+  it('lists files by field name whatever order the fields came in, and keeps an empty array value', () => {
+    const one = attachedMultipart(attach({ b: file('two'), a: file('one') }));
+    const other = attachedMultipart(attach({ a: file('one'), b: file('two') }));
+    expect(one).toEqual(other);
+    expect(one!.files.map((f) => f.field)).toEqual(['a', 'b']);
+    expect(attachedMultipart({ tags: [], doc: Buffer.from('x') })!.fields).toEqual({ tags: [] });
+  });
+
+  it('takes an object shaped like a part, but not referring back to the body, for a value (bracket names a form parser nested, JSON)', () => {
+    const lookalike = { q: { type: 'field', fieldname: 'email', value: 'v' }, f: [{ type: 'file', fieldname: 'cv' }] };
+    expect(attachedMultipart(lookalike)).toBeUndefined();
+    const body = attach({ doc: file('one') });
+    body.q = { type: 'field', fieldname: 'q', value: 'v', fields: {} };
+    expect(attachedMultipart(body)!.fields).toEqual({ q: body.q });
+  });
+
   it('leaves a body with no part and no Buffer as it is (undefined)', () => {
     expect(attachedMultipart({ title: 't', nested: { type: 'other' } })).toBeUndefined();
     expect(attachedMultipart(undefined)).toBeUndefined();

@@ -2,10 +2,15 @@ import { createHash } from 'node:crypto';
 import { IdempotencyError } from '../errors/idempotency.errors.js';
 import type { FingerprintFile } from '../keys/fingerprint.js';
 
-/** A part as `@fastify/multipart` attaches it to the body with `attachFieldsToBody: true`. */
+/**
+ * A part as `@fastify/multipart` attaches it to the body with `attachFieldsToBody: true`: it
+ * refers back to the whole body (`fields`), which no parsed value can (bracket names that a form
+ * parser nests, JSON in a part).
+ */
 interface AttachedPart {
   type: 'file' | 'field';
   fieldname: string;
+  fields: unknown;
   /** A field's value. */
   value?: unknown;
   /** A file's name, type and bytes (`null` until the plugin buffers them). */
@@ -28,12 +33,14 @@ export function isMultipartContentType(contentType: string | undefined): boolean
 }
 
 /**
- * A multipart body as `@fastify/multipart` attaches it (`attachFieldsToBody`), split as the
- * fingerprint covers an upload: the text fields as an object (a field sent more than once is an
- * array, in order), and the files, by field in the order the fields came, each field's files in
- * order. With `true`, each value is a part: a field's `value`; a file's name, type and bytes,
- * which the plugin buffered. With `'keyValues'`, a file is its Buffer, without name or type.
- * Undefined when the body holds no part and no Buffer: it is hashed as it is.
+ * A multipart body as `@fastify/multipart` attaches it on Fastify (`attachFieldsToBody`), split
+ * as the fingerprint covers an upload: the text fields as an object (a field sent more than once
+ * is an array, in order), and the files, by field name, each field's files in order. With
+ * `true`, each value is a part (known by its reference back to the body): a field's `value`; a
+ * file's name, type and bytes, which the plugin buffered. With `'keyValues'`, a file is its
+ * Buffer, without name or type. Undefined when the body holds no part and no Buffer: it is
+ * hashed as it is. Only for Fastify's bodies: multer's and Nest's upload interceptors put text
+ * fields in the body, and their files on the request.
  *
  * @throws IdempotencyError for a file part whose bytes the plugin did not buffer (an `onFile`
  *   handler read its stream)
@@ -43,12 +50,13 @@ export function attachedMultipart(body: unknown): AttachedMultipart | undefined 
   const fields: Record<string, unknown> = {};
   const files: FingerprintFile[] = [];
   let attached = false;
-  for (const [name, entry] of Object.entries(body)) {
+  for (const name of Object.keys(body).sort()) {
+    const entry = (body as Record<string, unknown>)[name];
     const values: unknown[] = [];
     for (const item of Array.isArray(entry) ? (entry as unknown[]) : [entry]) {
       if (item instanceof Uint8Array) {
         files.push(fileOf(name, '', '', item));
-      } else if (isPart(item)) {
+      } else if (isPartOf(body, item)) {
         if (item.type === 'field') values.push(item.value);
         else files.push(fileOf(name, String(item.filename ?? ''), String(item.mimetype ?? ''), bytesOf(item)));
       } else {
@@ -57,15 +65,16 @@ export function attachedMultipart(body: unknown): AttachedMultipart | undefined 
       }
       attached = true;
     }
-    if (values.length > 0) fields[name] = Array.isArray(entry) ? values : values[0];
+    // A field of files only is in `files`; an empty array (a JSON part's []) is a value.
+    if (values.length > 0 || (Array.isArray(entry) && entry.length === 0)) fields[name] = Array.isArray(entry) ? values : values[0];
   }
   return attached ? { fields, files } : undefined;
 }
 
-function isPart(value: unknown): value is AttachedPart {
+function isPartOf(body: object, value: unknown): value is AttachedPart {
   if (value === null || typeof value !== 'object') return false;
   const part = value as Partial<AttachedPart>;
-  return (part.type === 'file' || part.type === 'field') && typeof part.fieldname === 'string';
+  return part.fields === body && (part.type === 'file' || part.type === 'field') && typeof part.fieldname === 'string';
 }
 
 function bytesOf(part: AttachedPart): Uint8Array {

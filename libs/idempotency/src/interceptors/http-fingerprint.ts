@@ -25,12 +25,15 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
     hasBody: carriesBody(req),
   };
   let files = uploadedFiles(req);
-  const attached = isMultipartContentType(input.contentType) ? attachedMultipart(req.body) : undefined;
+  const multipart = 'raw' in req && isMultipartContentType(input.contentType);
+  const attached = multipart ? attachedMultipart(req.body) : undefined;
   if (attached) {
     input.body = attached.fields;
     files = withFiles(files, attached.files);
   }
-  const unread = input.hasBody && input.body === undefined && input.rawBody === undefined;
+  let unread = input.hasBody && input.body === undefined && input.rawBody === undefined;
+  // A form with no part: @fastify/multipart (attachFieldsToBody) read it to its end and attached nothing.
+  if (unread && multipart && streamOf(req).readableEnded === true) unread = input.hasBody = false;
   if (!unread && !(files instanceof Promise)) {
     if (files) input.files = files;
     return input;
