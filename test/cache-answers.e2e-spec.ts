@@ -135,11 +135,13 @@ describe.each(['express', 'fastify'] as const)('localCache replays as Redis does
     await Promise.all([cached?.app.close(), plain?.app.close()]);
   });
 
-  /** First call on the cached instance, wait for the entry; then a replay from Redis and one from the cache. */
+  /** First call on the cached instance; a replay from Redis on each (the cached one's fills its cache); one from the cache. */
   async function both(path: string, k: string, extra: Record<string, unknown> = {}): Promise<{ first: Raw; fromRedis: Raw; fromCache: Raw }> {
     const first = await send(cached, path, k, extra);
-    await eventually(() => holds(cached, storageKeyOf(cached, path, k)), { timeoutMs: 3000, describe: () => `${path} never cached` });
     const fromRedis = await send(plain, path, k, extra);
+    expect(holds(cached, storageKeyOf(cached, path, k))).toBe(false);
+    expect(comparable(await send(cached, path, k, extra))).toEqual(comparable(fromRedis));
+    await eventually(() => holds(cached, storageKeyOf(cached, path, k)), { timeoutMs: 3000, describe: () => `${path} never cached` });
     const fromCache = await send(cached, path, k, extra);
     return { first, fromRedis, fromCache };
   }
@@ -187,6 +189,7 @@ describe.each(['express', 'fastify'] as const)('localCache replays as Redis does
     const cache = cached.store as LocalCacheIdempotencyStore;
     expect(await cache.claim({ key, token: 'gone', fingerprint: '', leaseMs: 5000 })).toMatchObject({ status: 'acquired' });
     expect(await cache.complete(key, 'gone', { statusCode: 201, headers: {}, unreplayable: 'not_delivered' }, 60_000)).toBe(true);
+    expect(await cache.claim({ key, token: 'seen', fingerprint: '', leaseMs: 5000 })).toMatchObject({ status: 'completed' });
     await eventually(() => holds(cached, key), { timeoutMs: 3000 });
     const fromRedis = await send(plain, 'json', k);
     const fromCache = await send(cached, 'json', k);
@@ -217,6 +220,7 @@ describe.each(['express', 'fastify'] as const)('localCache replays as Redis does
 
   it('counts each replay from the cache once, with one replayed event', async () => {
     const k = `count-${randomUUID()}`;
+    await send(cached, 'json', k);
     await send(cached, 'json', k);
     await eventually(() => holds(cached, storageKeyOf(cached, 'json', k)), { timeoutMs: 3000 });
     const counters = cached.app.get(IdempotencyCounters);
@@ -249,6 +253,7 @@ describe('the cache answers a claim as the Redis store does, for every pair of f
     const claim = await cache.claim({ key, token: 't1', fingerprint: recordFingerprint, leaseMs: 5000 });
     expect(claim.status).toBe('acquired');
     expect(await cache.complete(key, 't1', { statusCode: 201, headers: { 'content-type': 'text/plain' }, body: 'done' }, 60_000)).toBe(true);
+    expect(await cache.claim({ key, token: 'seen', fingerprint: recordFingerprint, leaseMs: 5000 })).toMatchObject({ status: 'completed' });
     await eventually(() => holds(instance, key), { timeoutMs: 3000 });
     const input = { key, token: 't2', fingerprint: claimFingerprint, leaseMs: 5000 };
     const fromCache = await cache.claim(input);

@@ -73,6 +73,7 @@ describe('localCache bounds under a flood of distinct keys (HTTP, Express)', () 
     // A record over maxBytes alone is not kept, and never answers wrong.
     const huge = `huge-${randomUUID()}`;
     await post(instance.url, huge, 300 * 1024);
+    expect(await post(instance.url, huge, 300 * 1024)).toMatchObject({ status: 201, replayed: true });
     await new Promise((resolve) => setTimeout(resolve, 200));
     expect(instance.cache.cacheStats().bytes).toBeLessThanOrEqual(maxBytes);
     expect(await post(instance.url, huge, 300 * 1024)).toMatchObject({ status: 201, replayed: true });
@@ -100,7 +101,7 @@ describe('localCache: what the entries hold in memory against maxBytes (README: 
   });
   afterAll(async () => instance?.app.close());
 
-  /** Saves `count` records through the cache, as the guard saves answers; waits until they are held. */
+  /** Saves `count` records through the cache, as the guard saves answers, and replays each once; waits until they are held. */
   async function fill(count: number, answer: (i: number) => SavedResponse): Promise<void> {
     const cache = instance.cache;
     for (let i = 0; i < count; i += 200) {
@@ -110,6 +111,7 @@ describe('localCache: what the entries hold in memory against maxBytes (README: 
           const token = randomUUID();
           await cache.claim({ key, token, fingerprint: 'a'.repeat(64), leaseMs: 10_000 });
           await cache.complete(key, token, answer(i + j), 600_000);
+          await cache.claim({ key, token: randomUUID(), fingerprint: 'a'.repeat(64), leaseMs: 10_000 });
         }),
       );
     }

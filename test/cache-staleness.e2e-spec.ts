@@ -80,10 +80,11 @@ function holds(cache: LocalCacheIdempotencyStore, storageKey: string): boolean {
   return (cache as unknown as { records: { entries: Map<string, unknown> } }).records.entries.has(storageKey);
 }
 
-/** Makes a record, waits until the instance's cache holds it; returns its storage key and first run. */
+/** Makes a record, replays it once (from Redis), waits until the instance's cache holds it; returns its storage key and first run. */
 async function cached(instance: Instance, route: 'long' | 'short', k: string): Promise<{ storageKey: string; run: number }> {
   const first = await post(instance, route, k);
   expect(first).toMatchObject({ status: 201, replayed: false });
+  expect(await post(instance, route, k)).toMatchObject({ status: 201, replayed: true, run: first.run });
   const storageKey = instance.admin.storageKeyOf({ user: { anonymous: true }, handler: handlerOf(route), key: k });
   await eventually(() => holds(instance.cache, storageKey), { timeoutMs: 3000, describe: () => `${storageKey} never cached` });
   return { storageKey, run: first.run! };
@@ -153,6 +154,7 @@ describe('localCache on the shared Redis: external changes of a cached record', 
     await redis.move(storageKey, 7);
     await heard(a, storageKey);
     expect(await post(a, 'long', k)).toMatchObject({ status: 201, replayed: false, run: run + 1 });
+    expect(await post(a, 'long', k)).toMatchObject({ status: 201, replayed: true, run: run + 1 });
     await eventually(() => holds(a.cache, storageKey), { timeoutMs: 3000 });
     await new Redis(`${REDIS_URL}/7`).pipeline().del(storageKey).quit().exec();
     const spare = `${storageKey}:spare`;

@@ -115,10 +115,11 @@ export interface IdempotencyModuleOptions {
   /** Maximum entries of the default memory store. Default 100,000. */
   memoryMaxEntries?: number;
   /**
-   * Keeps the completed records this process has seen (saved here, or replayed from the store)
-   * in memory, so that replaying one again costs no store round trip. Default off. `true` for the
+   * Keeps the completed records this process has replayed (a replay the store answered) in
+   * memory, so that replaying one again costs no store round trip; never the answers it saves,
+   * so first requests cost what they cost without it. Default off. `true` for the
    * default bounds, or `{ maxEntries, maxBytes }`: 10,000 records and 32 MiB (the key, body and
-   * header texts plus 200 bytes a record), least recently used out first. An entry never answers
+   * header texts plus 300 bytes a record and 24 a header), least recently used out first. An entry never answers
    * past its record's retention, and goes when the record is forgotten, replaced, deleted or
    * flushed, from any instance: Redis tracks the keys the cache read (client-side caching), over
    * one more connection per process. The Redis store on a single primary only: a Cluster client,

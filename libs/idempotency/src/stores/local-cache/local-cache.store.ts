@@ -18,29 +18,23 @@ interface Fill {
   stale: boolean;
 }
 
-/** What this process saved: the answer, and the latest the record can expire. */
-interface OwnCompletion {
-  token: string;
-  response: SavedResponse;
-  expiresBy: number;
-}
-
 /** Nest's lifecycle hooks, forwarded to the wrapped store (Nest calls them on the provider only). */
 const HOOKS = ['onModuleInit', 'onApplicationBootstrap', 'onModuleDestroy', 'beforeApplicationShutdown', 'onApplicationShutdown'] as const;
 type Hooks = Partial<Record<(typeof HOOKS)[number], (signal?: string) => unknown>>;
 
 /**
- * A store in front of another that keeps the completed records this process has seen, so that
- * replaying them again costs no round trip (`IdempotencyModule.forRoot({ localCache })`). A
+ * A store in front of another that keeps the completed records this process has replayed, so
+ * that replaying them again costs no round trip (`IdempotencyModule.forRoot({ localCache })`). A
  * completed record never changes until it expires, unless it is forgotten, deleted or flushed;
  * `tracking` announces those, from every instance.
  *
- * An entry comes from this process's own completion, or from a claim that found the record
- * completed. Either way it is filled off the request path by a tracked read of the record: from
- * that read on, any change of the key is announced, and a change announced while the read is on
- * its way discards its answer. An entry expires by the monotonic clock no later than the record:
- * at the retention the read found (or the completion asked for), counted from before the call
- * (the global `performance.now()`, which fake timers move too).
+ * An entry comes from a claim that found the record completed (a replay), never from this
+ * process's own completion: a first request costs what it costs without the cache, and the
+ * entries are the records that are replayed, not every record saved. It is filled off the
+ * request path by a tracked read of the record: from that read on, any change of the key is
+ * announced, and a change announced while the read is on its way discards its answer. An entry
+ * expires by the monotonic clock no later than the record: at the retention the read found,
+ * counted from before the read (the global `performance.now()`, which fake timers move too).
  * While tracking is not live (a connection is down), nothing is cached and every call goes to
  * the store. Everything else is the wrapped store's. Built by `IdempotencyModule` for
  * `localCache`; exported for `instanceof`, `store` and `cacheStats()`.
@@ -83,11 +77,8 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
     return result;
   }
 
-  async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
-    const startedAt = performance.now();
-    const saved = await this.store.complete(key, token, response, retentionMs);
-    if (saved) this.fill(key, { token, response: { ...response, headers: { ...response.headers } }, expiresBy: startedAt + retentionMs });
-    return saved;
+  complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
+    return this.store.complete(key, token, response, retentionMs);
   }
 
   release(key: string, token: string): Promise<boolean> {
@@ -158,7 +149,7 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
   }
 
   /** Reads the record, tracked, off the request path, and keeps it unless it changed meanwhile. */
-  private fill(key: string, own?: OwnCompletion): void {
+  private fill(key: string): void {
     if (!this.tracking.live || this.fills.has(key)) return;
     const fill: Fill = { stale: false };
     this.fills.set(key, fill);
@@ -166,13 +157,11 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
     const done = () => {
       if (this.fills.get(key) === fill) this.fills.delete(key);
     };
-    this.tracking.read(key, own?.token).then(
+    this.tracking.read(key).then(
       (read) => {
         done();
-        const response = read?.response ?? own?.response;
-        if (fill.stale || read === undefined || response === undefined) return;
-        const expiresAt = Math.min(sentAt + (read.ttlMs ?? Number.POSITIVE_INFINITY), own?.expiresBy ?? Number.POSITIVE_INFINITY);
-        if (expiresAt !== Number.POSITIVE_INFINITY) this.records.set(key, { fingerprint: read.fingerprint, response, expiresAt });
+        if (fill.stale || read === undefined) return;
+        this.records.set(key, { fingerprint: read.fingerprint, response: read.response, expiresAt: sentAt + read.ttlMs });
       },
       (error: unknown) => {
         done();

@@ -4,13 +4,10 @@ import type { SavedResponse } from '../idempotency-store.js';
 export interface TrackedRecord {
   /** The fingerprint the record was claimed with ('' when not compared). */
   fingerprint: string;
-  /** The saved answer; absent when the read checked only the head of one's own completion. */
-  response?: SavedResponse;
-  /**
-   * Retention left when the store read it, in milliseconds. Absent after a head-only read of one's
-   * own completion: the caller knows the retention it asked for.
-   */
-  ttlMs?: number;
+  /** The saved answer. */
+  response: SavedResponse;
+  /** Retention left when the store read it, in milliseconds. */
+  ttlMs: number;
 }
 
 /** What the local cache hears from its tracking. */
@@ -33,12 +30,10 @@ export interface RecordTracking {
   /** Starts listening; never rejects (tracking that cannot start yet keeps `live` false and retries). */
   start(listener: TrackingListener): Promise<void>;
   /**
-   * Reads the completed record of `key` and tracks the key from that read on. With `token`, only
-   * the record's head is read, and only a record that `token` completed counts (the caller has
-   * the answer it saved, and the retention it asked for). Undefined when `key` holds no such
-   * record, or one without a retention.
+   * Reads the completed record of `key` and tracks the key from that read on. Undefined when
+   * `key` holds no completed record, or one without a retention.
    */
-  read(key: string, token?: string): Promise<TrackedRecord | undefined>;
+  read(key: string): Promise<TrackedRecord | undefined>;
   /** Stops listening and closes its connections. */
   stop(): Promise<void>;
 }

@@ -1,15 +1,12 @@
 import { Logger } from '@nestjs/common';
 import type { Redis, RedisOptions } from 'ioredis';
 import { coalesceWrites } from '../redis/coalesce-writes.js';
-import { decodeCompletedHead, decodeRecord, tokenPrefix } from '../redis/redis-record.js';
+import { decodeRecord } from '../redis/redis-record.js';
 import type { RecordTracking, TrackedRecord, TrackingListener } from './record-tracking.js';
 
 /** Where Redis publishes invalidations to a RESP2 redirect connection. */
 const INVALIDATE_CHANNEL = '__redis__:invalidate';
 const INVALIDATE_CHANNEL_BYTES = Buffer.from(INVALIDATE_CHANNEL);
-
-/** How much of a record one's own completion reads back: enough for its head (token, fingerprint). */
-const HEAD_BYTES = 1024;
 
 /** How often both connections are checked, and how long each check may take, in milliseconds. */
 export const TRACKING_CHECK_MS = 1000;
@@ -60,8 +57,9 @@ export class RedisRecordTracking implements RecordTracking {
     this.listener = listener;
     // No offline queue, no resend: a read or a tracking command never reaches a later connection.
     const reader = this.own({ enableOfflineQueue: false });
-    // A tracked read follows each completion this process saves: its writes go out with the
-    // turn's others, one syscall, as on the store's own connection (a write each measured ~5 µs).
+    // A tracked read follows each replay the store answered (a storm brings many in one turn): its
+    // writes go out with the turn's others, one syscall, as on the store's own connection (a
+    // write each measured ~5 µs).
     coalesceWrites(reader);
     const subscriber = this.own({ protocol: 2, keyPrefix: '', enableOfflineQueue: true, autoResubscribe: false });
     this.reader = reader;
@@ -78,23 +76,9 @@ export class RedisRecordTracking implements RecordTracking {
     if (!this.live) this.warnOnce('Redis tracking is not on yet: the local cache stays empty until it is');
   }
 
-  /**
-   * One round trip on the reader, whose every read Redis tracks. One's own completion reads only
-   * its head (`GETRANGE`, one command): its token proves the record is the one just saved, and
-   * the caller knows the body and the retention. A record found by a claim is read whole, with
-   * its `PTTL` (one pipeline).
-   */
-  async read(key: string, token?: string): Promise<TrackedRecord | undefined> {
+  /** One round trip on the reader, whose every read Redis tracks: the record and its `PTTL`, in one pipeline. */
+  async read(key: string): Promise<TrackedRecord | undefined> {
     if (!this.reader) return undefined;
-    if (token !== undefined) {
-      const head = await this.reader.getrange(key, 0, HEAD_BYTES - 1);
-      try {
-        const completed = head.startsWith(`C${tokenPrefix(token)}`) ? decodeCompletedHead(head) : undefined;
-        return completed && { fingerprint: completed.fingerprint };
-      } catch {
-        return undefined;
-      }
-    }
     const replies = (await this.reader.pipeline().get(key).pttl(key).exec()) ?? [];
     for (const [error] of replies) if (error) throw error;
     const value = replies[0]?.[1] as string | null;

@@ -86,13 +86,3 @@ export function toStoredRecord(record: DecodedRecord, ttlMs: number): StoredReco
     : { state: 'processing', token, fingerprint, ttlMs };
 }
 
-/**
- * The head of a completed record from the record's first bytes (a `GETRANGE`): its token and
- * fingerprint. Undefined when they are not a completed record's, or hold no whole head.
- */
-export function decodeCompletedHead(start: string): { token: string; fingerprint: string } | undefined {
-  const headEnd = start.indexOf('\n');
-  if (start.charCodeAt(0) !== COMPLETED || headEnd === -1) return undefined;
-  const [token, fingerprint] = JSON.parse(start.slice(1, headEnd)) as Head;
-  return { token, fingerprint };
-}
