@@ -81,6 +81,11 @@ export class CompletedRecords {
     return entry;
   }
 
+  /** Whether `key` holding `record` could be kept at all: no larger than `maxBytes` alone. */
+  fits(key: string, record: Omit<CachedRecord, 'expiresAt'>): boolean {
+    return entryBytes(key, record) <= this.maxBytes;
+  }
+
   set(key: string, record: CachedRecord): void {
     this.delete(key);
     const bytes = entryBytes(key, record);
@@ -134,7 +139,7 @@ export class CompletedRecords {
  * name and value) as V8 keeps it: 16 bytes, then a byte a character for Latin-1 text, two for
  * any other (UTF-16), rounded up to 8.
  */
-export function entryBytes(key: string, { fingerprint, response }: CachedRecord): number {
+export function entryBytes(key: string, { fingerprint, response }: Omit<CachedRecord, 'expiresAt'>): number {
   let bytes = ENTRY_OVERHEAD_BYTES + stringBytes(key) + stringBytes(fingerprint);
   if (response.body !== undefined) bytes += stringBytes(response.body);
   for (const name in response.headers) bytes += HEADER_OVERHEAD_BYTES + stringBytes(name) + stringBytes(response.headers[name]);

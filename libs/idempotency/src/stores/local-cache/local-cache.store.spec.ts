@@ -147,6 +147,20 @@ describe('LocalCacheIdempotencyStore', () => {
     expect(innerClaims).not.toHaveBeenCalled();
   });
 
+  it.each([
+    ['another answer', { ...answer, body: '{"id":2}' }, 'fp'],
+    ['the same answer claimed with another fingerprint', answer, 'other'],
+  ])('keeps nothing when the read finds another record than the claim did (%s: a reader on another db)', async (_what, other, fingerprint) => {
+    await completeHere();
+    expect(await claim('seen')).toEqual({ status: 'completed', response: answer });
+    // The store's record changes unannounced, as the record of the same key in another db would read.
+    await inner.forget('k');
+    await inner.claim({ key: 'k', token: 'elsewhere', fingerprint, leaseMs: 10_000 });
+    await inner.complete('k', 'elsewhere', other, 60_000);
+    await tracking.reads[0].answer();
+    expect(store.cacheStats().entries).toBe(0);
+  });
+
   it('discards a read whose key was invalidated before the read came back (the race with the tracking)', async () => {
     await completeHere();
     await claim('seen');
@@ -167,6 +181,14 @@ describe('LocalCacheIdempotencyStore', () => {
     tracking.listener.reset();
     await tracking.reads[1].answer();
     expect(store.cacheStats().entries).toBe(0);
+  });
+
+  it('reads nothing back for a record too large to keep (over maxBytes alone)', async () => {
+    const small = new LocalCacheIdempotencyStore(inner, tracking, { maxEntries: 100, maxBytes: 400 });
+    await inner.claim({ key: 'big', token: 'x', fingerprint: '', leaseMs: 10_000 });
+    await inner.complete('big', 'x', { ...answer, body: 'x'.repeat(200) }, 60_000);
+    expect(await small.claim({ key: 'big', token: 'y', fingerprint: '', leaseMs: 10_000 })).toMatchObject({ status: 'completed' });
+    expect(tracking.reads).toEqual([]);
   });
 
   it('caches nothing while tracking is not live', async () => {

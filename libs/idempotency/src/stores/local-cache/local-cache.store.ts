@@ -73,7 +73,7 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
       return answerOf(cached, input.fingerprint);
     }
     const result = await this.store.claim(input);
-    if (result.status === 'completed') this.fill(input.key);
+    if (result.status === 'completed') this.fill(input.key, input.fingerprint, result.response);
     return result;
   }
 
@@ -148,9 +148,15 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
     await (this.store as Hooks).onApplicationShutdown?.(signal);
   }
 
-  /** Reads the record, tracked, off the request path, and keeps it unless it changed meanwhile. */
-  private fill(key: string): void {
-    if (!this.tracking.live || this.fills.has(key)) return;
+  /**
+   * Reads the record, tracked, off the request path, and keeps it unless it changed meanwhile or
+   * is not the one the claim found (its answer `found`, a fingerprint the claim's matched): the
+   * reader may read another db than the store for a moment (a client switched by `SELECT`), and
+   * what it tracks is what it read.
+   */
+  private fill(key: string, fingerprint: string, found: SavedResponse): void {
+    // A record too large to keep is not read again for nothing at each of its replays.
+    if (!this.tracking.live || this.fills.has(key) || !this.records.fits(key, { fingerprint, response: found })) return;
     const fill: Fill = { stale: false };
     this.fills.set(key, fill);
     const sentAt = performance.now();
@@ -160,7 +166,8 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
     this.tracking.read(key).then(
       (read) => {
         done();
-        if (fill.stale || read === undefined) return;
+        if (fill.stale || read === undefined || !sameResponse(read.response, found)) return;
+        if (fingerprint !== '' && read.fingerprint !== '' && read.fingerprint !== fingerprint) return;
         this.records.set(key, { fingerprint: read.fingerprint, response: read.response, expiresAt: sentAt + read.ttlMs });
       },
       (error: unknown) => {
@@ -170,6 +177,13 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
       },
     );
   }
+}
+
+/** The same saved answer: status, headers, body and its encoding, or the same reason it cannot be replayed. */
+function sameResponse(a: SavedResponse, b: SavedResponse): boolean {
+  if (a.statusCode !== b.statusCode || a.body !== b.body || a.encoding !== b.encoding || a.unreplayable !== b.unreplayable) return false;
+  const names = Object.keys(a.headers);
+  return names.length === Object.keys(b.headers).length && names.every((name) => a.headers[name] === b.headers[name]);
 }
 
 /** The coming check phase, shared by the hits of one turn. */

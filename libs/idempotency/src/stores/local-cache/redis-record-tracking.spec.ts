@@ -198,6 +198,33 @@ describe('the local cache on Redis (client-side caching)', () => {
     await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
   });
 
+  it('reads the db the store reads: a client switched with SELECT, before the cache opened and after', async () => {
+    const selected = reconnectingClient();
+    opened.push({ close: () => selected.quit() });
+    await selected.select(4);
+    const store = await cache(selected);
+    const key = `lc:db:${randomUUID()}`;
+    // Another environment writes the same key in db 0, through the client's own db.
+    const inDb0 = new RedisIdempotencyStore(client);
+    const other: SavedResponse = { ...answer, body: '{"db":0}' };
+    await inDb0.claim({ key, token: 'db0', fingerprint: 'fp', leaseMs: 10_000 });
+    await inDb0.complete(key, 'db0', other, 60_000);
+    await completeCached(store, key);
+    // Before the fix: the cache's connections were duplicated with the client's options (db 0), so the entry was db 0's record.
+    expect(await replay(store, key)).toEqual({ status: 'completed', response: answer });
+
+    // Switched again while the cache holds db 4's record: its entries go, and it reads db 5 from then on.
+    await selected.select(5);
+    expect(store.cacheStats().entries).toBe(0);
+    const fifth: SavedResponse = { ...answer, body: '{"db":5}' };
+    await new RedisIdempotencyStore(selected).claim({ key, token: 'db5', fingerprint: 'fp', leaseMs: 10_000 });
+    await new RedisIdempotencyStore(selected).complete(key, 'db5', fifth, 60_000);
+    expect(await replay(store, key)).toEqual({ status: 'completed', response: fifth });
+    await eventually(() => store.cacheStats().entries === 1, { timeoutMs: 2000 });
+    expect(await replay(store, key)).toEqual({ status: 'completed', response: fifth });
+    await Promise.all([client.del(key), selected.del(key), selected.select(4).then(() => selected.del(key))]);
+  });
+
   it('never turns tracking on on the client it was given: its own connections track, and close on shutdown', async () => {
     const name = `lcown${randomUUID().slice(0, 8)}`;
     const own = new Redis(REDIS_URL, { maxRetriesPerRequest: 0, connectionName: name });

@@ -70,6 +70,7 @@ export class RedisRecordTracking implements RecordTracking {
     subscriber.on('close', this.onSubscriberClose);
     subscriber.on('ready', this.enable);
     this.client.on('close', this.onStoreClose);
+    this.client.on('select', this.onStoreSelect);
     this.timer = setInterval(() => void this.check(), TRACKING_CHECK_MS).unref();
     await Promise.all([reader, subscriber].map((connection) => connection.status === 'ready' || waitReady(connection, TRACKING_CHECK_MS)));
     await this.enable();
@@ -98,12 +99,17 @@ export class RedisRecordTracking implements RecordTracking {
     clearInterval(this.timer);
     this.lost();
     this.client.off('close', this.onStoreClose);
+    this.client.off('select', this.onStoreSelect);
     await Promise.all([this.reader, this.subscriber].map((connection) => connection && close(connection)));
   }
 
-  /** A connection of the cache's own, duplicated from the store's client. */
+  /**
+   * A connection of the cache's own, duplicated from the store's client, on the db that client
+   * reads now: `SELECT` changes the db ioredis keeps for the connection, not its options.
+   */
   private own(options: RedisOptions): Redis {
     const connection = this.client.duplicate({
+      db: selectedDb(this.client),
       ...options,
       lazyConnect: false,
       autoResendUnfulfilledCommands: false,
@@ -143,6 +149,16 @@ export class RedisRecordTracking implements RecordTracking {
   private readonly onStoreClose = (): void => {
     this.lost();
     for (const connection of [this.reader, this.subscriber]) if (connection?.status === 'ready') connection.disconnect(true);
+  };
+
+  /**
+   * The store's client switched to another db (`SELECT`): what the cache holds is the old db's,
+   * and its reader follows the store. A read on its way is discarded; should the reader miss the
+   * switch (it is reconnecting), the cache keeps only what matches the store's answer anyway.
+   */
+  private readonly onStoreSelect = (db: number): void => {
+    this.listener?.reset();
+    this.reader?.select(db).catch(() => this.reader?.disconnect(true));
   };
 
   /** Turns tracking on when both connections are ready and it is off; resolves when that try ends. */
@@ -242,4 +258,9 @@ function waitReady(connection: Redis, ms: number): Promise<void> {
       resolve();
     }
   });
+}
+
+/** The db a client reads now: the last `SELECT` ioredis made on it (kept across reconnects), or its `db` option. */
+function selectedDb(client: Redis): number | undefined {
+  return (client as unknown as { condition?: { select?: number } }).condition?.select ?? client.options.db;
 }
