@@ -3,6 +3,8 @@ import { DEFAULTS } from './idempotency.constants.js';
 import { IdempotencyConfigError } from './errors/idempotency.errors.js';
 import { ERROR_FORMATS, type ErrorFormat } from './errors/problem-details.js';
 import type { AnonymousPolicy, FailMode, IdempotencyModuleOptions, SaveStatuses } from './idempotency.options.js';
+import type { HttpRequest } from './interceptors/http-request.js';
+import { userObjectOf } from './interceptors/key-user.js';
 import { resolveLocalCache } from './stores/local-cache/local-cache-options.js';
 
 /** Whether the answer to a handler's error, of this status, is saved (only asked for 400-499). */
@@ -32,11 +34,12 @@ export interface ResolvedIdempotencyOptions {
 export const IDEMPOTENCY_RESOLVED_OPTIONS = Symbol('IDEMPOTENCY_RESOLVED_OPTIONS');
 
 /**
- * `request.user.id`, else `request.user.sub` (Nest's JWT recipe); an empty id counts as none.
+ * `request.user.id`, else `request.user.sub` (Nest's JWT recipe); an empty id counts as none. On
+ * Fastify, a user that Nest middleware set is on the Node.js request (`request.raw.user`).
  * The first argument by index: `switchToHttp()` would add closures on every call.
  */
 const defaultGetUser = (ctx: ExecutionContext): string | number | undefined => {
-  const user = ctx.getArgByIndex<{ user?: { id?: string | number; sub?: string | number } } | undefined>(0)?.user;
+  const user = userObjectOf(ctx.getArgByIndex<HttpRequest | undefined>(0)) as { id?: string | number; sub?: string | number } | undefined;
   const id = user?.id;
   return id === undefined || id === null || id === '' ? user?.sub : id;
 };

@@ -8,8 +8,8 @@ import { uploadedFiles } from './uploaded-files.js';
 const FASTIFY_BODYLESS = new Set(['GET', 'HEAD', 'TRACE']);
 
 /**
- * What the fingerprint of an HTTP request covers: the route (the handler and its path
- * parameters), the query, the body as the parser gave it (or `rawBody`), and the files of a
+ * What the fingerprint of an HTTP request covers: the route (the handler, its path parameters
+ * and its host parameters), the query, the body as the parser gave it (or `rawBody`), and the files of a
  * multipart upload: those an upload interceptor put on the request, or those `@fastify/multipart`
  * attached to the body (`attachFieldsToBody`). A promise only when it must wait: a file on disk
  * to hash, or a body no parser read whose end may show it empty.
@@ -18,7 +18,7 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
   const input: FingerprintInput = {
     method: req.method,
     path: handler,
-    query: { params: req.params, query: req.query },
+    query: { params: req.params, query: req.query, hosts: hostParams(req.hosts) },
     body: req.body,
     rawBody: req.rawBody,
     contentType: req.headers['content-type'] as string | undefined,
@@ -43,6 +43,12 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
     if (empty) input.hasBody = false;
     return input;
   });
+}
+
+/** A host-bound route's host parameters; undefined where it has none (so other fingerprints stay as they were). */
+function hostParams(hosts: Record<string, string> | undefined): Record<string, string> | undefined {
+  if (hosts !== undefined) for (const _ in hosts) return hosts;
+  return undefined;
 }
 
 /** The files of an upload interceptor, then those attached to the body. */

@@ -16,6 +16,8 @@ export interface HttpRequest {
   files?: unknown;
   query?: unknown;
   params?: unknown;
+  /** Host parameters (`@Controller({ host: ':account.example.com' })`), set by Nest's router. */
+  hosts?: Record<string, string>;
   user?: unknown;
 }
 

@@ -181,7 +181,17 @@ export class IdempotencyInterceptor implements NestInterceptor {
    */
   private userOf(ctx: ExecutionContext, route: GuardedRoute): KeyUser | undefined {
     if (ctx.getType() === 'rpc') return MESSAGE_USER;
-    const user = requestUser(this.getUser(ctx), ctx.getArgByIndex<HttpRequest>(0), this.options.anonymous);
+    const req = ctx.getArgByIndex<HttpRequest>(0);
+    const user = requestUser(this.getUser(ctx), req, this.options.anonymous);
+    if (user && !('id' in user) && req.headers.authorization !== undefined) {
+      this.onceFor(`${route.handler}:credentials`, () =>
+        this.logger.warn(
+          `${route.handler}: a call with an Authorization header is keyed as anonymous: the guard found no user ` +
+            '(request.user, or request.raw.user on Fastify), so every anonymous caller shares its keys. If the route ' +
+            'authenticates its callers elsewhere (a Passport property, request.auth), give IdempotencyModule.forRoot({ getUser }).',
+        ),
+      );
+    }
     if (user) return user;
     this.onceFor(`${route.handler}:user`, () =>
       this.logger.error(

@@ -13,7 +13,7 @@ export const MESSAGE_USER: KeyUser = Object.freeze({ id: '' });
 export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy): KeyUser | undefined {
   const text = idText(id);
   if (text !== undefined) return { id: text };
-  if (req.user || (id !== undefined && id !== null && id !== '')) return undefined;
+  if (userObjectOf(req) || (id !== undefined && id !== null && id !== '')) return undefined;
   return anonymous === 'address' ? { ip: req.ip ?? 'unknown' } : { anonymous: true };
 }
 
@@ -26,4 +26,12 @@ export function idText(id: unknown): string | undefined {
   if (typeof id === 'number') return Number.isFinite(id) ? String(id) : undefined;
   if (typeof id === 'bigint') return String(id);
   return undefined;
+}
+
+/**
+ * The request's `user`: Nest's request's, else (Fastify) its Node.js request's, where Nest
+ * middleware, which Fastify hands the Node.js request, puts it.
+ */
+export function userObjectOf(req: HttpRequest | undefined): unknown {
+  return req?.user ?? (req as { raw?: { user?: unknown } } | undefined)?.raw?.user;
 }
