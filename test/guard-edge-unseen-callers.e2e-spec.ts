@@ -33,16 +33,30 @@ class AccountOrdersController {
   }
 }
 
-/** Nest middleware that logs the caller in from `x-user` (on Fastify it gets the Node.js request). */
+@Controller({ path: 'sites/orders', host: ['acme.example.com', 'globex.example.com'] })
+class SiteOrdersController {
+  /** Host-bound without host parameters: the host is still the account. */
+  @Post()
+  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
+  create(@Req() req: { headers: Record<string, string> }, @Body() body: { orderNo: string }) {
+    return { run: ++runs, host: req.headers.host, orderNo: body.orderNo };
+  }
+}
+
+/**
+ * Nest middleware that logs the caller in from `x-user` (on Fastify it gets the Node.js request):
+ * `{ id }`, or with `x-user-shape: string` the id itself, as some Passport strategies leave it.
+ */
 function login(req: { headers: Record<string, string | undefined>; user?: unknown }, _res: unknown, next: () => void) {
-  if (req.headers['x-user']) req.user = { id: req.headers['x-user'] };
+  const id = req.headers['x-user'];
+  if (id) req.user = req.headers['x-user-shape'] === 'string' ? id : { id };
   next();
 }
 
 describe.each<Adapter>(['express', 'fastify'])('callers the guard could not tell apart (%s)', (adapter) => {
   let a: EdgeApp;
   beforeAll(async () => {
-    a = await makeApp(adapter, [OrdersController, AccountOrdersController], {}, { setup: (app) => void app.use(login) });
+    a = await makeApp(adapter, [OrdersController, AccountOrdersController, SiteOrdersController], {}, { setup: (app) => void app.use(login) });
   });
   afterAll(async () => a?.close());
 
@@ -66,6 +80,37 @@ describe.each<Adapter>(['express', 'fastify'])('callers the guard could not tell
     const globex = await order('globex');
     // Before the fix: 201 replayed, { account: 'acme' }.
     expect({ status: globex.status, code: codeOf(globex) }).toEqual({ status: 422, code: 'IDEMPOTENCY_KEY_REUSED' });
+  });
+
+  it('a user that is its id (a string) is the key\'s user, not refused 500', async () => {
+    const orderNo = `1001-${randomUUID()}`;
+    const as = (user: string) => send(a.url, '/orders', { body: { orderNo }, headers: { 'x-user': user, 'x-user-shape': 'string' } });
+    const alice = await as('alice');
+    // Before the fix: 500 IDEMPOTENCY_USER_UNRESOLVED (the default read user.sub: String.prototype.sub, a function).
+    expect({ status: alice.status, for: JSON.parse(alice.text).for }).toEqual({ status: 201, for: 'alice' });
+    const bob = await as('bob');
+    expect({ status: bob.status, replayed: replayed(bob), for: JSON.parse(bob.text).for }).toEqual({ status: 201, replayed: false, for: 'bob' });
+    expect(replayed(await as('bob'))).toBe(true);
+  });
+
+  it('a host-bound route without host parameters: the host counts, in any letter case', async () => {
+    const orderNo = `1001-${randomUUID()}`;
+    const order = (host: string) => send(a.url, '/sites/orders', { body: { orderNo }, headers: { host } });
+    const acme = await order('acme.example.com');
+    expect(acme.status).toBe(201);
+    // The router takes ACME.example.com for the same host; so does the fingerprint.
+    expect(replayed(await order('ACME.example.com:8443'))).toBe(true);
+    const globex = await order('globex.example.com');
+    // Before the fix: 201 replayed, { host: 'acme.example.com' }.
+    expect({ status: globex.status, code: codeOf(globex) }).toEqual({ status: 422, code: 'IDEMPOTENCY_KEY_REUSED' });
+  });
+
+  it('host parameters in another letter case are the same host (a retry is replayed)', async () => {
+    const orderNo = `1001-${randomUUID()}`;
+    const order = (host: string) => send(a.url, '/accounts/orders', { body: { orderNo }, headers: { host } });
+    expect((await order('acme.example.com')).status).toBe(201);
+    // Before the fix: 422 (the parameter kept its case: 'ACME').
+    expect(replayed(await order('ACME.example.com:443'))).toBe(true);
   });
 
   it('says once per handler when a call with credentials is keyed as anonymous (a user where the guard does not look)', async () => {

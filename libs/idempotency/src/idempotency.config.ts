@@ -34,14 +34,17 @@ export interface ResolvedIdempotencyOptions {
 export const IDEMPOTENCY_RESOLVED_OPTIONS = Symbol('IDEMPOTENCY_RESOLVED_OPTIONS');
 
 /**
- * `request.user.id`, else `request.user.sub` (Nest's JWT recipe); an empty id counts as none. On
- * Fastify, a user that Nest middleware set is on the Node.js request (`request.raw.user`).
+ * `request.user.id`, else `request.user.sub` (Nest's JWT recipe); an empty id counts as none. A
+ * user that is a string or a number is its id. On Fastify, a user that Nest middleware set is on
+ * the Node.js request (`request.raw.user`).
  * The first argument by index: `switchToHttp()` would add closures on every call.
  */
 const defaultGetUser = (ctx: ExecutionContext): string | number | undefined => {
-  const user = userObjectOf(ctx.getArgByIndex<HttpRequest | undefined>(0)) as { id?: string | number; sub?: string | number } | undefined;
-  const id = user?.id;
-  return id === undefined || id === null || id === '' ? user?.sub : id;
+  const user = userObjectOf(ctx.getArgByIndex<HttpRequest | undefined>(0));
+  if (typeof user === 'string' || typeof user === 'number') return user;
+  if (user === null || typeof user !== 'object') return undefined;
+  const { id, sub } = user as { id?: string | number; sub?: string | number };
+  return id === undefined || id === null || id === '' ? sub : id;
 };
 
 export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdempotencyOptions {

@@ -62,6 +62,12 @@ describe('attachedMultipart', () => {
     expect(attachedMultipart(body)!.fields).toEqual({ q: body.q });
   });
 
+  it('knows the parts of a body a hook copied: their fields still hold them under their names', () => {
+    const made = attach({ title: field('t'), doc: file('one'), pics: [file('two')] });
+    const copied = { ...made, tenant: 'acme' };
+    expect(attachedMultipart(copied)).toEqual({ ...attachedMultipart(made), fields: { title: 't', tenant: 'acme' } });
+  });
+
   it('leaves a body with no part and no Buffer as it is (undefined)', () => {
     expect(attachedMultipart({ title: 't', nested: { type: 'other' } })).toBeUndefined();
     expect(attachedMultipart(undefined)).toBeUndefined();

@@ -4,8 +4,8 @@ import type { FingerprintFile } from '../keys/fingerprint.js';
 
 /**
  * A part as `@fastify/multipart` attaches it to the body with `attachFieldsToBody: true`: it
- * refers back to the whole body (`fields`), which no parsed value can (bracket names that a form
- * parser nests, JSON in a part).
+ * refers back to the body the plugin made (`fields`), which holds it under its field name. No
+ * parsed value can refer to itself so (bracket names that a form parser nests, JSON in a part).
  */
 interface AttachedPart {
   type: 'file' | 'field';
@@ -71,10 +71,18 @@ export function attachedMultipart(body: unknown): AttachedMultipart | undefined 
   return attached ? { fields, files } : undefined;
 }
 
+/**
+ * The plugin's part: its `fields` is the body, or the body the plugin made when a hook replaced
+ * it with a copy (`{ ...req.body, tenant }`), which holds the part itself under its field name.
+ */
 function isPartOf(body: object, value: unknown): value is AttachedPart {
   if (value === null || typeof value !== 'object') return false;
   const part = value as Partial<AttachedPart>;
-  return part.fields === body && (part.type === 'file' || part.type === 'field') && typeof part.fieldname === 'string';
+  if ((part.type !== 'file' && part.type !== 'field') || typeof part.fieldname !== 'string') return false;
+  if (part.fields === body) return true;
+  if (part.fields === null || typeof part.fields !== 'object') return false;
+  const held = (part.fields as Record<string, unknown>)[part.fieldname];
+  return held === part || (Array.isArray(held) && held.includes(part));
 }
 
 function bytesOf(part: AttachedPart): Uint8Array {

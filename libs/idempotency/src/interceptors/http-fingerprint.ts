@@ -18,7 +18,7 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
   const input: FingerprintInput = {
     method: req.method,
     path: handler,
-    query: { params: req.params, query: req.query, hosts: hostParams(req.hosts) },
+    query: { params: req.params, query: req.query, hosts: routeHost(req) },
     body: req.body,
     rawBody: req.rawBody,
     contentType: req.headers['content-type'] as string | undefined,
@@ -45,10 +45,17 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
   });
 }
 
-/** A host-bound route's host parameters; undefined where it has none (so other fingerprints stay as they were). */
-function hostParams(hosts: Record<string, string> | undefined): Record<string, string> | undefined {
-  if (hosts !== undefined) for (const _ in hosts) return hosts;
-  return undefined;
+/**
+ * The host of a host-bound route (`@Controller({ host })`, where Nest's router sets `hosts`), as
+ * the router tells hosts apart, in lower case (it matches them so): its host parameters, or the
+ * host name where it has none. Undefined for other routes, whose fingerprints stay as they were.
+ */
+function routeHost(req: HttpRequest): Record<string, string> | string | undefined {
+  const { hosts } = req;
+  if (hosts === undefined) return undefined;
+  let params: Record<string, string> | undefined;
+  for (const name in hosts) (params ??= {})[name] = String(hosts[name]).toLowerCase();
+  return params ?? String(req.hostname ?? '').toLowerCase();
 }
 
 /** The files of an upload interceptor, then those attached to the body. */

@@ -16,8 +16,10 @@ export interface HttpRequest {
   files?: unknown;
   query?: unknown;
   params?: unknown;
-  /** Host parameters (`@Controller({ host: ':account.example.com' })`), set by Nest's router. */
+  /** Host parameters (`@Controller({ host: ':account.example.com' })`), set by Nest's router on host-bound routes. */
   hosts?: Record<string, string>;
+  /** The host name without its port (Express and Fastify), as Nest's router matches hosts. */
+  hostname?: string;
   user?: unknown;
 }
 
