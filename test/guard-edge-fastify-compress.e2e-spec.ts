@@ -2,11 +2,13 @@
 // payload when the request accepts gzip and sets Content-Encoding. The guard captures the bytes on
 // reply.raw (compressed or not, depending on the FIRST request's Accept-Encoding) without their
 // Content-Encoding, and a replay sends them under the REPLAY's negotiated encoding: gzip bytes
-// labelled as plain JSON, or plain JSON labelled gzip.
+// labelled as plain JSON, or plain JSON labelled gzip. The saved coding must also suit the
+// duplicate: brotli bytes to a client that accepts only gzip, or gzip to one that wants identity,
+// are bytes it cannot read; and a compressed replay must vary with Accept-Encoding.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Controller, Post } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
-import { gunzipSync, gzipSync } from 'node:zlib';
+import { brotliCompressSync, brotliDecompressSync, gunzipSync, gzipSync } from 'node:zlib';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
 import { makeApp, replayed, send, type EdgeApp, type RawAnswer } from './support/edge-app.js';
 
@@ -26,9 +28,10 @@ type Hook = (req: { headers: Record<string, string | undefined> }, reply: { head
 
 /** What the client reads: the body decoded by its Content-Encoding. */
 function decoded(answer: RawAnswer): string {
-  if (answer.headers['content-encoding'] !== 'gzip') return answer.body.toString('utf8');
+  const coding = answer.headers['content-encoding'];
+  if (coding !== 'gzip' && coding !== 'br') return answer.body.toString('utf8');
   try {
-    return gunzipSync(answer.body).toString('utf8');
+    return (coding === 'gzip' ? gunzipSync(answer.body) : brotliDecompressSync(answer.body)).toString('utf8');
   } catch (error) {
     return `undecodable: ${(error as Error).message}`;
   }
@@ -40,12 +43,15 @@ describe('Fastify with onSend compression', () => {
     a = await makeApp('fastify', [OrdersController], {}, {
       setup: (app) => {
         const fastify = app.getHttpAdapter().getInstance() as { addHook(name: 'onSend', hook: Hook): void };
+        // As @fastify/compress: brotli when the request accepts it, else gzip.
         fastify.addHook('onSend', async (req, reply, payload) => {
-          if (!String(req.headers['accept-encoding'] ?? '').includes('gzip') || typeof payload !== 'string') return payload;
-          reply.header('content-encoding', 'gzip');
+          const accepted = String(req.headers['accept-encoding'] ?? '');
+          const coding = accepted.includes('br') ? 'br' : accepted.includes('gzip') ? 'gzip' : undefined;
+          if (!coding || typeof payload !== 'string') return payload;
+          reply.header('content-encoding', coding);
           reply.header('vary', 'accept-encoding');
           reply.removeHeader('content-length');
-          return gzipSync(payload);
+          return coding === 'br' ? brotliCompressSync(payload) : gzipSync(payload);
         });
       },
     });
@@ -61,5 +67,30 @@ describe('Fastify with onSend compression', () => {
     const replay = await send(a.url, '/orders', { key, headers: replayHeaders });
     expect(replayed(replay)).toBe(true);
     expect(decoded(replay)).toBe(decoded(first));
+  });
+
+  it.each([
+    ['brotli first, then a client that takes gzip or deflate', 'br, gzip, deflate', 'gzip, deflate', ['gzip', 'deflate', undefined]],
+    ['gzip first, then a client that wants identity', 'gzip', 'identity', [undefined]],
+    ['gzip first, then a client that names no coding', 'gzip', undefined, [undefined]],
+    ['gzip first, then a client that refuses gzip', 'gzip', 'gzip;q=0, identity', [undefined]],
+    ['brotli first, then a client that takes anything', 'br', '*', ['br']],
+  ])('%s: the replay comes in a coding it accepts', async (_name, firstAccepts, replayAccepts, codings) => {
+    const key = randomUUID();
+    const first = await send(a.url, '/orders', { key, headers: { 'accept-encoding': firstAccepts } });
+    const replay = await send(a.url, '/orders', { key, headers: replayAccepts === undefined ? {} : { 'accept-encoding': replayAccepts } });
+    expect(first.headers['content-encoding']).toBe(firstAccepts.split(',')[0]);
+    expect(replayed(replay)).toBe(true);
+    expect(codings).toContain(replay.headers['content-encoding']);
+    expect(decoded(replay)).toBe(decoded(first));
+    expect(Number(replay.headers['content-length'])).toBe(replay.body.length);
+  });
+
+  it('a compressed replay varies with Accept-Encoding (a shared cache must not serve it to everyone)', async () => {
+    const key = randomUUID();
+    await send(a.url, '/orders', { key, headers: { 'accept-encoding': 'gzip' } });
+    const replay = await send(a.url, '/orders', { key, headers: { 'accept-encoding': 'gzip' } });
+    expect(replay.headers['content-encoding']).toBe('gzip');
+    expect(String(replay.headers.vary ?? '').toLowerCase()).toContain('accept-encoding');
   });
 });

@@ -1,6 +1,7 @@
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { REPLAYED_HEADER } from '../idempotency.constants.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
+import { decodedForRequest } from './content-coding.js';
 import { hookResponse } from './response-hooks.js';
 
 /**
@@ -32,7 +33,19 @@ export function savedBytes(saved: SavedResponse): Buffer {
  * where it does not (`@Res()` handlers).
  */
 export function replayInto(raw: ServerResponse, saved: SavedResponse, headerNames: readonly string[]): void {
-  const body = NO_BODY.has(saved.statusCode) ? Buffer.alloc(0) : savedBytes(saved);
+  let body = NO_BODY.has(saved.statusCode) ? Buffer.alloc(0) : savedBytes(saved);
+  let savedHeaders = saved.headers;
+  // Compressed bytes (a compression plugin that runs before the response, as Fastify's do) go
+  // out decoded to a request that does not accept their coding, and vary with Accept-Encoding.
+  const coding = savedHeaders['content-encoding'];
+  if (coding !== undefined && body.length > 0) {
+    const decoded = decodedForRequest(body, coding, acceptEncodingOf(raw));
+    if (decoded) {
+      body = decoded;
+      const { 'content-encoding': _coding, ...rest } = savedHeaders;
+      savedHeaders = rest;
+    }
+  }
   let headed = false;
   let ended = false;
   /** True while the saved bytes go out: a write the response's own end() makes is theirs (light-my-request's end(data) writes through this.write()). */
@@ -42,7 +55,8 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
     headed = true;
     const replaced = replacedBy(headerNames);
     for (const name of replaced) res.removeHeader(name);
-    for (const [name, value] of Object.entries(saved.headers)) res.setHeader(name, value);
+    for (const [name, value] of Object.entries(savedHeaders)) res.setHeader(name, value);
+    if (coding !== undefined) res.setHeader('vary', withVary(res.getHeader('vary'), 'accept-encoding'));
     if (!NO_BODY.has(saved.statusCode)) res.setHeader('content-length', body.length);
     res.setHeader(REPLAYED_HEADER, 'true');
     res.statusCode = saved.statusCode;
@@ -81,6 +95,18 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
       }
     },
   });
+}
+
+function acceptEncodingOf(raw: ServerResponse): string | undefined {
+  const value = (raw as { req?: { headers?: Record<string, string | string[] | undefined> } }).req?.headers?.['accept-encoding'];
+  return Array.isArray(value) ? value.join(',') : value;
+}
+
+/** A `Vary` value that names `field` too. */
+function withVary(vary: number | string | readonly string[] | undefined, field: string): string {
+  const names = (Array.isArray(vary) ? vary.join(',') : String(vary ?? '')).split(',').map((name) => name.trim()).filter(Boolean);
+  if (names.includes('*') || names.some((name) => name.toLowerCase() === field)) return names.join(', ');
+  return [...names, field].join(', ');
 }
 
 /** Sends the saved answer at once (for routes where the app sends nothing itself). */
