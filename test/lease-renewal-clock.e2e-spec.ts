@@ -1,6 +1,6 @@
 // the wall clock steps (NTP step, VM resumed, an operator's `date -s`) while a
-// handler runs. Redis keeps its TTLs by its own clock, so the claim in the store is unaffected;
-// the guard's renewal schedule must not be either. A real clock step needs CAP_SYS_TIME and would
+// handler runs. Redis keeps its TTLs by its own clock, and the memory store by the monotonic
+// one, so the claim in the store is unaffected; the guard's renewal schedule must not be either. A real clock step needs CAP_SYS_TIME and would
 // move the clock of every process on this machine, so this spec steps Date.now() in this process
 // only (the one thing the guard reads), and leaves timers, Redis and the network real.
 import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
@@ -29,6 +29,13 @@ class ClockController {
     return { aborted: signal.aborted };
   }
 
+  @Post('kept')
+  @NoRepeatSubmit({ expireSeconds: 60 })
+  kept() {
+    runs++;
+    return { run: runs };
+  }
+
   @Post('backward')
   @NoRepeatSubmit({ leaseSeconds: 0.3, maxHoldSeconds: 1.2 })
   async backward(@LeaseSignal() signal: AbortSignal) {
@@ -38,11 +45,14 @@ class ClockController {
   }
 }
 
-describe('wall-clock steps while a handler holds its claim (Redis store)', () => {
+describe.each([
+  ['Redis', { store: { redis: REDIS_URL } }],
+  ['memory', {}],
+])('wall-clock steps while a handler holds its claim (%s store)', (_name, storeOptions) => {
   let edge: EdgeApp;
   let counters: IdempotencyCounters;
   beforeAll(async () => {
-    edge = await makeApp('express', [ClockController], { store: { redis: REDIS_URL }, keyPrefix: `clock-${randomUUID()}` }, { setup: (app) => app.useLogger(false) });
+    edge = await makeApp('express', [ClockController], { ...storeOptions, keyPrefix: `clock-${randomUUID()}` }, { setup: (app) => app.useLogger(false) });
     counters = edge.app.get(IdempotencyCounters);
   });
   afterEach(() => {
@@ -69,6 +79,19 @@ describe('wall-clock steps while a handler holds its claim (Redis store)', () =>
       lost: counters.leasesLost - lostBefore,
     }).toEqual({ first: { aborted: false }, duplicate: 'IDEMPOTENCY_IN_PROGRESS', runs: 1, lost: 0 });
   }, 30_000);
+
+  it('a clock stepped forward by an hour keeps a completed record for its retention (the duplicate is replayed)', async () => {
+    runs = 0;
+    const key = randomUUID();
+    const first = await raw(edge.url, '/kept', { key }).answer;
+    stepClock(3_600_000);
+    const duplicate = await raw(edge.url, '/kept', { key }).answer;
+    expect({ replayed: duplicate.headers['idempotent-replayed'], body: duplicate.text, runs }).toEqual({
+      replayed: 'true',
+      body: first.text,
+      runs: 1,
+    });
+  });
 
   it('a clock stepped back by an hour still ends the claim at maxHoldSeconds', async () => {
     runs = 0;

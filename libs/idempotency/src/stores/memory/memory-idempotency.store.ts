@@ -11,13 +11,19 @@ import {
 import { SettleWatchers } from '../settle-watchers.js';
 import { ExpiryHeap } from './expiry-heap.js';
 
+/**
+ * Milliseconds by the monotonic clock: a stepped wall clock (NTP, a resumed VM, `date -s`) moves
+ * no lease or retention. The global `performance`, so that fake timers move it in tests.
+ */
+const monotonicNow = () => performance.now();
+
 interface Entry {
   key: string;
   state: 'processing' | 'completed';
   token: string;
   fingerprint: string;
   response?: SavedResponse;
-  /** Epoch milliseconds. */
+  /** By the monotonic clock (`monotonicNow`), never the wall clock. */
   expiresAt: number;
 }
 
@@ -61,7 +67,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   }
 
   async claim({ key, token, fingerprint, leaseMs }: ClaimInput): Promise<ClaimResult> {
-    const now = Date.now();
+    const now = monotonicNow();
     const entry = this.live(key, now);
     if (!entry) {
       this.insert({ key, state: 'processing', token, fingerprint, expiresAt: now + leaseMs }, now);
@@ -75,7 +81,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   }
 
   async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
-    const now = Date.now();
+    const now = monotonicNow();
     const entry = this.live(key, now);
     if (entry?.state !== 'processing' || entry.token !== token) return false;
     entry.state = 'completed';
@@ -87,7 +93,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   }
 
   async release(key: string, token: string): Promise<boolean> {
-    const entry = this.live(key, Date.now());
+    const entry = this.live(key, monotonicNow());
     if (entry?.state !== 'processing' || entry.token !== token) return false;
     this.entries.delete(key);
     this.watchers.notify(key);
@@ -95,7 +101,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   }
 
   async renew(key: string, token: string, leaseMs: number): Promise<boolean> {
-    const now = Date.now();
+    const now = monotonicNow();
     const entry = this.live(key, now);
     if (entry?.state !== 'processing' || entry.token !== token) return false;
     const expiresAt = now + leaseMs;
@@ -109,7 +115,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   }
 
   override async forget(key: string): Promise<ForgetResult> {
-    const entry = this.live(key, Date.now());
+    const entry = this.live(key, monotonicNow());
     if (!entry) return { forgotten: false, reason: 'absent' };
     if (entry.state !== 'completed') return { forgotten: false, reason: 'in_progress' };
     // Its heap slot goes stale (the map no longer holds this entry), as after a release.
@@ -122,7 +128,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {
-    const now = Date.now();
+    const now = monotonicNow();
     const entry = this.live(key, now);
     if (!entry) return undefined;
     const { state, token, fingerprint, response } = entry;
