@@ -1,4 +1,4 @@
-import { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 import pg from 'pg';
 
 /** The services the tests use: the local ones unless REDIS_URL / DATABASE_URL say otherwise. */
@@ -17,13 +17,14 @@ export function patientRedis(url = REDIS_URL): { host: string; port: number; com
 }
 
 /** A Redis client that fails fast (no retries, short timeouts) with a message naming the URL. */
-export async function connectRedis(url = REDIS_URL): Promise<Redis> {
+export async function connectRedis(url = REDIS_URL, options: RedisOptions = {}): Promise<Redis> {
   const client = new Redis(url, {
     lazyConnect: true,
     maxRetriesPerRequest: 0,
     connectTimeout: 1000,
     commandTimeout: 2000,
     retryStrategy: () => null,
+    ...options,
   });
   client.on('error', () => undefined);
   try {

@@ -3,8 +3,10 @@ import type { ClaimInput, ClaimResult, IdempotencyStore, SettleWatch } from '../
 /**
  * Waits for a processing key to settle, up to `waitMs`: watch, re-claim (so a settlement in
  * between is not missed), then sleep until the store pushes the settlement or the lease ends.
- * Returns the last claim: completed (replay), acquired (the first one failed: run), or still
- * in progress at the bound (409). A store that cannot watch ends the wait at once (`onWatchError`).
+ * A sleep that reaches the bound claims once more: a notice can be lost (pub/sub drops messages
+ * while its connection is down). Returns the last claim: completed (replay), acquired (the first
+ * one failed: run), or still in progress at the bound (409). A store that cannot watch ends the
+ * wait at once (`onWatchError`).
  */
 export async function awaitSettled(
   store: IdempotencyStore,
@@ -15,9 +17,13 @@ export async function awaitSettled(
 ): Promise<ClaimResult> {
   const deadline = Date.now() + waitMs;
   let claim = first;
+  let slept = false;
   while (claim.status === 'in_progress') {
     const leftMs = deadline - Date.now();
-    if (leftMs <= 0) break;
+    if (leftMs <= 0) {
+      if (slept) claim = await store.claim({ ...input, wait: true });
+      break;
+    }
     let watch: SettleWatch;
     try {
       watch = await store.watch(input.key);
@@ -31,6 +37,7 @@ export async function awaitSettled(
       if (claim.status !== 'in_progress') break;
       const sleepMs = Math.min(leftMs, claim.retryAfterMs + 1);
       await Promise.race([watch.settled, new Promise((resolve) => (timer = setTimeout(resolve, sleepMs)))]);
+      slept = true;
     } finally {
       clearTimeout(timer);
       watch.cancel();

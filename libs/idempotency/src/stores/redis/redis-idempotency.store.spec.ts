@@ -1,13 +1,34 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
-import { connectRedis } from '../../../../../test/support/services.js';
+import { connectRedis, REDIS_URL } from '../../../../../test/support/services.js';
 import { describeStoreContract } from '../../testing/index.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
 import { IdempotencyNotARecordError } from '../../errors/idempotency.errors.js';
 import { decodeRecord, encodeProcessing } from './redis-record.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+// A client with the app's own keyPrefix: the scripts then publish prefixed keys, which the
+// store's watchers must still hear (a waiting duplicate otherwise sleeps to its bound: 409).
+describe('RedisIdempotencyStore on a client with a keyPrefix', () => {
+  let client: Redis;
+  beforeAll(async () => {
+    client = await connectRedis(REDIS_URL, { keyPrefix: 'app-prefix:' });
+  });
+  afterAll(async () => {
+    await client.quit();
+  });
+
+  describeStoreContract(
+    'redis (keyPrefix)',
+    async () => {
+      const store = new RedisIdempotencyStore(client);
+      return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
+    },
+    200,
+  );
+});
 
 describe('RedisIdempotencyStore', () => {
   let client: Redis;

@@ -163,7 +163,12 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
         : this.client.duplicate({ enableOfflineQueue: true }));
     this.subscriber = subscriber;
     subscriber.on('error', () => undefined);
-    subscriber.on('message', (_channel: string, key: string) => this.watchers.notify(key));
+    // The scripts publish the key as Redis holds it: with the client's keyPrefix, which the
+    // watchers' keys (as the guard names them) lack. Another prefix's keys are not ours.
+    const prefix = this.client.options.keyPrefix ?? '';
+    subscriber.on('message', (_channel: string, key: string) => {
+      if (key.startsWith(prefix)) this.watchers.notify(key.slice(prefix.length));
+    });
     await subscriber.subscribe(this.channel);
   }
 

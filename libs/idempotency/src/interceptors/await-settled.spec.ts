@@ -1,0 +1,32 @@
+import { describe, expect, it } from '@jest/globals';
+import { MemoryIdempotencyStore } from '../stores/memory/memory-idempotency.store.js';
+import type { SettleWatch } from '../stores/idempotency-store.js';
+import { awaitSettled } from './await-settled.js';
+
+/**
+ * A store whose settlement notices never arrive, as Redis pub/sub drops a message while its
+ * subscriber reconnects: a stub of that one method, because a real store cannot be made to lose
+ * exactly one notice on cue.
+ */
+class DeafStore extends MemoryIdempotencyStore {
+  override async watch(): Promise<SettleWatch> {
+    return { settled: new Promise<void>(() => undefined), cancel: () => undefined };
+  }
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe('awaitSettled', () => {
+  it('claims once more at its bound, so a settlement whose notice was lost is still replayed, not answered 409', async () => {
+    const store = new DeafStore();
+    const first = { key: 'k', token: 'first', fingerprint: 'f', leaseMs: 60_000 };
+    await store.claim(first);
+    const duplicate = { ...first, token: 'second' };
+    const found = await store.claim(duplicate);
+    expect(found.status).toBe('in_progress');
+    const waited = awaitSettled(store, duplicate, found, 300, () => undefined);
+    await sleep(50);
+    await store.complete('k', 'first', { statusCode: 201, headers: {}, body: '{}' }, 60_000);
+    expect((await waited).status).toBe('completed');
+  });
+});
