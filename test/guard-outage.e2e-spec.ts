@@ -1,5 +1,6 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
 import type { INestApplication } from '@nestjs/common';
+import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { createServer, type Server, type Socket } from 'node:net';
 import request from 'supertest';
@@ -114,6 +115,43 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
         const res = await request(app!.getHttpServer()).post('/payments').set('Idempotency-Key', key).send({});
         return res.headers['idempotent-replayed'] === 'true';
       }, 10_000);
+    });
+  });
+
+  // A client the app hands in, made with ioredis's defaults (an offline queue, 20 retries per
+  // command, no command timeout), as most apps make theirs: the guard bounds its own commands.
+  describe('with a client of ioredis defaults that the app hands in', () => {
+    let client: Redis | undefined;
+    afterEach(() => {
+      client?.disconnect();
+      client = undefined;
+    });
+
+    it('answers within the bound when Redis turns slow', async () => {
+      const [host, port] = REDIS_URL.replace('redis://', '').split(':');
+      const proxy = await new TcpProxy({ host, port: Number(port) }).start();
+      try {
+        client = new Redis(proxy.url);
+        client.on('error', () => undefined);
+        app = await createGuardTestApp(adapter, { store: { redis: client }, keyPrefix: `user-client-${randomUUID()}` });
+        proxy.delayMs = 5000;
+        await expectOutagePolicy(app);
+      } finally {
+        await proxy.stop();
+      }
+    });
+
+    it('answers within the bound when its redis-server is killed', async () => {
+      const server = await startRedisServer();
+      try {
+        client = new Redis(server.url);
+        client.on('error', () => undefined);
+        app = await createGuardTestApp(adapter, { store: { redis: client }, keyPrefix: 'user-client-killed' });
+        await server.kill();
+        await expectOutagePolicy(app);
+      } finally {
+        await server.kill();
+      }
     });
   });
 

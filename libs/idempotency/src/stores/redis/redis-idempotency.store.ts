@@ -1,6 +1,7 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
 import { IdempotencyConfigError, IdempotencyNotARecordError, IdempotencyStoreError } from '../../errors/idempotency.errors.js';
+import { DEFAULTS } from '../../idempotency.constants.js';
 import {
   IdempotencyStore,
   type ClaimInput,
@@ -66,6 +67,8 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   private readonly watchers = new SettleWatchers();
   private subscriber: Redis | Cluster | undefined;
   private subscribing: Promise<void> | undefined;
+  /** The store's own bound on each command, for a client that has none (see `ownDeadlineMs`). */
+  private readonly deadlineMs: number | undefined;
 
   constructor(
     readonly client: Redis | Cluster,
@@ -84,6 +87,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     }
     this.scripts = client as unknown as ScriptedClient;
     this.channel = options.settleChannel ?? 'idempotency:settled';
+    this.deadlineMs = ownDeadlineMs(client);
     if (options.waitForReplicas && isCluster(client)) {
       throw new IdempotencyConfigError('RedisIdempotencyStore: waitForReplicas needs a single-primary client, not a Cluster');
     }
@@ -133,7 +137,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   private async replicate(undo?: () => Promise<unknown>): Promise<void> {
     const wanted = this.options.waitForReplicas;
     if (!wanted) return;
-    const acked = await this.run(() => (this.client as Redis).wait(wanted.replicas, wanted.timeoutMs));
+    const acked = await this.run(() => (this.client as Redis).wait(wanted.replicas, wanted.timeoutMs), wanted.timeoutMs);
     if (acked >= wanted.replicas) return;
     await undo?.();
     throw new IdempotencyStoreError(
@@ -203,9 +207,10 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     await Promise.all(clients.map((client) => client?.quit().catch(() => client.disconnect())));
   }
 
-  private async run<T>(command: () => Promise<T>): Promise<T> {
+  /** Runs a command, within the store's own bound when it keeps one (plus `extraMs`: a WAIT's own timeout). */
+  private async run<T>(command: () => Promise<T>, extraMs = 0): Promise<T> {
     try {
-      return await command();
+      return await (this.deadlineMs === undefined ? command() : withinDeadline(command(), this.deadlineMs + extraMs));
     } catch (error) {
       const message = (error as Error).message;
       // A key of another type (a hash, a list): the app's, not ours.
@@ -244,6 +249,30 @@ function claimResultOf(held: DecodedRecord, fingerprint: string, retryAfterMs: n
 }
 
 /** `instanceof Cluster` without loading ioredis (a type-only import keeps it an optional peer). */
+/**
+ * A bound for each command when the client sets none, so that an outage turns into the route's
+ * outage policy instead of a hanging request: a client the app hands in, made with ioredis's
+ * defaults (no `commandTimeout`; an offline queue that holds commands while Redis is away, and
+ * 20 retries each). A `commandTimeout` of the client's own also bounds its offline queue, and is
+ * kept; a Cluster's offline queue is bounded by nothing but its absence.
+ */
+function ownDeadlineMs(client: Redis | Cluster): number | undefined {
+  if (isCluster(client)) {
+    const { enableOfflineQueue, redisOptions } = client.options;
+    return enableOfflineQueue === false && typeof redisOptions?.commandTimeout === 'number' ? undefined : DEFAULTS.redisCommandTimeoutMs;
+  }
+  return typeof client.options.commandTimeout === 'number' ? undefined : DEFAULTS.redisCommandTimeoutMs;
+}
+
+/** The command's answer, or a rejection once `ms` pass without one (the command may still land later). */
+function withinDeadline<T>(command: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms (the client sets no commandTimeout of its own)`)), ms);
+  });
+  return Promise.race([command, deadline]).finally(() => clearTimeout(timer));
+}
+
 function isCluster(client: Redis | Cluster): client is Cluster {
   return client.isCluster;
 }
