@@ -1,6 +1,19 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Pool } from 'pg';
-import { Column, DataSource, Entity, Index, PrimaryGeneratedColumn, QueryFailedError } from 'typeorm';
+import {
+  Column,
+  DataSource,
+  Entity,
+  EventSubscriber,
+  Index,
+  PrimaryGeneratedColumn,
+  QueryFailedError,
+  type EntitySubscriberInterface,
+  type InsertEvent,
+  type QueryRunner,
+  type TransactionCommitEvent,
+  type TransactionRollbackEvent,
+} from 'typeorm';
 import { insertOnce } from './insert-once.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
@@ -20,6 +33,29 @@ class Booking {
   createdAt!: Date;
 }
 
+/**
+ * The usual "publish domain events after commit" subscriber: an insert queues its event on the
+ * transaction's QueryRunner, a commit publishes the queue, a rollback drops it.
+ */
+const published: string[] = [];
+const queued = new WeakMap<QueryRunner, string[]>();
+
+@EventSubscriber()
+class DomainEvents implements EntitySubscriberInterface {
+  afterInsert(event: InsertEvent<{ reference?: string }>): void {
+    const queue = queued.get(event.queryRunner) ?? [];
+    queue.push(`${event.metadata.name} ${event.entity?.reference ?? '?'}`);
+    queued.set(event.queryRunner, queue);
+  }
+  afterTransactionCommit(event: TransactionCommitEvent): void {
+    published.push(...(queued.get(event.queryRunner) ?? []));
+    queued.delete(event.queryRunner);
+  }
+  afterTransactionRollback(event: TransactionRollbackEvent): void {
+    queued.delete(event.queryRunner);
+  }
+}
+
 describe('insertOnce (PostgreSQL)', () => {
   const schema = testSchemaName();
   let dataSource: DataSource;
@@ -30,6 +66,7 @@ describe('insertOnce (PostgreSQL)', () => {
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
       entities: [Booking],
+      subscribers: [DomainEvents],
       extra: { max: 30 },
       synchronize: true,
     });
@@ -77,6 +114,48 @@ describe('insertOnce (PostgreSQL)', () => {
     expect(outcome.duplicate).toMatchObject({ created: false, entity: { guest: 'first' }, constraint: 'uq_bookings_reference' });
     expect(outcome.fresh.created).toBe(true);
     for (const reference of ['R-tx-before', 'R-tx-fresh', 'R-tx-after']) expect(await count(reference)).toBe(1);
+  });
+
+  it("fires no commit event of its own: a row it inserted in a transaction that rolls back is never published", async () => {
+    published.length = 0;
+    const rolledBack = dataSource.transaction(async (manager) => {
+      await insertOnce(manager.getRepository(Booking), { reference: 'R-ev-undone', guest: 'tx' }, byReference('R-ev-undone'));
+      throw new Error('a later business rule fails');
+    });
+    await expect(rolledBack).rejects.toThrow('a later business rule fails');
+    expect(await count('R-ev-undone')).toBe(0);
+    expect(published).toEqual([]);
+  });
+
+  it('fires no rollback event of its own: a row inserted before a duplicate is published when the transaction commits', async () => {
+    await insertOnce(dataSource.getRepository(Booking), { reference: 'R-ev-taken', guest: 'first' }, byReference('R-ev-taken'));
+    published.length = 0;
+    await dataSource.transaction(async (manager) => {
+      await manager.getRepository(Booking).insert({ reference: 'R-ev-kept', guest: 'tx' });
+      const duplicate = await insertOnce(manager.getRepository(Booking), { reference: 'R-ev-taken', guest: 'tx' }, byReference('R-ev-taken'));
+      expect(duplicate.created).toBe(false);
+    });
+    expect(await count('R-ev-kept')).toBe(1);
+    expect(published).toEqual(['Booking R-ev-kept']);
+  });
+
+  it('keeps a transaction begun with a raw BEGIN on a QueryRunner usable after a duplicate', async () => {
+    await insertOnce(dataSource.getRepository(Booking), { reference: 'R-raw', guest: 'first' }, byReference('R-raw'));
+    const runner = dataSource.createQueryRunner();
+    await runner.query('BEGIN');
+    try {
+      const repo = runner.manager.getRepository(Booking);
+      const duplicate = await insertOnce(repo, { reference: 'R-raw', guest: 'second' }, byReference('R-raw'));
+      await repo.insert({ reference: 'R-raw-after', guest: 'raw' });
+      await runner.query('COMMIT');
+      expect(duplicate).toMatchObject({ created: false, entity: { guest: 'first' } });
+    } catch (error) {
+      await runner.query('ROLLBACK');
+      throw error;
+    } finally {
+      await runner.release();
+    }
+    expect(await count('R-raw-after')).toBe(1);
   });
 
   it('rethrows the unique violation when the existing row cannot be found', async () => {

@@ -19,9 +19,11 @@ export type InsertOnceResult<T> =
  * unique constraint refuses the row, loads the row it protects with `findExisting(violation)`
  * and returns it with `created: false`.
  *
- * Inside a transaction (the repository of a transactional `EntityManager`), the INSERT runs under
- * a savepoint, so a refused row does not abort the transaction on PostgreSQL: the transaction
- * carries on and may commit its other work.
+ * Inside a transaction (the repository of a transactional `EntityManager`, or of a QueryRunner's
+ * manager after a raw `BEGIN` on PostgreSQL), the INSERT runs under a savepoint, so a refused row
+ * does not abort the transaction on PostgreSQL: the transaction carries on and may commit its
+ * other work. The savepoint fires no transaction event (`afterTransactionCommit` and the like):
+ * those stay the caller's transaction's own.
  *
  * Rethrows the original error when it is not a unique violation, and when no row matches
  * `findExisting` after one (the other row was deleted meanwhile, or, under REPEATABLE READ or
@@ -37,7 +39,7 @@ export async function insertOnce<T extends ObjectLiteral>(
 ): Promise<InsertOnceResult<T>> {
   const entity = repo.create(values);
   const queryRunner = repo.manager.queryRunner;
-  const inTransaction = queryRunner?.isTransactionActive === true;
+  const inTransaction = queryRunner !== undefined && (queryRunner.isTransactionActive || beganWithRawSql(queryRunner));
   try {
     const insert = () => repo.insert(entity as QueryDeepPartialEntity<T>);
     const result = inTransaction ? await underSavepoint(queryRunner!, insert) : await insert();
@@ -54,19 +56,45 @@ export async function insertOnce<T extends ObjectLiteral>(
   }
 }
 
+/** Savepoint names, unique in the process: insertOnce calls on one connection never share one. */
+let savepoints = 0;
+
 /**
- * Runs `work` under a savepoint of the active transaction. TypeORM turns a nested
- * start/commit/rollback into SAVEPOINT / RELEASE SAVEPOINT / ROLLBACK TO SAVEPOINT on every
- * driver, and keeps its own transaction depth right, which hand-written SAVEPOINTs would not.
+ * Runs `work` under a savepoint of its own in the active transaction, with plain SAVEPOINT
+ * statements on the same QueryRunner. Not TypeORM's nested `startTransaction`: that broadcasts
+ * the transaction events of a real start / commit / rollback, so a subscriber that publishes in
+ * `afterTransactionCommit` published a row whose transaction later rolled back, and one that
+ * drops its queue in `afterTransactionRollback` lost the rows inserted before a duplicate.
  */
 async function underSavepoint<R>(queryRunner: QueryRunner, work: () => Promise<R>): Promise<R> {
-  await queryRunner.startTransaction();
+  const sql = savepointSql(queryRunner.connection.driver.options.type, `idempotency_insert_once_${++savepoints}`);
+  await queryRunner.query(sql.save);
+  let result: R;
   try {
-    const result = await work();
-    await queryRunner.commitTransaction();
-    return result;
+    result = await work();
   } catch (error) {
-    await queryRunner.rollbackTransaction();
+    await queryRunner.query(sql.rollback);
+    if (sql.release) await queryRunner.query(sql.release);
     throw error;
   }
+  if (sql.release) await queryRunner.query(sql.release);
+  return result;
+}
+
+/** The savepoint statements of a driver, as TypeORM's own query runners write them. */
+function savepointSql(type: string, name: string): { save: string; rollback: string; release?: string } {
+  if (type === 'mssql') return { save: `SAVE TRANSACTION ${name}`, rollback: `ROLLBACK TRANSACTION ${name}` };
+  const standard = { save: `SAVEPOINT ${name}`, rollback: `ROLLBACK TO SAVEPOINT ${name}` };
+  return type === 'oracle' ? standard : { ...standard, release: `RELEASE SAVEPOINT ${name}` };
+}
+
+/**
+ * A transaction TypeORM does not know of (`queryRunner.query('BEGIN')`), on PostgreSQL, where a
+ * refused INSERT would abort it: node-postgres keeps the server's transaction status from its
+ * last answer, so no round trip. Other drivers undo only the refused statement and need no savepoint.
+ */
+function beganWithRawSql(queryRunner: QueryRunner): boolean {
+  const client = (queryRunner as unknown as { databaseConnection?: { getTransactionStatus?: () => string | null } })
+    .databaseConnection;
+  return typeof client?.getTransactionStatus === 'function' && client.getTransactionStatus() === 'T';
 }
