@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Pool } from 'pg';
-import { Column, DataSource, Entity, PrimaryGeneratedColumn, type EntityManager } from 'typeorm';
+import { Column, DataSource, Entity, Like, PrimaryGeneratedColumn, type EntityManager } from 'typeorm';
 import { ConsumeLogEntry } from './consume-log.entity.js';
 import { consumeOnce } from './consume-once.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
@@ -11,7 +11,7 @@ class LedgerLine {
   @PrimaryGeneratedColumn()
   id!: number;
 
-  @Column({ name: 'message_id', type: 'varchar', length: 255 })
+  @Column({ name: 'message_id', type: 'text' })
   messageId!: string;
 
   @Column({ type: 'varchar', length: 128 })
@@ -121,5 +121,57 @@ describe('consumeOnce (PostgreSQL)', () => {
     expect(error).toBeInstanceOf(Error);
     expect((error as { driverError?: { code?: string } }).driverError?.code).toBe('23505');
     expect(await logged('m-own')).toBe(0);
+  });
+
+  it("takes an id of any length: up to the column's 255 characters as it is, longer as a head and its SHA-256", async () => {
+    // A row logged before long ids were handled: an id at the column's width, in characters.
+    const atWidth = '\u{1F600}'.repeat(255);
+    await dataSource.getRepository(ConsumeLogEntry).insert({ consumer: 'billing', messageId: atWidth });
+    expect(await consumeOnce(dataSource, { consumer: 'billing', messageId: atWidth }, book('billing', 'w'))).toEqual({ status: 'duplicate' });
+
+    const long = 'm-long-'.padEnd(300, 'x');
+    const longer = `${'\u{1F600}'.repeat(1000)}a`;
+    const sibling = `${'\u{1F600}'.repeat(1000)}b`;
+    for (const messageId of [long, longer, sibling]) {
+      expect(await consumeOnce(dataSource, { consumer: 'billing', messageId }, book('billing', messageId))).toMatchObject({ status: 'processed' });
+      expect(await consumeOnce(dataSource, { consumer: 'billing', messageId }, book('billing', messageId))).toEqual({ status: 'duplicate' });
+      expect(await lines(messageId)).toBe(1);
+    }
+    const stored = await dataSource.getRepository(ConsumeLogEntry).findOneByOrFail({ consumer: 'billing', messageId: Like('m-long-%') });
+    expect(stored.messageId).toMatch(/^m-long-x+#sha256:[0-9a-f]{64}$/);
+    expect(stored.messageId.length).toBeLessThanOrEqual(255);
+  });
+
+  it('takes an id holding a NUL, which PostgreSQL text cannot hold, and keeps it apart from the same id without', async () => {
+    for (const messageId of ['m-nul\u0000a', 'm-nul\u0000b', 'm-nul']) {
+      expect(await consumeOnce(dataSource, { consumer: 'billing', messageId }, book('billing', messageId.replace('\u0000', '0')))).toMatchObject({
+        status: 'processed',
+      });
+      expect(await consumeOnce(dataSource, { consumer: 'billing', messageId }, async () => undefined)).toEqual({ status: 'duplicate' });
+    }
+  });
+
+  it('refuses a consumer name longer than the column at the call, before any transaction', async () => {
+    let ran = false;
+    const error = await consumeOnce(dataSource, { consumer: 'c'.repeat(129), messageId: 'm-c' }, async () => {
+      ran = true;
+    }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(RangeError);
+    expect((error as Error).message).toMatch(/consumer.*128 characters/);
+    expect(ran).toBe(false);
+  });
+
+  it('refuses a message without an id, empty or missing, instead of taking every such message for the first', async () => {
+    for (const messageId of ['', undefined]) {
+      let ran = false;
+      const message = { consumer: 'billing', messageId: messageId as string };
+      const error = await consumeOnce(dataSource, message, async () => {
+        ran = true;
+      }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(RangeError);
+      expect((error as Error).message).toMatch(/messageId/);
+      expect(ran).toBe(false);
+    }
+    expect(await logged('')).toBe(0);
   });
 });

@@ -1,12 +1,13 @@
 import type { DataSource, EntityManager } from 'typeorm';
-import { ConsumeLogEntry } from './consume-log.entity.js';
+import { CONSUMER_COLUMN_CHARS, ConsumeLogEntry, MESSAGE_ID_COLUMN_CHARS } from './consume-log.entity.js';
 import { uniqueViolationOf } from './unique-violation.js';
+import { DIGEST_BYTES, digestForm } from '../store/record-key.js';
 
 /** A delivered message, named by who consumes it and its id. */
 export interface ConsumedMessage {
   /** The consumer (queue and handler); different consumers of one message each process it once. */
   consumer: string;
-  /** The message id, stable across redeliveries. */
+  /** The message id, stable across redeliveries: any non-empty string, of any length. */
   messageId: string;
 }
 
@@ -28,6 +29,15 @@ class DuplicateDelivery extends Error {}
  * - Concurrent deliveries: the second log insert waits for the first transaction; if that
  *   commits, the second is a duplicate; if it rolls back, the second processes the message.
  *
+ * An id of up to 255 characters without NUL is logged as it is; a longer one, or one with a NUL,
+ * as its first ~180 bytes, `#sha256:` and the SHA-256 of the whole id (as the PostgreSQL store
+ * keeps long keys), so any id fits the column. Only an id written to be the digest form of
+ * another would be taken for it.
+ *
+ * Throws a `RangeError` at the call, before any transaction, for a message without an id (`''`,
+ * `undefined`: every such message would be taken for the first) and for a consumer name the
+ * column cannot hold (over 128 characters, a NUL).
+ *
  * Needs `ConsumeLogEntry` in the DataSource's entities (`IDEMPOTENCY_ENTITIES`) and the table
  * (`IDEMPOTENCY_MIGRATIONS`). Runs at the DataSource's isolation level; under SERIALIZABLE a
  * concurrent duplicate may fail with a serialization error instead (retry it).
@@ -37,10 +47,11 @@ export async function consumeOnce<R>(
   message: ConsumedMessage,
   work: (manager: EntityManager) => Promise<R>,
 ): Promise<ConsumeOnceResult<R>> {
+  const entry = { consumer: checkedConsumer(message.consumer), messageId: loggedMessageId(message.messageId) };
   try {
     return await dataSource.transaction(async (manager) => {
       try {
-        await manager.insert(ConsumeLogEntry, { consumer: message.consumer, messageId: message.messageId });
+        await manager.insert(ConsumeLogEntry, entry);
       } catch (error) {
         if (uniqueViolationOf(error)) throw new DuplicateDelivery();
         throw error;
@@ -52,4 +63,33 @@ export async function consumeOnce<R>(
     if (error instanceof DuplicateDelivery) return { status: 'duplicate' };
     throw error;
   }
+}
+
+/** The consumer is the developer's constant: a name the column cannot hold is a mistake to say at once. */
+function checkedConsumer(consumer: unknown): string {
+  if (typeof consumer === 'string' && !consumer.includes('\0') && fits(consumer, CONSUMER_COLUMN_CHARS)) return consumer;
+  const shown = typeof consumer === 'string' ? `${JSON.stringify(consumer.slice(0, 40))}, ${consumer.length} long` : String(consumer);
+  throw new RangeError(`consumeOnce: \`consumer\` must be a name of at most ${CONSUMER_COLUMN_CHARS} characters without NUL (got ${shown})`);
+}
+
+/** The `message_id` column's value for a message id: the id itself where it fits, as before. */
+function loggedMessageId(messageId: unknown): string {
+  // A number was logged as its text (as the driver sends it); keep that so its rows still match.
+  const id = typeof messageId === 'number' || typeof messageId === 'bigint' ? String(messageId) : messageId;
+  if (typeof id !== 'string' || id === '') {
+    throw new RangeError(
+      `consumeOnce: the message has no id (\`messageId\` is ${JSON.stringify(id) ?? String(id)}); every message ` +
+        'without one would be taken for the first and dropped as its duplicate. Pass an id stable across redeliveries.',
+    );
+  }
+  if (!id.includes('\0') && fits(id, MESSAGE_ID_COLUMN_CHARS)) return id;
+  return digestForm(id, MESSAGE_ID_COLUMN_CHARS - DIGEST_BYTES);
+}
+
+/** Whether `text` has at most `chars` characters as PostgreSQL counts them (code points). */
+function fits(text: string, chars: number): boolean {
+  if (text.length <= chars) return true;
+  let count = 0;
+  for (const _ of text) if (++count > chars) return false;
+  return true;
 }

@@ -3,8 +3,8 @@ import { createHash } from 'node:crypto';
 /** Width of the `key` column (`varchar(1024)`), in characters. */
 const KEY_COLUMN_CHARS = 1024;
 const DIGEST_MARK = '#sha256:';
-/** The mark and 64 hex digits: ASCII, one byte each. */
-const DIGEST_BYTES = DIGEST_MARK.length + 64;
+/** The mark and 64 hex digits: ASCII, one byte (and one character) each. */
+export const DIGEST_BYTES = DIGEST_MARK.length + 64;
 /** Most bytes of the readable head of a digest-form key (cut back to a whole character). */
 const HEAD_MAX_BYTES = KEY_COLUMN_CHARS - DIGEST_BYTES;
 
@@ -30,10 +30,21 @@ export const RAW_KEY_MAX_BYTES = HEAD_MAX_BYTES - 3 + DIGEST_BYTES - 1;
 export function recordKey(key: string): string {
   // A UTF-16 unit is at most 3 UTF-8 bytes, so short keys need no counting.
   if (key.length * 3 <= RAW_KEY_MAX_BYTES || Buffer.byteLength(key, 'utf8') <= RAW_KEY_MAX_BYTES) return key;
+  return digestForm(key, HEAD_MAX_BYTES);
+}
+
+/**
+ * A key's digest form: a readable head of its first `headMaxBytes` UTF-8 bytes at most (never a
+ * cut character; a NUL, which PostgreSQL text cannot hold, shown as `?`, also one byte),
+ * `#sha256:` and the SHA-256 of the whole key's UTF-8 bytes. At most `headMaxBytes +
+ * DIGEST_BYTES` bytes, and as many characters or fewer. Each column that keeps keys decides
+ * which keys take this form.
+ */
+export function digestForm(key: string, headMaxBytes: number): string {
   const bytes = Buffer.from(key, 'utf8');
-  let headEnd = HEAD_MAX_BYTES;
+  let headEnd = Math.min(headMaxBytes, bytes.length);
   // Never cut a character: back up while the first byte left out continues one (0b10xxxxxx).
   while ((bytes[headEnd] & 0xc0) === 0x80) headEnd--;
   const digest = createHash('sha256').update(bytes).digest('hex');
-  return `${bytes.toString('utf8', 0, headEnd)}${DIGEST_MARK}${digest}`;
+  return `${bytes.toString('utf8', 0, headEnd).replaceAll('\0', '?')}${DIGEST_MARK}${digest}`;
 }
