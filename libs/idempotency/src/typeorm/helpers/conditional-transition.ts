@@ -38,6 +38,12 @@ export type TransitionResult<T> =
  * `already_done`; in a state outside `from` → `not_allowed`; otherwise `version_conflict`.
  * On drivers with `UPDATE ... RETURNING` (PostgreSQL, SQLite, MariaDB) the changed row comes
  * back with the statement; elsewhere it is read after it.
+ *
+ * Runs at the caller's isolation level; under REPEATABLE READ or SERIALIZABLE a concurrent
+ * transition committed after the transaction's snapshot makes the UPDATE fail with a
+ * serialization error (PostgreSQL 40001) instead of `already_done` (retry the transaction: the
+ * retry sees the row and answers `already_done`). The transaction is aborted by then, and its
+ * snapshot cannot see the winner's row, so the error is not mapped.
  */
 export async function transition<T extends ObjectLiteral>(
   repo: Repository<T>,
