@@ -1,4 +1,4 @@
-import { describe, expect, it } from '@jest/globals';
+import { describe, expect, it, jest } from '@jest/globals';
 import { createIdempotentClient, type IdempotentClientOptions } from './idempotent-client.js';
 import { IdempotentRequestError } from './idempotent-request.error.js';
 
@@ -27,6 +27,11 @@ function scripted(...steps: Step[]): { fetch: typeof fetch; calls: Call[] } {
 
 const json = (status: number, body: unknown, headers: Record<string, string> = {}) =>
   new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json', ...headers } });
+const formWith = (name: string, value: string) => {
+  const form = new FormData();
+  form.append(name, value);
+  return form;
+};
 const networkError = () => new TypeError('fetch failed', { cause: new Error('other side closed') });
 
 const fast: Partial<IdempotentClientOptions> = { backoff: { baseMs: 1, maxMs: 5, jitter: 0 } };
@@ -151,7 +156,117 @@ describe('createIdempotentClient', () => {
     await expect(client(fetch).post('/p', new ReadableStream())).rejects.toThrow(/stream/);
   });
 
+  it.each<[string, () => unknown]>([
+    ['a FormData', () => formWith('orderNo', 'A1')],
+    ['a URLSearchParams', () => new URLSearchParams({ orderNo: 'A1' })],
+    ['a Blob', () => new Blob(['<a/>'], { type: 'application/xml' })],
+    ['an ArrayBuffer', () => new Uint8Array([1, 2, 3]).buffer],
+    ['a Uint8Array', () => new Uint8Array([1, 2, 3])],
+    ['an Int16Array', () => new Int16Array([1, -2])],
+    ['a DataView', () => new DataView(new Uint8Array([1, 2, 3]).buffer)],
+    ['a Buffer', () => Buffer.from('bytes')],
+    ['a string', () => '{"orderNo":"A1"}'],
+  ])('hands %s to fetch as it is, on every attempt, with no Content-Type of its own', async (_what, make) => {
+    const body = make();
+    const { fetch, calls } = scripted(networkError(), json(201, {}));
+    await client(fetch).post('/p', body);
+    expect(calls).toHaveLength(2);
+    expect(calls.map((call) => call.body)).toEqual([body, body]);
+    for (const call of calls) expect(call.body).toBe(body);
+    expect(calls.map((call) => call.headers.has('content-type'))).toEqual([false, false]);
+  });
+
+  it('lets fetch write the multipart Content-Type of a FormData (with its boundary), over one from the headers', async () => {
+    const { fetch, calls } = scripted(json(201, {}));
+    const form = formWith('orderNo', 'A1');
+    await client(fetch, { headers: { 'content-type': 'application/json' } }).post('/p', form, { headers: { 'Content-Type': 'multipart/form-data' } });
+    expect(calls[0].body).toBe(form);
+    expect(calls[0].headers.has('content-type')).toBe(false);
+  });
+
+  it('sends plain objects, arrays, dates and values with toJSON, and class instances by their fields, as JSON', async () => {
+    class OrderDto {
+      constructor(
+        readonly orderNo: string,
+        readonly amount: number,
+      ) {}
+      total() {
+        return this.amount;
+      }
+    }
+    const { fetch, calls } = scripted(json(201, {}));
+    const cases: [unknown, string][] = [
+      [{ a: [1, 'x', null, true], at: new Date(0), skipped: undefined }, '{"a":[1,"x",null,true],"at":"1970-01-01T00:00:00.000Z"}'],
+      [[{ a: 1 }], '[{"a":1}]'],
+      [Object.assign(Object.create(null), { a: 1 }), '{"a":1}'],
+      [{ money: { toJSON: () => '5.00 EUR' } }, '{"money":"5.00 EUR"}'],
+      [new OrderDto('A1', 5), '{"orderNo":"A1","amount":5}'],
+      [null, 'null'],
+      [42, '42'],
+    ];
+    for (const [body] of cases) await client(fetch).post('/p', body);
+    expect(calls.map((call) => call.body)).toEqual(cases.map(([, sent]) => sent));
+    expect(calls.every((call) => call.headers.get('content-type') === 'application/json')).toBe(true);
+  });
+
+  it.each<[string, unknown, RegExp]>([
+    ['a Map', new Map([['orderNo', 'A1']]), /Map/],
+    ['a Set', new Set([1]), /Set/],
+    ['a Map inside an object', { order: { lines: new Map() } }, /body\.order\.lines is a Map/],
+    ['a typed array inside an object', { bytes: new Uint8Array([1]) }, /body\.bytes is a Uint8Array/],
+    ['a DataView inside an array', [new DataView(new ArrayBuffer(1))], /body\[0\] is a DataView/],
+    ['a FormData inside an object', { form: formWith('a', '1') }, /FormData/],
+    ['an Error', new Error('boom'), /Error/],
+    ['a RegExp', { pattern: /a/ }, /RegExp/],
+    ['a Promise', { later: Promise.resolve(1) }, /Promise/],
+    ['a custom iterable', { items: { *[Symbol.iterator]() {} } }, /iterable/],
+    ['a function', { callback: () => 1 }, /function/],
+    ['a symbol', { tag: Symbol('x') }, /symbol/],
+    ['NaN', { amount: Number.NaN }, /NaN/],
+    ['Infinity', [Number.POSITIVE_INFINITY], /Infinity/],
+    ['a BigInt', { amount: 1n }, /BigInt/],
+  ])('refuses %s with a TypeError before sending anything (JSON would not carry it as it is)', async (_what, body, message) => {
+    const { fetch, calls } = scripted(json(201, {}));
+    const error = await client(fetch).post('/p', body).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(TypeError);
+    expect((error as Error).message).toMatch(message);
+    expect(calls).toHaveLength(0);
+  });
+
+  it.each<[string, string, unknown]>([
+    ['a GET with a body', 'GET', { a: 1 }],
+    ['a HEAD with a body', 'HEAD', 'x'],
+    ['a method fetch forbids', 'CONNECT', undefined],
+    ['a method that is not a token', 'PO ST', undefined],
+  ])('refuses %s at once with the TypeError of fetch\'s Request, sending nothing', async (_what, method, body) => {
+    const { fetch, calls } = scripted(json(200, {}));
+    const error = await client(fetch).request(method, '/p', body).catch((e: unknown) => e);
+    // fetch's errors come from Node's realm, not the test's: compared by name.
+    expect(error).toMatchObject({ name: 'TypeError' });
+    expect(error).not.toBeInstanceOf(IdempotentRequestError);
+    expect(calls).toHaveLength(0);
+  });
+
+  it('waits in full a Retry-After longer than a timer can hold (2^31 - 1 ms, 24.8 days) when timeoutMs allows it', async () => {
+    jest.useFakeTimers({ doNotFake: ['nextTick', 'queueMicrotask', 'setImmediate'] });
+    try {
+      const retryAfterMs = 2_200_000 * 1000; // 25.5 days
+      const { fetch, calls } = scripted(json(503, {}, { 'retry-after': '2200000' }), json(201, { id: 1 }));
+      const pending = client(fetch, { timeoutMs: 3e9 }).post('/p', {});
+      await jest.advanceTimersByTimeAsync(2 ** 31 - 1);
+      expect(calls).toHaveLength(1);
+      await jest.advanceTimersByTimeAsync(retryAfterMs - (2 ** 31 - 1) - 10);
+      expect(calls).toHaveLength(1);
+      await jest.advanceTimersByTimeAsync(10);
+      expect(calls).toHaveLength(2);
+      await expect(pending).resolves.toMatchObject({ status: 201, attempts: 2 });
+    } finally {
+      jest.useRealTimers();
+    }
+  });
+
   it('checks its options', () => {
+    expect(() => createIdempotentClient({ baseUrl: 'http://x', attemptTimeoutMs: 2 ** 31 })).toThrow(/attemptTimeoutMs.*2147483647/);
     expect(() => createIdempotentClient({ baseUrl: 'http://x', retries: -1 })).toThrow(/retries/);
     expect(() => createIdempotentClient({ baseUrl: 'http://x', backoff: { baseMs: Number.NaN } })).toThrow(/baseMs/);
     expect(() => createIdempotentClient({ baseUrl: 'http://x', backoff: { baseMs: undefined } })).not.toThrow();

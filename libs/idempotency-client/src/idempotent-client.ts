@@ -1,4 +1,5 @@
 import { IdempotentRequestError } from './idempotent-request.error.js';
+import { encodeBody } from './request-body.js';
 import {
   BACKOFF_DEFAULTS,
   backoffDelayMs,
@@ -16,7 +17,8 @@ export const REPLAYED_HEADER = 'Idempotent-Replayed';
 /** What `new Headers()` takes: a plain object, an array of pairs or a `Headers`. */
 export type HeadersLike = ConstructorParameters<typeof Headers>[0];
 
-type FetchBody = NonNullable<RequestInit['body']>;
+/** The longest delay a timer holds (2^31 - 1 ms, 24.8 days); a longer one fires after 1 ms. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** Options of `createIdempotentClient()`. */
 export interface IdempotentClientOptions {
@@ -34,7 +36,10 @@ export interface IdempotentClientOptions {
    * Default 30,000.
    */
   timeoutMs?: number;
-  /** Bound on one attempt (until its body is read), in milliseconds; then it counts as a network error. Default 10,000. */
+  /**
+   * Bound on one attempt (until its body is read), in milliseconds; then it counts as a network
+   * error. Default 10,000; at most 2^31 - 1 (24.8 days, what a timer holds).
+   */
   attemptTimeoutMs?: number;
   /**
    * The header that carries the key. Default `Idempotency-Key`. `false` when the server reads the
@@ -106,6 +111,10 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
   for (const [name, value] of Object.entries({ timeoutMs, attemptTimeoutMs, ...backoff })) {
     if (!Number.isFinite(value) || value < 0) throw new TypeError(`${name} must be a number >= 0, got ${value}`);
   }
+  // One timer bounds an attempt; a longer one would fire after 1 ms (and abort every attempt).
+  if (attemptTimeoutMs > MAX_TIMER_MS) {
+    throw new TypeError(`attemptTimeoutMs must be at most ${MAX_TIMER_MS} (what a timer holds), got ${attemptTimeoutMs}`);
+  }
 
   async function request<T>(method: string, path: string, body?: unknown, opts: IdempotentRequestOptions = {}): Promise<IdempotentResponse<T>> {
     const deadline = Date.now() + timeoutMs;
@@ -115,6 +124,9 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
     if (keyHeader !== false && key !== undefined) headers.set(keyHeader, key);
     const payload = encodeBody(body, headers);
     const url = `${base}/${path.replace(/^\/+/, '')}`;
+    // What fetch refuses before sending (a GET with a body, a forbidden method, an invalid URL) it
+    // would refuse on every attempt: the caller gets its TypeError now, not retries without an answer.
+    new Request(url, { method, headers, body: payload });
 
     for (let attempts = 1; ; attempts++) {
       opts.signal?.throwIfAborted();
@@ -165,17 +177,6 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
   };
 }
 
-/** The body, encoded once so that every attempt sends the same bytes; plain values become JSON. */
-function encodeBody(body: unknown, headers: Headers): FetchBody | undefined {
-  if (body === undefined) return undefined;
-  if (typeof body === 'string' || body instanceof Uint8Array || body instanceof ArrayBuffer || body instanceof Blob || body instanceof URLSearchParams) {
-    return body as FetchBody;
-  }
-  if (body instanceof ReadableStream) throw new TypeError('a stream body cannot be sent again on a retry: pass a string, bytes or a value');
-  if (!headers.has('content-type')) headers.set('content-type', 'application/json');
-  return JSON.stringify(body);
-}
-
 function decodeBody(text: string, contentType: string | null): unknown {
   if (text === '') return undefined;
   if (!contentType || !/[/+]json\b/i.test(contentType)) return text;
@@ -186,18 +187,26 @@ function decodeBody(text: string, contentType: string | null): unknown {
   }
 }
 
-/** Waits `ms`, or rejects with the signal's reason as soon as it aborts. */
+/**
+ * Waits `ms`, in steps a timer can hold (a `Retry-After` may ask for more), or rejects with the
+ * signal's reason as soon as it aborts.
+ */
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
   return new Promise((resolve, reject) => {
     if (signal?.aborted) return reject(signal.reason);
+    let timer: ReturnType<typeof setTimeout>;
     const onAbort = () => {
       clearTimeout(timer);
       reject(signal!.reason);
     };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
+    const wait = (left: number) => {
+      timer = setTimeout(() => {
+        if (left > MAX_TIMER_MS) return wait(left - MAX_TIMER_MS);
+        signal?.removeEventListener('abort', onAbort);
+        resolve();
+      }, Math.min(left, MAX_TIMER_MS));
+    };
+    wait(ms);
     signal?.addEventListener('abort', onAbort, { once: true });
   });
 }

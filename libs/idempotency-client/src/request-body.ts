@@ -1,0 +1,67 @@
+/** What fetch takes as a request body. */
+export type FetchBody = NonNullable<RequestInit['body']>;
+
+/**
+ * The body, encoded once. What fetch sends as it is and can send again on a retry goes as it is:
+ * strings, bytes (`ArrayBuffer`, any view of one: typed arrays, `DataView`, `Buffer`), `Blob`,
+ * `URLSearchParams` and `FormData` (whose multipart Content-Type, with its boundary, only fetch
+ * can write: one from the headers is dropped). Other values become JSON, unless JSON would not
+ * carry them as they are (see `jsonLoss`): then a TypeError, before anything is sent.
+ */
+export function encodeBody(body: unknown, headers: Headers): FetchBody | undefined {
+  if (body === undefined) return undefined;
+  if (body instanceof FormData) {
+    headers.delete('content-type');
+    return body;
+  }
+  if (typeof body === 'string' || body instanceof ArrayBuffer || ArrayBuffer.isView(body) || body instanceof Blob || body instanceof URLSearchParams) {
+    return body as FetchBody;
+  }
+  if (body instanceof ReadableStream) throw new TypeError('a stream body cannot be sent again on a retry: pass a string, bytes, a Blob or a value');
+  const paths = new WeakMap<object, string>();
+  const text = JSON.stringify(body, function (this: object, key: string, value: unknown) {
+    const holder = paths.get(this);
+    const at = holder === undefined ? 'body' : Array.isArray(this) ? `${holder}[${key}]` : `${holder}.${key}`;
+    const loss = jsonLoss(value);
+    if (loss) {
+      throw new TypeError(`the body cannot go as JSON: ${at} is ${loss}. Send a string, bytes, a Blob or a FormData, or convert it to plain objects and arrays`);
+    }
+    if (typeof value === 'object' && value !== null) paths.set(value, at);
+    return value;
+  });
+  if (!headers.has('content-type')) headers.set('content-type', 'application/json');
+  return text;
+}
+
+/**
+ * Why JSON would not carry a value (after its `toJSON`) as it is, or undefined. A plain object, an
+ * array, a string, a finite number, a boolean and null go as they are; so does an instance of a
+ * class that keeps its data in its fields (a DTO): JSON writes its own enumerable properties.
+ * Refused: objects whose content is not in such properties (a Map, a Set, bytes, a Blob, a
+ * FormData, an Error, a RegExp, a Promise, any other iterable), functions and symbols (dropped),
+ * NaN and Infinity (written as null), BigInt (JSON.stringify throws). `undefined` is left out, as
+ * JSON does.
+ */
+function jsonLoss(value: unknown): string | undefined {
+  switch (typeof value) {
+    case 'number':
+      return Number.isFinite(value) ? undefined : `${value} (JSON writes null)`;
+    case 'bigint':
+      return 'a BigInt (JSON has no such number)';
+    case 'function':
+    case 'symbol':
+      return `a ${typeof value} (JSON drops it)`;
+    case 'object':
+      break;
+    default:
+      return undefined;
+  }
+  if (value === null || Array.isArray(value) || value instanceof String || value instanceof Number || value instanceof Boolean) return undefined;
+  const name = (value as { constructor?: { name?: unknown } }).constructor?.name;
+  const kind = typeof name !== 'string' || name === '' || name === 'Object' ? 'an object' : `${/^[AEIO]/.test(name) ? 'an' : 'a'} ${name}`;
+  // A built-in (Map, Set, bytes, Blob, Error, ...) keeps its content in internal slots that JSON
+  // does not see: its tag is not "Object". A class instance's or a plain object's is.
+  if (Object.prototype.toString.call(value) !== '[object Object]') return `${kind} (JSON would not write it as it is)`;
+  if (Symbol.iterator in value) return `${kind} that is iterable (JSON writes its fields, not its items)`;
+  return undefined;
+}
