@@ -212,6 +212,12 @@ const REFUSALS: { kind: string; status: number; code: string; retryAfter?: boole
   },
   { kind: '@ContentDigest: no digest where one is required', status: 400, code: 'CONTENT_HASH_MISSING', answer: (url) => send(url, '/digest/required', { body: { a: 1 } }) },
   {
+    kind: '@ContentDigest: a Content-Encoding it cannot see through',
+    status: 415,
+    code: 'CONTENT_HASH_ENCODING_UNSUPPORTED',
+    answer: (url) => send(url, '/digest', { headers: { 'content-encoding': 'gzip' } }),
+  },
+  {
     kind: '@ContentDigest: a digest of other bytes',
     status: 400,
     code: 'CONTENT_HASH_MISMATCH',

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from '@jest/glo
 import type { INestApplication } from '@nestjs/common';
 import { createHash, randomUUID } from 'node:crypto';
 import { request as httpRequest } from 'node:http';
+import { gzipSync } from 'node:zlib';
 import { DataSource } from 'typeorm';
 import type { HttpAdapterName } from '../apps/demo/src/demo-app.factory.js';
 import { listenDemo } from './support/demo-server.js';
@@ -147,6 +148,16 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('POST /uploads/xml (%s)',
     }
     // Nothing recorded for refused digests: d3 is still free.
     expect((await records()).map((r: { request_id: string }) => r.request_id)).toEqual(['d1']);
+  });
+
+  it('refuses a gzip upload 415 CONTENT_HASH_ENCODING_UNSUPPORTED, whichever digest it carries, recording nothing (Express would hash the decoded bytes, Fastify the sent ones)', async () => {
+    const xml = receipt(newNo());
+    const gzipped = gzipSync(xml);
+    for (const digest of [sha256(gzipped), sha256(xml)]) {
+      const refused = await upload(gzipped, { 'content-encoding': 'gzip', 'x-content-hash': digest });
+      expect([refused.status, refused.body.code, refused.headers.get('accept-encoding')]).toEqual([415, 'CONTENT_HASH_ENCODING_UNSUPPORTED', 'identity']);
+    }
+    expect(await records()).toEqual([]);
   });
 
   it('answers malformed XML 400 INVALID_XML, records it FAILED, and lets a corrected retry with the same request id succeed', async () => {

@@ -26,7 +26,9 @@ import {
  * `app.useBodyParser(['application/xml'])`. No app-wide `rawBody: true` is needed for that; it
  * is used when set, and is the only way to the bytes of a JSON body (whose parser keeps none).
  * A text parser's string is not bytes: answered 415. Check the content type before this guard
- * (a controller-level guard runs first) so that other types get your own 415.
+ * (a controller-level guard runs first) so that other types get your own 415. A body under a
+ * `Content-Encoding` (gzip, br, ...) is answered 415 `CONTENT_HASH_ENCODING_UNSUPPORTED`: the
+ * digest is over the bytes as sent, which Express's parsers decode before any guard.
  *
  * @example
  * ```ts

@@ -11,6 +11,11 @@ export const ContentHashErrorCode = Object.freeze({
   MISSING: 'CONTENT_HASH_MISSING',
   /** 415: the body's raw bytes are not available for this content type. */
   UNAVAILABLE: 'CONTENT_HASH_UNAVAILABLE',
+  /**
+   * 415 (with `Accept-Encoding: identity`): the body came under a `Content-Encoding`. A digest is
+   * over the bytes as sent, which a body parser may have decoded before the guard (Express's do).
+   */
+  ENCODING_UNSUPPORTED: 'CONTENT_HASH_ENCODING_UNSUPPORTED',
 });
 export type ContentHashErrorCode = (typeof ContentHashErrorCode)[keyof typeof ContentHashErrorCode];
 
@@ -20,6 +25,7 @@ const TITLES: Record<ContentHashErrorCode, string> = {
   CONTENT_HASH_INVALID: 'Content digest invalid',
   CONTENT_HASH_MISSING: 'Content digest missing',
   CONTENT_HASH_UNAVAILABLE: 'Body bytes unavailable',
+  CONTENT_HASH_ENCODING_UNSUPPORTED: 'Content coding not supported',
 };
 
 /**
@@ -76,6 +82,16 @@ export const contentHashUnavailable = (contentType: string, format?: ErrorFormat
     HttpStatus.UNSUPPORTED_MEDIA_TYPE,
     'Unsupported Media Type',
     `This endpoint cannot read a ${contentType || 'body without Content-Type'} body as bytes: send one of the media types it accepts.`,
+    {},
+    format,
+  );
+
+export const contentHashEncodingUnsupported = (contentEncoding: string, format?: ErrorFormat) =>
+  new ContentHashHttpException(
+    ContentHashErrorCode.ENCODING_UNSUPPORTED,
+    HttpStatus.UNSUPPORTED_MEDIA_TYPE,
+    'Unsupported Media Type',
+    `This endpoint checks the body's digest over its bytes as sent and cannot see them under Content-Encoding "${contentEncoding}": send the body without Content-Encoding.`,
     {},
     format,
   );

@@ -11,6 +11,7 @@ const HEADER_NAMES: Record<DigestSource, string> = {
   'content-digest': 'Content-Digest',
 };
 import {
+  contentHashEncodingUnsupported,
   contentHashInvalid,
   contentHashMismatch,
   contentHashMissing,
@@ -57,14 +58,28 @@ const hasBody = (headers: ContentHashedRequest['headers']): boolean =>
   headers['transfer-encoding'] !== undefined || Number(headers['content-length'] ?? 0) > 0;
 
 /**
+ * The request's content codings other than `identity` (`gzip`, `br`, ...), as sent; empty when
+ * the body is the content as is. Under a coding, the bytes the guard finds may be the decoded
+ * ones: Express's body parsers inflate gzip, deflate and br before any guard (`rawBody` too),
+ * Fastify's parsers hand over the coded bytes, and `@fastify/compress` may decode them.
+ */
+function contentCodings(headers: ContentHashedRequest['headers']): string {
+  const header = headers['content-encoding'];
+  const codings = (Array.isArray(header) ? header.join(',') : (header ?? '')).split(',').map((coding) => coding.trim());
+  return codings.some((coding) => coding !== '' && coding.toLowerCase() !== 'identity') ? codings.filter(Boolean).join(', ') : '';
+}
+
+/**
  * The guard behind `@ContentDigest()`. Computes SHA-256 over the bytes as received: the Buffer
  * a raw parser made the body (Express `app.useBodyParser('raw', { type })`, Fastify
  * `app.useBodyParser(types)`), or `request.rawBody` when the app keeps it (`rawBody: true`);
  * never a decoded string or a parsed object. Compares it with every digest the client sent
  * (`X-Content-Hash`, `If-Match`, `Content-Digest`) and sets `request.contentHash`. Answers 400
- * `CONTENT_HASH_MISMATCH` / `CONTENT_HASH_INVALID` / `CONTENT_HASH_MISSING`, and 415
+ * `CONTENT_HASH_MISMATCH` / `CONTENT_HASH_INVALID` / `CONTENT_HASH_MISSING`, 415
  * `CONTENT_HASH_UNAVAILABLE` when a body arrived without its bytes (no raw parser for its
- * content type; also logged once, naming the parser).
+ * content type; also logged once, naming the parser), and 415 `CONTENT_HASH_ENCODING_UNSUPPORTED`
+ * (with `Accept-Encoding: identity`) for a body under a `Content-Encoding`: a digest is over the
+ * bytes as sent, and the bytes found may be decoded ones.
  */
 @Injectable()
 export class ContentDigestGuard implements CanActivate {
@@ -92,6 +107,10 @@ export class ContentDigestGuard implements CanActivate {
     if ('invalid' in sent) throw this.refusal(context, format, contentHashInvalid(sent.invalid, format));
     if (sent.digests.length === 0 && options.required) throw this.refusal(context, format, contentHashMissing(format));
 
+    // Refused rather than checked: the same request would pass on one adapter and fail on the other.
+    const codings = contentCodings(request.headers);
+    if (codings) throw this.refusal(context, format, contentHashEncodingUnsupported(codings, format), { 'Accept-Encoding': 'identity' });
+
     let bytes = receivedBytes(request);
     if (!bytes) {
       if (hasBody(request.headers)) throw this.refusal(context, format, this.unavailable(request, format));
@@ -106,11 +125,18 @@ export class ContentDigestGuard implements CanActivate {
     return true;
   }
 
-  /** Problem details go out under their media type, whichever exception filter sends them. */
-  private refusal(context: ExecutionContext, format: ErrorFormat, exception: ContentHashHttpException): ContentHashHttpException {
-    if (format === 'problem+json' && this.adapterHost?.httpAdapter) {
-      this.adapterHost.httpAdapter.setHeader(context.switchToHttp().getResponse(), 'Content-Type', PROBLEM_JSON_CONTENT_TYPE);
-    }
+  /** Problem details go out under their media type, whichever exception filter sends them; `headers` go with either format. */
+  private refusal(
+    context: ExecutionContext,
+    format: ErrorFormat,
+    exception: ContentHashHttpException,
+    headers: Record<string, string> = {},
+  ): ContentHashHttpException {
+    const adapter = this.adapterHost?.httpAdapter;
+    if (!adapter) return exception;
+    const response: unknown = context.switchToHttp().getResponse();
+    if (format === 'problem+json') adapter.setHeader(response, 'Content-Type', PROBLEM_JSON_CONTENT_TYPE);
+    for (const [name, value] of Object.entries(headers)) adapter.setHeader(response, name, value);
     return exception;
   }
 

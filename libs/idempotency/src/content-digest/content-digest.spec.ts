@@ -22,6 +22,11 @@ describe('RFC 9530 Content-Digest', () => {
     [`sha-512=:${SHA512}:, sha-256=:${B64}:`, HEX],
     [`sha-256=:${B64}:;note=1`, HEX],
     [[`sha-256=:${B64}:`], HEX],
+    [`sha-256=:${B64}:;note="a,b"`, HEX],
+    [`sha-512=:${SHA512}:;note="x, y=:z:", sha-256=:${B64}:;by="me"`, HEX],
+    [`sha-256=:${B64}:;note="say \\"a,b\\""`, HEX],
+    // Two field lines are one dictionary (RFC 8941 4.2), as Node.js joins them: ", ".
+    [[`sha-512=:${SHA512}:`, `sha-256=:${B64}:`], HEX],
   ])('reads the sha-256 member of %p', (value, hex) => expect(parseContentDigestHeader(value)).toBe(hex));
 
   it.each([
@@ -33,6 +38,8 @@ describe('RFC 9530 Content-Digest', () => {
     [`sha-256=:${B64}:, sha-256=:${B64}:`],
     [[`sha-256=:${B64}:`, `sha-256=:${B64}:`]],
     ['sha-256=:!!!!:'],
+    [`sha-256=:${B64}:;note="a,b`],
+    [`sha-256=:${B64}:;note="a", `],
   ])('refuses %p', (value) => expect(parseContentDigestHeader(value)).toHaveProperty('invalid'));
 
   it('is absent when the header is', () => expect(parseContentDigestHeader(undefined)).toBeUndefined());
@@ -163,6 +170,26 @@ describe('ContentDigestGuard', () => {
     for (const body of [BYTES.toString('utf8'), { receipt: { no: 'R-1' } }]) {
       const error = failure('optional', { headers: { 'content-type': 'application/xml', 'content-length': String(BYTES.length) }, body });
       expect(error.getResponse()).toMatchObject({ code: 'CONTENT_HASH_UNAVAILABLE', statusCode: 415 });
+    }
+  });
+
+  it.each([['gzip'], ['br'], ['GZIP'], ['identity, gzip'], ['x-custom']])(
+    'answers 415 CONTENT_HASH_ENCODING_UNSUPPORTED for a body under Content-Encoding %p, with a digest or without: the bytes seen may be decoded ones',
+    (coding) => {
+      for (const headers of <Record<string, string>[]>[{}, { 'x-content-hash': HEX }, { 'content-digest': `sha-256=:${B64}:` }]) {
+        const error = failure('optional', request({ 'content-encoding': coding, ...headers }));
+        expect(error.getStatus()).toBe(415);
+        expect(error.getResponse()).toMatchObject({ code: 'CONTENT_HASH_ENCODING_UNSUPPORTED', statusCode: 415 });
+        expect(error.message).toContain('Content-Encoding');
+      }
+    },
+  );
+
+  it('takes Content-Encoding: identity (or none) as the bytes sent', () => {
+    for (const coding of ['identity', 'Identity', ' identity ', '']) {
+      const req = request({ 'content-encoding': coding, 'x-content-hash': HEX });
+      expect(run('optional', req)).toBe(true);
+      expect(req.contentHash).toBe(HEX);
     }
   });
 

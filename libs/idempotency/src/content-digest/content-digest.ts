@@ -69,20 +69,44 @@ export function parseIfMatchDigest(value: string | string[] | undefined): string
 const BYTES_MEMBER = /^([a-z*][a-z0-9_.*-]*)=:([A-Za-z0-9+/]*={0,2}):(?:;.*)?$/;
 
 /**
+ * The members of a structured-field dictionary (RFC 8941), split on the commas between them: not
+ * on a comma inside a string parameter (`;note="a,b"`). Undefined when a string is unterminated.
+ */
+function dictionaryMembers(header: string): string[] | undefined {
+  const members: string[] = [];
+  let start = 0;
+  let inString = false;
+  for (let i = 0; i < header.length; i++) {
+    const char = header[i];
+    if (inString && char === '\\') i++;
+    else if (char === '"') inString = !inString;
+    else if (char === ',' && !inString) {
+      members.push(header.slice(start, i).trim());
+      start = i + 1;
+    }
+  }
+  if (inString) return undefined;
+  members.push(header.slice(start).trim());
+  return members;
+}
+
+/**
  * Reads RFC 9530 `Content-Digest`: a structured-field dictionary of algorithm = byte sequence,
  * e.g. `sha-512=:...:, sha-256=:<base64>:`. Its `sha-256` member is used; other algorithms are
- * ignored, as the RFC allows. Refused: a member that is not `name=:base64:`, no `sha-256` member,
- * two of them, a digest that is not 32 bytes in canonical base64, and the header sent twice.
+ * ignored, as the RFC allows. Refused: a member that is not `name=:base64:` (parameters may
+ * follow), no `sha-256` member, two of them, and a digest that is not 32 bytes in canonical
+ * base64. The header sent on several lines is one dictionary, their values joined by commas
+ * (RFC 8941 4.2, and what Node.js does), so two lines with a `sha-256` each are refused too.
  * Written here rather than with a structured-fields library: the package has no runtime
  * dependency, and only this one member type is read.
  * @returns the lower-case hex, `undefined` when absent, `{ invalid }` otherwise.
  */
 export function parseContentDigestHeader(value: string | string[] | undefined): string | undefined | { invalid: string } {
-  const header = single(value);
-  if (header === undefined || typeof header !== 'string') return header;
+  if (value === undefined) return undefined;
+  const header = Array.isArray(value) ? value.join(', ') : value;
   const invalid = { invalid: 'Content-Digest must carry one sha-256 digest as sha-256=:<base64 of the 32 bytes>:' };
   const sha256: string[] = [];
-  for (const member of header.split(',').map((part) => part.trim())) {
+  for (const member of dictionaryMembers(header) ?? ['']) {
     const parsed = BYTES_MEMBER.exec(member);
     if (!parsed) return invalid;
     if (parsed[1] === 'sha-256') sha256.push(parsed[2]!);
