@@ -18,7 +18,9 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
   const input: FingerprintInput = {
     method: req.method,
     path: handler,
-    query: { params: req.params, query: req.query, hosts: routeHost(req) },
+    query: req.query,
+    params: req.params,
+    hosts: routeHost(req),
     body: req.body,
     rawBody: req.rawBody,
     contentType: req.headers['content-type'] as string | undefined,

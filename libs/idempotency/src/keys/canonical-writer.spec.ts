@@ -45,10 +45,11 @@ describe('canonicalJson', () => {
     expect(canonicalJson([undefined, null, () => 1])).toBe('[null,null,null]');
   });
 
-  it('writes primitives as JSON.stringify does', () => {
-    for (const v of ['', 'x', 0, -0, 1.5, 1e21, 1e-7, -12, NaN, Infinity, -Infinity, true, false, null]) {
+  it('writes primitives as JSON.stringify does, but non-finite numbers, which are not null', () => {
+    for (const v of ['', 'x', 0, -0, 1.5, 1e21, 1e-7, -12, true, false, null]) {
       expect(canonicalJson(v)).toBe(JSON.stringify(v));
     }
+    expect([NaN, Infinity, -Infinity].map((v) => canonicalJson(v))).toEqual(['NaN', 'Infinity', '-Infinity']);
     expect(canonicalJson(12345678901234567890n)).toBe('12345678901234567890');
     expect(canonicalJson(undefined)).toBeUndefined();
   });

@@ -120,7 +120,8 @@ export class CanonicalWriter {
         this.string(value);
         return true;
       case 'number':
-        this.text(Number.isFinite(value) ? '' + value : 'null');
+        // JSON has no text for a non-finite number: a bare token no JSON text holds, not `null`.
+        this.text(Number.isFinite(value) ? '' + value : String(value));
         return true;
       case 'boolean':
         this.text(value ? 'true' : 'false');
@@ -137,6 +138,17 @@ export class CanonicalWriter {
         return true;
       default:
         return false;
+    }
+  }
+
+  /** Writes a value as `value` does, with nothing removed (`ignoreFields` does not apply to it). */
+  valueKeepingAll(value: unknown): boolean {
+    const ignored = this.ignored;
+    this.ignored = undefined;
+    try {
+      return this.value(value);
+    } finally {
+      this.ignored = ignored;
     }
   }
 

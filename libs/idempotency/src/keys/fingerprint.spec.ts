@@ -246,3 +246,38 @@ describe('isJsonContentType', () => {
     expect(isJsonContentType(type)).toBe(json);
   });
 });
+
+describe('fingerprintRequest: what ignoreFields can and cannot remove', () => {
+  const route = (params: Record<string, string>, query: Record<string, string>, hosts?: Record<string, string>): Partial<FingerprintInput> => ({
+    params,
+    query,
+    hosts,
+  });
+
+  it('keeps the path and host parameters whatever ignoreFields names: they are the route', () => {
+    const ignore = new Set(['id', 'account', 'params', 'hosts']);
+    expect(fp(route({ id: '1' }, {}), ignore)).not.toBe(fp(route({ id: '2' }, {}), ignore));
+    expect(fp(route({}, {}, { account: 'a' }), ignore)).not.toBe(fp(route({}, {}, { account: 'b' }), ignore));
+  });
+
+  it('keeps the query whatever ignoreFields names, and removes its fields', () => {
+    expect(fp(route({}, { page: '1' }), new Set(['query']))).not.toBe(fp(route({}, { page: '2' }), new Set(['query'])));
+    expect(fp(route({}, { page: '1', trace: 'a' }), new Set(['trace']))).toBe(fp(route({}, { page: '1', trace: 'b' }), new Set(['trace'])));
+  });
+
+  it('hashes the route as it did: {"hosts","params","query"} with sorted keys, absent ones left out', () => {
+    const layout = '["fp1","POST","/orders",{"hosts":{"account":"a"},"params":{"id":"1"},"query":{"ref":"r1"}},"json"]';
+    expect(fp(route({ id: '1' }, { ref: 'r1' }, { account: 'a' }))).toBe(sha256(layout + canonicalJson(base.body)));
+    expect(fp(route({ id: '1' }, { ref: 'r1' }))).toBe(sha256('["fp1","POST","/orders",{"params":{"id":"1"},"query":{"ref":"r1"}},"json"]' + canonicalJson(base.body)));
+  });
+});
+
+describe('fingerprintRequest: numbers JSON.parse cannot hold', () => {
+  it('tells an infinite number (1e400) from null and from its negative; one infinity is another', () => {
+    const amount = (value: unknown) => fp({ body: { amount: value } });
+    expect(amount(JSON.parse('1e400'))).not.toBe(amount(null));
+    expect(amount(JSON.parse('1e400'))).not.toBe(amount(JSON.parse('-1e400')));
+    expect(amount(JSON.parse('1e400'))).toBe(amount(JSON.parse('2e400')));
+    expect(fp({ body: [JSON.parse('1e400')] })).not.toBe(fp({ body: [null] }));
+  });
+});

@@ -33,7 +33,8 @@ function writeCanonical(
  *
  * Null versus absent: a property whose value is `undefined` (or a function or symbol) is omitted,
  * exactly as if it were absent, as in JSON; `null` is a value, so `{"a":null}` differs from `{}`.
- * In arrays such values become `null`, as in JSON. Non-finite numbers become `null`; a bigint
+ * In arrays such values become `null`, as in JSON. Non-finite numbers (what JSON.parse makes of
+ * `1e400`) become `Infinity`, `-Infinity` or `NaN`, never `null`, which they are not; a bigint
  * becomes its digits; `toJSON()` is honoured (Dates, nested Buffers).
  *
  * Input must be acyclic, as anything a body parser made is; nesting deeper than
@@ -84,8 +85,16 @@ export interface FingerprintInput {
   method: string;
   /** The route path. */
   path: string;
-  /** Parsed query; absent hashes like `null`. */
+  /** Parsed query; absent hashes like `null`. `ignoreFields` removes its fields. */
   query?: unknown;
+  /**
+   * The route's path parameters (an HTTP route's). Where the input has `params` or `hosts` (even
+   * undefined), they and the query are hashed as one object `{ hosts, params, query }` in place
+   * of the query; `ignoreFields` never removes them, nor that object's names: they are the route.
+   */
+  params?: unknown;
+  /** A host-bound route's host: its host parameters, or its host name (see `params`). */
+  hosts?: unknown;
   /**
    * The body as the body parser handed it to the route. A Buffer (or other Uint8Array) is hashed
    * as its bytes; a string under a non-JSON `Content-Type` (a text parser) as its UTF-8 bytes.
@@ -201,12 +210,34 @@ function undecodableText(contentType: string): UnmatchableBodyError {
 }
 
 /**
+ * `{"hosts":…,"params":…,"query":…}` as canonical JSON writes that object (names in order, an
+ * absent part left out), with `ignoreFields` applied inside the query only.
+ */
+function writeRoute(w: CanonicalWriter, { hosts, params, query }: FingerprintInput): void {
+  let first = true;
+  const part = (name: string, value: unknown, keepAll: boolean) => {
+    if (value === undefined || typeof value === 'function' || typeof value === 'symbol') return;
+    w.text(first ? '{' : ',');
+    first = false;
+    w.string(name);
+    w.text(':');
+    if (keepAll) w.valueKeepingAll(value);
+    else w.value(value);
+  };
+  part('hosts', hosts, true);
+  part('params', params, true);
+  part('query', query, false);
+  w.text(first ? '{}' : '}');
+}
+
+/**
  * SHA-256 (hex) of a request's method, route path, query and body: two requests get the same
  * fingerprint exactly when they mean the same operation.
  *
  * - The method is upper-cased; the path is taken as given.
  * - Query and JSON bodies go through {@link canonicalJson}: keys sorted at every depth,
- *   `ignoreFields` removed at any depth (in both), arrays in order. A property set to
+ *   `ignoreFields` removed at any depth (in both), arrays in order. Path and host parameters
+ *   (`params`, `hosts`) are hashed with the query and never lose a field. A property set to
  *   `undefined` hashes like an absent one; `null` is a value and differs from absent.
  * - A body that is not JSON (a `Content-Type` other than `application/json` or `+json`: XML,
  *   text, form, octet-stream) is hashed as its raw bytes when `rawBody` is given. Without it, a
@@ -236,7 +267,8 @@ export function fingerprintRequest(input: FingerprintInput, ignoreFields?: Reado
     w.text(',');
     w.string(input.path);
     w.text(',');
-    if (!w.value(input.query)) w.text('null');
+    if ('params' in input || 'hosts' in input) writeRoute(w, input);
+    else if (!w.value(input.query)) w.text('null');
     if (input.files?.length) {
       w.text(',"files",');
       w.value(input.files.map((f) => [f.field, f.name, f.type, f.size, f.sha256]));
