@@ -4,6 +4,7 @@ import { IdempotencyConfigError } from './errors/idempotency.errors.js';
 import { ERROR_FORMATS, type ErrorFormat } from './errors/problem-details.js';
 import type { AnonymousPolicy, FailMode, IdempotencyModuleOptions, SaveStatuses } from './idempotency.options.js';
 import type { HttpRequest } from './interceptors/http-request.js';
+import type { SkippedMessageHandler } from './messages/skipped-message.js';
 import { userObjectOf } from './interceptors/key-user.js';
 import { resolveLocalCache } from './stores/local-cache/local-cache-options.js';
 
@@ -28,6 +29,7 @@ export interface ResolvedIdempotencyOptions {
   keyHeader: string;
   /** From `saveStatuses`; undefined when no answer to an error is saved. */
   savesStatus: SavesStatus | undefined;
+  onSkippedMessage: SkippedMessageHandler | undefined;
 }
 
 /** Token of the resolved options. */
@@ -65,6 +67,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     required: options.required ?? DEFAULTS.required,
     keyHeader: options.keyHeader ?? 'Idempotency-Key',
     savesStatus: savesStatus(options.saveStatuses),
+    onSkippedMessage: options.onSkippedMessage,
   };
   assertPositive('expireSeconds', resolved.expireSeconds);
   assertPositive('leaseSeconds', resolved.leaseSeconds);

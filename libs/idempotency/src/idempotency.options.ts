@@ -5,6 +5,7 @@ import type { IdempotencyEventListener } from './events/idempotency-event.js';
 import type { PrometheusMetricsOptions } from './metrics/prometheus-metrics.js';
 import type { IdempotencyStore } from './stores/idempotency-store.js';
 import type { LocalCacheOptions } from './stores/local-cache/local-cache-options.js';
+import type { SkippedMessageHandler } from './messages/skipped-message.js';
 
 /** What to do when the store cannot be reached: run unguarded ('open') or answer 503 ('closed'). */
 export type FailMode = 'open' | 'closed';
@@ -92,6 +93,12 @@ export interface IdempotencyModuleOptions {
    * `{ code, message }`. Per route too.
    */
   errorFormat?: ErrorFormat;
+  /**
+   * Settles a message whose handler the guard did not run (a duplicate, one in progress, a
+   * refusal), on a transport where the handler acknowledges each message itself: RabbitMQ with
+   * `noAck: false` takes `settleRmqMessage`. Default: nothing (the transport acknowledges).
+   */
+  onSkippedMessage?: SkippedMessageHandler;
   /**
    * Response headers saved and replayed (case-insensitive).
    * Default `content-type`, `location`, `etag`, `content-location`. `set-cookie` is never saved.

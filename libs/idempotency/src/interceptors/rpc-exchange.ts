@@ -1,8 +1,9 @@
-import { StreamableFile, type CallHandler, type ExecutionContext } from '@nestjs/common';
+import { Logger, StreamableFile, type CallHandler, type ExecutionContext } from '@nestjs/common';
 import { Readable } from 'node:stream';
 import { isObservable, of, type Observable } from 'rxjs';
 import { IdempotencyErrorCode, keyInvalidMessage } from '../errors/idempotency-http.exceptions.js';
 import type { FingerprintInput } from '../keys/fingerprint.js';
+import type { SkippedMessageHandler, SkippedMessageReason } from '../messages/skipped-message.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
 import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
 import { runHeld } from './held-run.js';
@@ -33,15 +34,16 @@ export class RpcExchange implements GuardExchange {
     private readonly ctx: ExecutionContext,
     private readonly route: GuardedRoute,
     private readonly RpcException: RpcExceptionClass,
+    private readonly onSkipped: SkippedMessageHandler | undefined,
   ) {
     this.isEvent = Reflect.getMetadata(HANDLER_TYPE_METADATA, ctx.getHandler()) === EVENT_HANDLER;
   }
 
   /** Loads `@nestjs/microservices` (an optional peer) on the first message: a promise until then. */
-  static create(ctx: ExecutionContext, route: GuardedRoute): RpcExchange | Promise<RpcExchange> {
-    if (loadedRpcException) return new RpcExchange(ctx, route, loadedRpcException);
+  static create(ctx: ExecutionContext, route: GuardedRoute, onSkipped?: SkippedMessageHandler): RpcExchange | Promise<RpcExchange> {
+    if (loadedRpcException) return new RpcExchange(ctx, route, loadedRpcException, onSkipped);
     rpcException ??= import('@nestjs/microservices').then((m) => (loadedRpcException = m.RpcException as RpcExceptionClass));
-    return rpcException.then((RpcException) => new RpcExchange(ctx, route, RpcException));
+    return rpcException.then((RpcException) => new RpcExchange(ctx, route, RpcException, onSkipped));
   }
 
   /** The message's payload, under the handler's name. */
@@ -64,7 +66,12 @@ export class RpcExchange implements GuardExchange {
     );
   }
 
+  private skipped(reason: SkippedMessageReason): void {
+    if (this.onSkipped) settleSkipped(this.onSkipped, this.ctx, reason, this.route.handler);
+  }
+
   replay(saved: SavedResponse): Observable<unknown> {
+    this.skipped('replayed');
     if (saved.unreplayable) {
       if (this.isEvent) return of(undefined);
       throw new this.RpcException({
@@ -76,10 +83,25 @@ export class RpcExchange implements GuardExchange {
   }
 
   refuse(refusal: GuardRefusal): Observable<unknown> {
+    this.skipped(refusal.reason === 'in_progress' || refusal.reason === 'store_unavailable' ? refusal.reason : 'rejected');
     if (this.isEvent && (refusal.reason === 'in_progress' || refusal.reason === 'key_reused')) return of(undefined);
     throw new this.RpcException(toRpcError(refusal));
   }
 }
+
+/** Settles a message whose handler does not run (`onSkippedMessage`); a failure to is logged, never thrown. */
+function settleSkipped(onSkipped: SkippedMessageHandler, ctx: ExecutionContext, reason: SkippedMessageReason, handler: string): void {
+  const failed = (error: unknown) =>
+    logger.error(`${handler}: onSkippedMessage failed for a ${reason} message: ${(error as Error)?.message ?? String(error)}`);
+  try {
+    const settled = onSkipped(ctx, reason);
+    if (settled instanceof Promise) settled.catch(failed);
+  } catch (error) {
+    failed(error);
+  }
+}
+
+const logger = new Logger('Idempotency');
 
 function toRpcError(refusal: GuardRefusal): { code: string; message: string; retryAfterMs?: number } {
   switch (refusal.reason) {

@@ -1,0 +1,144 @@
+// Nest's RabbitMQ transport with manual acknowledgement (noAck: false), the handler acking at its
+// end, one message in flight (prefetchCount 1). A duplicate the guard drops never reaches the
+// handler, so without onSkippedMessage it is never acked: it holds the only prefetch slot, and
+// every later message waits behind it for good.
+import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
+import { Controller, Injectable, Module, type INestMicroservice } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { Ctx, EventPattern, Payload, Transport, type MicroserviceOptions, type RmqContext } from '@nestjs/microservices';
+import { connect, type Channel, type ChannelModel } from 'amqplib';
+import { randomUUID } from 'node:crypto';
+import {
+  IdempotencyModule,
+  NoRepeatSubmit,
+  settleRmqMessage,
+  type SkippedMessageHandler,
+  type SkippedMessageReason,
+} from '../libs/idempotency/src/index.js';
+import { until } from './support/http.js';
+import { RABBITMQ_URL, REDIS_URL } from './support/services.js';
+
+interface PaymentEvent {
+  messageId?: string;
+  orderNo: string;
+  delayMs?: number;
+}
+
+@Injectable()
+class Handled {
+  orders: string[] = [];
+}
+
+@Controller()
+class PaymentsConsumer {
+  constructor(private readonly handled: Handled) {}
+
+  @EventPattern('payment.succeeded')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  // `unknown`: Nest 12 types an @EventPattern handler as (data, ...args: unknown[]).
+  async paid(@Payload() data: PaymentEvent, @Ctx() ctx: unknown) {
+    await new Promise((resolve) => setTimeout(resolve, data.delayMs ?? 0));
+    this.handled.orders.push(data.orderNo);
+    const rmq = ctx as RmqContext;
+    rmq.getChannelRef().ack(rmq.getMessage());
+  }
+}
+
+async function startConsumer(queue: string, onSkippedMessage: SkippedMessageHandler | undefined, prefetchCount = 1) {
+  @Module({
+    imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL }, keyPrefix: `rmq-${randomUUID()}`, onSkippedMessage })],
+    controllers: [PaymentsConsumer],
+    providers: [Handled],
+  })
+  class ConsumerModule {}
+  const app = await NestFactory.createMicroservice<MicroserviceOptions>(ConsumerModule, {
+    transport: Transport.RMQ,
+    options: { urls: [RABBITMQ_URL], queue, noAck: false, prefetchCount, queueOptions: { durable: false } },
+    logger: ['error'],
+  });
+  await app.listen();
+  return { app, handled: app.get(Handled) };
+}
+
+describe('RabbitMQ with manual acks: messages the guard does not hand to the handler', () => {
+  let connection: ChannelModel;
+  let channel: Channel;
+  let consumer: INestMicroservice | undefined;
+  let queue: string;
+  const publish = (data: PaymentEvent) =>
+    channel.sendToQueue(queue, Buffer.from(JSON.stringify({ pattern: 'payment.succeeded', data })));
+  /**
+   * Messages left once the consumer is gone: the broker puts the ones it never got an ack for
+   * back in the queue (its count leaves out unacked messages while their consumer lives).
+   */
+  const leftAfterClose = async () => {
+    await consumer?.close();
+    consumer = undefined;
+    return (await channel.checkQueue(queue)).messageCount;
+  };
+
+  beforeAll(async () => {
+    connection = await connect(RABBITMQ_URL);
+    channel = await connection.createChannel();
+  });
+  afterAll(async () => connection?.close());
+  afterEach(async () => {
+    await consumer?.close();
+    consumer = undefined;
+    await channel.deleteQueue(queue);
+  });
+
+  const startWith = async (onSkipped: SkippedMessageHandler | undefined, prefetch = 1) => {
+    queue = `idempotency-test.${randomUUID()}`;
+    await channel.assertQueue(queue, { durable: false });
+    const started = await startConsumer(queue, onSkipped, prefetch);
+    consumer = started.app;
+    return started.handled;
+  };
+
+  it('acks a duplicate event it drops, so the next message is handled (settleRmqMessage)', async () => {
+    const handled = await startWith(settleRmqMessage);
+    const id = randomUUID();
+    publish({ messageId: id, orderNo: 'A' });
+    publish({ messageId: id, orderNo: 'A' }); // the producer's retry
+    publish({ messageId: randomUUID(), orderNo: 'B' });
+    await until(() => handled.orders.length === 2, 10_000);
+    expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['A', 'B'], left: 0 });
+  });
+
+  it('drops (nacks) a message it rejects, without a key, and goes on', async () => {
+    const handled = await startWith(settleRmqMessage);
+    publish({ orderNo: 'no key' });
+    publish({ messageId: randomUUID(), orderNo: 'C' });
+    await until(() => handled.orders.length === 1, 10_000);
+    expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['C'], left: 0 });
+  });
+
+  it('returns a copy that arrives while the first runs to the queue, and acks it once the first is done', async () => {
+    const reasons: SkippedMessageReason[] = [];
+    const handled = await startWith((ctx, reason) => {
+      reasons.push(reason);
+      return settleRmqMessage(ctx, reason);
+    }, 2);
+    const id = randomUUID();
+    publish({ messageId: id, orderNo: 'D', delayMs: 300 });
+    publish({ messageId: id, orderNo: 'D', delayMs: 300 });
+    await until(() => reasons.includes('replayed'), 10_000);
+    expect({ orders: handled.orders, firstSkip: reasons[0], lastSkip: reasons.at(-1), left: await leftAfterClose() }).toEqual({
+      orders: ['D'],
+      firstSkip: 'in_progress',
+      lastSkip: 'replayed',
+      left: 0,
+    });
+  });
+
+  it('(without onSkippedMessage) the dropped duplicate stays unacked and the next message is never handled', async () => {
+    const handled = await startWith(undefined);
+    const id = randomUUID();
+    publish({ messageId: id, orderNo: 'E' });
+    publish({ messageId: id, orderNo: 'E' });
+    publish({ messageId: randomUUID(), orderNo: 'F' });
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+    expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['E'], left: 2 });
+  });
+});
