@@ -95,9 +95,21 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
 
   async claim({ key, token, fingerprint, leaseMs, wait }: ClaimInput): Promise<ClaimResult> {
     const processing = encodeProcessing(token, fingerprint, Date.now() + leaseMs);
-    const [held, pttlMs]: [string | null, number?] = wait
-      ? ((await this.run(() => this.scripts.idempotencyClaimWait(key, processing, leaseMs))) ?? [null])
-      : [await this.run(() => this.client.set(key, processing, 'PX', leaseMs, 'NX', 'GET'))];
+    let held: string | null;
+    let pttlMs: number | undefined;
+    try {
+      [held, pttlMs] = wait
+        ? ((await this.run(() => this.scripts.idempotencyClaimWait(key, processing, leaseMs))) ?? [null])
+        : [await this.run(() => this.client.set(key, processing, 'PX', leaseMs, 'NX', 'GET'))];
+    } catch (error) {
+      // At its maxmemory (noeviction) Redis refuses every write, a claim too, but still reads: a
+      // key it holds is answered from its record (a replay, a 409); only a new key is refused.
+      if (!(error instanceof IdempotencyStoreError && /\bOOM\b/.test(error.message))) throw error;
+      const [value, ttlMs] = await this.run(() => Promise.all([this.client.get(key), this.client.pttl(key)]));
+      if (value === null) throw error;
+      const record = this.decode(value);
+      return claimResultOf(record, fingerprint, leaseLeft(record, ttlMs, leaseMs));
+    }
     if (held === null) {
       await this.replicate(() => this.release(key, token));
       return { status: 'acquired', token };
@@ -181,8 +193,43 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     return value === null ? undefined : toStoredRecord(this.decode(value), ttlMs);
   }
 
-  /** Waits (bounded) for the first connection so the first requests are guarded; never fails start-up. */
+  /**
+   * Waits (bounded) for the first connection so the first requests are guarded, then checks
+   * Redis's eviction policy; never fails start-up.
+   */
   async onModuleInit(): Promise<void> {
+    await this.ready();
+    if ((this.client.status as string) === 'ready') await this.warnOfEviction();
+  }
+
+  /**
+   * A Redis with a `maxmemory` and a policy that evicts keys (`allkeys-*`, and `volatile-*`:
+   * every record has a TTL) deletes records and running claims under memory pressure, with no
+   * error: the next duplicate runs again. Said once at start-up (read from `INFO memory`, which
+   * managed Redis services allow where they refuse `CONFIG GET`), for each primary of a Cluster.
+   */
+  private async warnOfEviction(): Promise<void> {
+    const nodes = isCluster(this.client) ? this.client.nodes('master') : [this.client];
+    for (const node of nodes) {
+      try {
+        const info = await this.run(() => node.info('memory'));
+        const maxmemory = Number(/^maxmemory:(\d+)/m.exec(info)?.[1] ?? 0);
+        const policy = /^maxmemory_policy:(\S+)/m.exec(info)?.[1];
+        if (maxmemory > 0 && policy !== undefined && policy !== 'noeviction') {
+          this.logger.warn(
+            `Redis${nodes.length > 1 ? ` ${node.options.host}:${node.options.port}` : ''} evicts keys when it reaches its maxmemory ` +
+              `(maxmemory-policy ${policy}): a record or a running claim it evicts lets a duplicate run the handler again. ` +
+              'Set maxmemory-policy noeviction on the Redis that holds idempotency records (at maxmemory it then refuses ' +
+              "new claims, which follow the routes' failMode).",
+          );
+        }
+      } catch {
+        // INFO refused (an ACL without it): nothing to say.
+      }
+    }
+  }
+
+  private async ready(): Promise<void> {
     if (this.client.status === 'ready') return;
     // A client the module opened is created lazily (see createStore); a failed first connection
     // is retried by the client's own strategy, and the wait below is bounded either way.
