@@ -31,6 +31,23 @@ function capturedNames(headerNames: readonly string[]): readonly string[] {
   return names;
 }
 
+/**
+ * `writeHead`'s headers in Node's array forms, flat (`[name, value, name, value]`) or as pairs
+ * (`[[name, value], ...]`), as an object: Node writes them without keeping them on the response.
+ */
+function headersOfArray(list: unknown[]): OutgoingHttpHeaders {
+  const headers: Record<string, string | string[]> = {};
+  const add = (name: unknown, value: unknown) => {
+    const key = String(name).toLowerCase();
+    const text = Array.isArray(value) ? value.map(String) : String(value);
+    const had = headers[key];
+    headers[key] = had === undefined ? text : ([] as string[]).concat(had, text);
+  };
+  if (Array.isArray(list[0])) for (const pair of list as unknown[][]) add(pair[0], pair[1]);
+  else for (let i = 0; i + 1 < list.length; i += 2) add(list[i], list[i + 1]);
+  return headers;
+}
+
 const callbackOf = (args: Args) => args.find((arg) => typeof arg === 'function') as ((error?: Error) => void) | undefined;
 const withoutCallback = (args: Args) => args.filter((arg) => typeof arg !== 'function');
 
@@ -85,8 +102,8 @@ export class ResponseCapture implements ResponseHook {
   }
 
   writeHead(res: ServerResponse, args: Args): ServerResponse {
-    const headers = args.find((arg) => typeof arg === 'object' && arg !== null && !Array.isArray(arg));
-    if (headers) this.head = headers as OutgoingHttpHeaders;
+    const headers = args.find((arg) => typeof arg === 'object' && arg !== null);
+    if (headers) this.head = Array.isArray(headers) ? headersOfArray(headers) : (headers as OutgoingHttpHeaders);
     return (this.through.writeHead as (...a: Args) => ServerResponse).apply(res, args);
   }
 
