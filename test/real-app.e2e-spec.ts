@@ -14,7 +14,7 @@ import {
 } from './support/real-app.js';
 
 /** The headers a replay carries from the first answer (the module's default allowlist). */
-const REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'content-location'];
+const REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'content-location', 'content-disposition'];
 
 /** The replay is the first answer again: status, allowlisted headers, the same bytes; only it is marked replayed. */
 function expectSameAnswer(first: Answer, replay: Answer): void {
@@ -128,6 +128,7 @@ describe.each(EVERY_APP)('a real app (%s, %s store)', (adapter, store) => {
     const first = await post('/avatar-file');
     expect(first.status).toBe(201);
     expect(first.body.equals(BINARY)).toBe(true);
+    expect(first.headers['content-disposition']).toBe('attachment; filename="avatar.bin"');
     const replay = await post('/avatar-file');
     expectSameAnswer(first, replay);
     expect(real.probe.runs('avatarFile')).toBe(1);

@@ -211,7 +211,7 @@ export class UsersController {
 
   @Post('avatar-file')
   avatarFile() {
-    return this.probe.run('avatarFile', () => new StreamableFile(Buffer.from(BINARY), { type: 'application/octet-stream' }));
+    return this.probe.run('avatarFile', () => new StreamableFile(Buffer.from(BINARY), { type: 'application/octet-stream', disposition: 'attachment; filename="avatar.bin"' }));
   }
 
   @Post('export')

@@ -101,7 +101,7 @@ export interface IdempotencyModuleOptions {
   onSkippedMessage?: SkippedMessageHandler;
   /**
    * Response headers saved and replayed (case-insensitive).
-   * Default `content-type`, `location`, `etag`, `content-location`. `set-cookie` is never saved.
+   * Default `content-type`, `location`, `etag`, `content-location`, `content-disposition`. `set-cookie` is never saved.
    */
   replayHeaders?: string[];
   /** Fields removed at any depth before fingerprinting (e.g. `timestamp`, `nonce`). Default none. */
