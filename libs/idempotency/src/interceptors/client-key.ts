@@ -19,6 +19,10 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute): strin
   if ('header' in source) {
     const parsed = parseKeyHeader(req?.headers[route.keyHeader]);
     if (parsed && 'invalid' in parsed) throw new IdempotencyKeyError(parsed.invalid);
+    // Node joins a header sent twice into `a, b`: a comma asks whether it came on two lines.
+    if (parsed?.key.includes(',') && sentMoreThanOnce(req!, route.keyHeader)) {
+      throw new IdempotencyKeyError('the header was sent more than once');
+    }
     clientKey = parsed?.key;
   } else if ('resolve' in source) {
     clientKey = source.resolve(ctx);
@@ -34,4 +38,10 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute): strin
   const problem = validateKey(clientKey);
   if (problem) throw new IdempotencyKeyError(problem);
   return clientKey;
+}
+
+/** Whether the request carried the header on more than one line (Node's `headersDistinct`; Fastify's on its Node.js request). */
+function sentMoreThanOnce(req: HttpRequest, name: string): boolean {
+  const node = ('raw' in req ? (req as { raw: unknown }).raw : req) as { headersDistinct?: Record<string, string[] | undefined> };
+  return (node.headersDistinct?.[name]?.length ?? 0) > 1;
 }

@@ -18,8 +18,8 @@ const NOT_TEXT = /[\p{Cs}\uFFFD]/u;
  *
  * A repeated header is invalid, never "missing": an array value (as some platforms give) is
  * refused, and Node's joined form of two quoted values (`"a", "b"`) is a malformed quoted string.
- * Node joins two bare values into one (`a, b`), which cannot be told apart from a key holding a
- * comma; check `rawHeaders` if that matters.
+ * Node joins two bare values into one (`a, b`), which cannot be told apart here from a key
+ * holding a comma: the guard asks the request's `headersDistinct` (`client-key.ts`).
  *
  * @returns `undefined` when the header is absent; `{ key }` when usable; `{ invalid: reason }`
  *   otherwise, including an empty header.
