@@ -93,7 +93,10 @@ export class StoreCalls {
       } else if (!uncertain) {
         this.counters.count('lateCompletions', route.handler);
         events?.emit('lease_takeover', {});
-        this.logger.warn(`${route.handler}: the lease ran out before the handler finished; its response was not saved`);
+        this.logger.warn(
+          `${route.handler}: the claim was gone when the handler finished (its lease ran out, or the key was deleted or evicted); ` +
+            'its response was not saved',
+        );
       }
     } catch (error) {
       this.counters.count('storeErrors', route.handler);
