@@ -183,14 +183,18 @@ export class IdempotencyInterceptor implements NestInterceptor {
     if (ctx.getType() === 'rpc') return MESSAGE_USER;
     const req = ctx.getArgByIndex<HttpRequest>(0);
     const user = requestUser(this.getUser(ctx), req, this.options.anonymous);
-    if (user && !('id' in user) && req.headers.authorization !== undefined) {
-      this.onceFor(`${route.handler}:credentials`, () =>
-        this.logger.warn(
-          `${route.handler}: a call with an Authorization header is keyed as anonymous: the guard found no user ` +
-            '(request.user, or request.raw.user on Fastify), so every anonymous caller shares its keys. If the route ' +
-            'authenticates its callers elsewhere (a Passport property, request.auth), give IdempotencyModule.forRoot({ getUser }).',
-        ),
-      );
+    if (user && !('id' in user)) {
+      const credentials = req.headers.authorization !== undefined ? 'an Authorization header' : hasSession(req) ? 'a session' : undefined;
+      if (credentials) {
+        this.onceFor(`${route.handler}:credentials`, () =>
+          this.logger.warn(
+            `${route.handler}: a call with ${credentials} is keyed as anonymous: the guard found no user ` +
+              '(request.user, or request.raw.user on Fastify), so every anonymous caller shares its keys. If the route ' +
+              'authenticates its callers elsewhere (a Passport property, request.auth, request.session), give ' +
+              'IdempotencyModule.forRoot({ getUser }).',
+          ),
+        );
+      }
     }
     if (user) return user;
     this.onceFor(`${route.handler}:user`, () =>
@@ -229,4 +233,10 @@ export class IdempotencyInterceptor implements NestInterceptor {
  */
 function isThenable<T>(value: T | PromiseLike<T>): value is PromiseLike<T> {
   return typeof (value as { then?: unknown } | undefined)?.then === 'function';
+}
+
+/** A session a session middleware or plugin attached (express-session, @fastify/session): it may be who the caller is. */
+function hasSession(req: HttpRequest): boolean {
+  const session = (req as { session?: unknown }).session;
+  return typeof session === 'object' && session !== null;
 }
