@@ -23,6 +23,27 @@ describe('MemoryIdempotencyStore', () => {
   const held = async (store: MemoryIdempotencyStore, keys: string[]) =>
     Promise.all(keys.map(async (key) => (await store.get(key)) !== undefined));
 
+  it('keeps time across fake timers switched off and on: a record keeps its retention, no more, no less', async () => {
+    // Fake timers start their performance.now() at 0: a day on the fake clock, then real timers
+    // (the process's uptime), then fake again, is a jump of a day each way unless the store's
+    // clock goes on from its last reading.
+    jest.advanceTimersByTime(86_400_000);
+    const store = new MemoryIdempotencyStore();
+    await claimIn(store, 'kept');
+    await store.complete('kept', 't-kept', { statusCode: 201, headers: {}, body: '1' }, 60_000);
+    const ttls: number[] = [];
+    jest.useRealTimers();
+    ttls.push((await store.get('kept'))?.ttlMs ?? 0);
+    jest.useFakeTimers();
+    ttls.push((await store.get('kept'))?.ttlMs ?? 0);
+    jest.advanceTimersByTime(60_000);
+    expect(await store.get('kept')).toBeUndefined();
+    for (const ttl of ttls) {
+      expect(ttl).toBeGreaterThan(59_000);
+      expect(ttl).toBeLessThanOrEqual(60_000);
+    }
+  });
+
   it('keeps an in-flight claim through a flood of 1,000 other keys: its duplicate is in progress, the flood is refused', async () => {
     const store = new MemoryIdempotencyStore({ maxEntries: 100 });
     await claimIn(store, 'in-flight', 30_000);

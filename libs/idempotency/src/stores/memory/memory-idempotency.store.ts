@@ -11,11 +11,25 @@ import {
 import { SettleWatchers } from '../settle-watchers.js';
 import { ExpiryHeap } from './expiry-heap.js';
 
+/** The `performance` read last, and what is added to its `now()`: see `monotonicNow`. */
+let clockSource: { now(): number } | undefined;
+let clockOffset = 0;
+let lastNow = 0;
+
 /**
  * Milliseconds by the monotonic clock: a stepped wall clock (NTP, a resumed VM, `date -s`) moves
- * no lease or retention. The global `performance`, so that fake timers move it in tests.
+ * no lease or retention. The global `performance`, so that fake timers move it in tests; fake
+ * timers put another `performance` in its place, whose clock starts at 0, so time goes on from
+ * the last reading whenever the object changes (a test switching fake timers on or off).
  */
-const monotonicNow = () => performance.now();
+function monotonicNow(): number {
+  const source = globalThis.performance;
+  if (source !== clockSource) {
+    clockOffset = lastNow - source.now();
+    clockSource = source;
+  }
+  return (lastNow = clockOffset + source.now());
+}
 
 interface Entry {
   key: string;
