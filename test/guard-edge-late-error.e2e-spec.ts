@@ -1,11 +1,12 @@
 // A handler whose Observable emits a value and then fails (a merge of two calls, the second of
 // which fails). Nest answers an Observable with its last value or its error, so the client gets
 // the error: the key must be released (a retry runs again), never the error saved and replayed,
-// never the key left "not replayable" for the whole retention.
+// never the key left "not replayable" for the whole retention. And the values must still go on
+// as they come: an app's outer take(1) (a live feed) or timeout({ first }) sees the first at once.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { ConflictException, Controller, Param, Post } from '@nestjs/common';
+import { ConflictException, Controller, Injectable, Param, Post, UseInterceptors, type CallHandler, type NestInterceptor } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
-import { concat, map, of, timer } from 'rxjs';
+import { NEVER, concat, map, of, take, timeout, timer } from 'rxjs';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
 import { makeApp, replayed, send, type Adapter, type EdgeApp } from './support/edge-app.js';
 
@@ -36,10 +37,46 @@ class ReservationsController {
   }
 }
 
+/** The app's own interceptors, outside the guard: the first value of a live feed, and a first-value deadline. */
+@Injectable()
+class FirstValue implements NestInterceptor {
+  intercept(_ctx: unknown, next: CallHandler) {
+    return next.handle().pipe(take(1));
+  }
+}
+
+@Injectable()
+class FirstValueWithin implements NestInterceptor {
+  intercept(_ctx: unknown, next: CallHandler) {
+    return next.handle().pipe(timeout({ first: 1000 }));
+  }
+}
+
+@Controller('feeds')
+class FeedsController {
+  /** A live feed: one value now, and it never completes. */
+  @Post('live')
+  @UseInterceptors(FirstValue)
+  @NoRepeatSubmit()
+  live() {
+    runs++;
+    return concat(of({ price: 42, run: runs }), NEVER);
+  }
+
+  /** Accepted at once, done after 1.5 s: the first-value deadline (1 s) is met. */
+  @Post('accepted')
+  @UseInterceptors(FirstValueWithin)
+  @NoRepeatSubmit()
+  accepted() {
+    runs++;
+    return concat(of({ accepted: true }), timer(1500).pipe(map(() => ({ done: true, run: runs }))));
+  }
+}
+
 describe.each<Adapter>(['express', 'fastify'])('a handler that emits a value, then fails (%s)', (adapter) => {
   let a: EdgeApp;
   beforeAll(async () => {
-    a = await makeApp(adapter, [ReservationsController], { store: { redis: process.env.REDIS_URL ?? 'redis://127.0.0.1:6379' } });
+    a = await makeApp(adapter, [ReservationsController, FeedsController], { store: { redis: process.env.REDIS_URL ?? 'redis://127.0.0.1:6379' } });
   });
   afterAll(async () => a?.close());
 
@@ -54,6 +91,22 @@ describe.each<Adapter>(['express', 'fastify'])('a handler that emits a value, th
       replayed: false,
       runs: 2,
     });
+  });
+
+  it('answers a live feed\'s first value through an outer take(1), and replays it', async () => {
+    const key = randomUUID();
+    const first = await send(a.url, '/feeds/live', { key, timeoutMs: 3000 });
+    expect({ status: first.status, error: first.error }).toEqual({ status: 201, error: undefined });
+    const retry = await send(a.url, '/feeds/live', { key, timeoutMs: 3000 });
+    expect({ replayed: replayed(retry), body: retry.text }).toEqual({ replayed: true, body: first.text });
+  });
+
+  it('meets an outer timeout({ first }) with the first value, and saves the last', async () => {
+    const key = randomUUID();
+    const first = await send(a.url, '/feeds/accepted', { key, timeoutMs: 5000 });
+    expect({ status: first.status, done: JSON.parse(first.text).done }).toEqual({ status: 201, done: true });
+    const retry = await send(a.url, '/feeds/accepted', { key });
+    expect({ replayed: replayed(retry), body: retry.text }).toEqual({ replayed: true, body: first.text });
   });
 
   it('(control) saves the last value, the answer Nest sends, when the Observable completes', async () => {

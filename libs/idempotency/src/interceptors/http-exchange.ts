@@ -134,6 +134,12 @@ export class HttpExchange implements GuardExchange {
           await claim.release();
           capture.passThrough();
         },
+        // Nest answers the Observable with its error: that answer goes out unsaved, the key freed.
+        failedAfterValue: async (cut) => {
+          if (cut) return;
+          await claim.release();
+          capture.passThrough();
+        },
         cut: () => capture.passThrough(),
       },
       claim.holdMs,

@@ -22,9 +22,8 @@ let loadedRpcException: RpcExceptionClass | undefined;
  * A message to a `@MessagePattern` (request-response) or `@EventPattern` handler. Messages have
  * no user (see `MESSAGE_USER`). A duplicate message gets the saved result; a duplicate event is
  * dropped (the handler does not run). Refusals of messages are `RpcException`s with
- * `{ code, message }`. The saved result is the handler's first value as JSON text, saved when
- * the handler completes, before its values are sent on (one that fails after a value has failed:
- * the key is released); a result JSON cannot hold (a stream, a BigInt) is not kept, and the key is
+ * `{ code, message }`. The saved result is the handler's first value as JSON text, saved before
+ * it is sent on (a failure after it leaves it saved: the client got it); a result JSON cannot hold (a stream, a BigInt) is not kept, and the key is
  * released.
  */
 export class RpcExchange implements GuardExchange {
