@@ -41,7 +41,7 @@ interface PooledPgClient extends PgClient {
 
 /** pg-pool of TypeORM's PostgresDriver: `master` (the only pool, or the primary's with replication). */
 interface PostgresDriverPools {
-  master?: { connect(): Promise<PooledPgClient> };
+  master?: { connect(callback: (error: Error | undefined, client: PooledPgClient | undefined) => void): void };
 }
 
 /** `cached plan must not change result type`: the table changed under a prepared statement. */
@@ -139,19 +139,27 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
 
 /**
  * Runs `work` on a connection of the DataSource's pool and gives it back. A connection that
- * fails meanwhile leaves the pool (and its 'error' event has a listener: none would crash).
+ * fails meanwhile leaves the pool, and its 'error' event has a listener from the moment the pool
+ * hands it over (none would crash the process). The listener is added in the pool's callback,
+ * not after an awaited `connect()`: a new connection's "ready" and the server's "terminating" (a
+ * failover) can arrive in one socket read, and the error then fires before an await resumes.
  */
 async function onPooled<T>(dataSource: DataSource, work: (client: PgClient) => Promise<T>): Promise<T> {
   const pool = (dataSource.driver as unknown as PostgresDriverPools).master;
   if (!pool) throw new TypeORMError('Driver not Connected');
-  const client = await pool.connect();
-  let released = false;
-  const release = (error?: Error) => {
-    if (released) return;
-    released = true;
-    client.release(error);
-  };
-  client.on('error', release);
+  const { client, release } = await new Promise<{ client: PooledPgClient; release: (error?: Error) => void }>((resolve, reject) => {
+    pool.connect((error, connected) => {
+      if (error || !connected) return reject(error ?? new TypeORMError('The pool gave no connection'));
+      let released = false;
+      const release = (failure?: Error) => {
+        if (released) return;
+        released = true;
+        connected.release(failure);
+      };
+      connected.on('error', release);
+      resolve({ client: connected, release });
+    });
+  });
   try {
     return await work(client);
   } finally {

@@ -1,0 +1,37 @@
+// A process for `test/postgres-terminated.e2e-spec.ts`, run from the sources:
+//   node --import ./test/support/ts-register.mjs test/support/pg-terminate-child.ts
+// It claims keys on the PostgreSQL store in rounds of 20 at once, each round behind 30 ms of
+// synchronous work (a loaded app: a connection's "ready" and the server's "terminating" then
+// arrive in one socket read), while the parent terminates its connections. It prints
+// `survived <store errors>` when its rounds are done; a crash ends it with no such line.
+//
+// Env: DATABASE_URL, PG_SCHEMA (with the store's table), PG_APP (application_name), ROUNDS.
+import { randomUUID } from 'node:crypto';
+import { DataSource } from 'typeorm';
+import { PostgresIdempotencyStore } from '../../libs/idempotency/src/typeorm/index.js';
+
+const env = (name: string) => process.env[name] ?? '';
+setTimeout(() => process.exit(1), 60_000).unref();
+
+const dataSource = new DataSource({
+  type: 'postgres',
+  url: env('DATABASE_URL'),
+  schema: env('PG_SCHEMA'),
+  extra: { max: 20, application_name: env('PG_APP') },
+});
+await dataSource.initialize();
+const store = new PostgresIdempotencyStore(dataSource);
+process.stdout.write('ready\n');
+
+let errors = 0;
+for (let round = 0; round < Number(env('ROUNDS')); round++) {
+  const claims = Array.from({ length: 20 }, () =>
+    store.claim({ key: `terminated:${randomUUID()}`, fingerprint: 'f', token: randomUUID(), leaseMs: 1000 }).catch(() => errors++),
+  );
+  const busyUntil = Date.now() + 30;
+  while (Date.now() < busyUntil);
+  await Promise.all(claims);
+}
+process.stdout.write(`survived ${errors}\n`);
+await dataSource.destroy().catch(() => undefined);
+process.exit(0);
