@@ -17,16 +17,23 @@ class OrdersController {
     runs++;
     return { run: runs };
   }
+
+  @Post('by-request-key')
+  @NoRepeatSubmit({ idempotentKey: "#headers['x-request-key']" })
+  byRequestKey() {
+    runs++;
+    return { run: runs };
+  }
 }
 
 /** Sends the request with each key on a header line of its own; the status line and body. */
-function postWithKeyLines(url: string, keys: string[]): Promise<{ status: number; body: string }> {
+function postWithKeyLines(url: string, keys: string[], header = 'Idempotency-Key', path = '/orders'): Promise<{ status: number; body: string }> {
   const { port } = new URL(url);
-  const lines = keys.map((key) => `Idempotency-Key: ${key}\r\n`).join('');
+  const lines = keys.map((key) => `${header}: ${key}\r\n`).join('');
   return new Promise((resolve, reject) => {
     let text = '';
     const socket = connect(Number(port), '127.0.0.1', () =>
-      socket.write(`POST /orders HTTP/1.1\r\nHost: x\r\nConnection: close\r\n${lines}Content-Length: 0\r\n\r\n`),
+      socket.write(`POST ${path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n${lines}Content-Length: 0\r\n\r\n`),
     );
     socket.on('data', (chunk) => (text += chunk.toString('utf8')));
     socket.on('end', () => resolve({ status: Number(text.split(' ')[1]), body: text.slice(text.indexOf('\r\n\r\n') + 4) }));
@@ -46,6 +53,12 @@ describe.each<Adapter>(['express', 'fastify'])('the key header sent twice (%s)',
     const answer = await postWithKeyLines(a.url, ['a', 'b']);
     expect({ status: answer.status, runs: runs - before }).toEqual({ status: 400, runs: 0 });
     expect(answer.body).toContain('IDEMPOTENCY_KEY_INVALID');
+  });
+
+  it('is refused 400 too when a key expression reads the header (#headers[...])', async () => {
+    const before = runs;
+    const answer = await postWithKeyLines(a.url, ['a', 'b'], 'X-Request-Key', '/orders/by-request-key');
+    expect({ status: answer.status, runs: runs - before }).toEqual({ status: 400, runs: 0 });
   });
 
   it('(control) one line holding a comma is one key', async () => {

@@ -33,6 +33,11 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute): strin
         ? { body: req.body, headers: req.headers, query: req.query, params: req.params, user: req.user }
         : { data: ctx.switchToRpc().getData() },
     );
+    // `#headers.x`, as for the key header: two lines of it are no one key.
+    const { root, segments } = source.path;
+    if (root === 'headers' && clientKey?.includes(',') && segments.length === 1 && sentMoreThanOnce(req!, segments[0]!.toLowerCase())) {
+      throw new IdempotencyKeyError('the header was sent more than once');
+    }
   }
   if (clientKey === undefined) return undefined;
   const problem = validateKey(clientKey);
