@@ -141,6 +141,27 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
       }
     });
 
+    it('frees a key whose claim lands after its 503 (fail-closed): a retry once Redis is fast runs the handler', async () => {
+      const [host, port] = REDIS_URL.replace('redis://', '').split(':');
+      const proxy = await new TcpProxy({ host, port: Number(port) }).start();
+      try {
+        client = new Redis(proxy.url);
+        client.on('error', () => undefined);
+        app = await createGuardTestApp(adapter, { store: { redis: client }, keyPrefix: `user-client-${randomUUID()}` });
+        const key = randomUUID();
+        proxy.delayMs = 2000;
+        const refused = await request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key);
+        expect(refused.status).toBe(503);
+        proxy.delayMs = 0;
+        // The claim sent before the 503 lands about 2 s after it was sent; then the key must be free.
+        await new Promise((resolve) => setTimeout(resolve, 3000));
+        const retry = await request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key);
+        expect({ status: retry.status, code: retry.body?.code }).toEqual({ status: 201, code: undefined });
+      } finally {
+        await proxy.stop();
+      }
+    });
+
     it('answers within the bound when its redis-server is killed', async () => {
       const server = await startRedisServer();
       try {

@@ -113,6 +113,10 @@ export class ClaimAnswers {
     const message = `${route.handler}: idempotency store unavailable, ${(error as Error).message}`;
     if (route.failMode === 'closed') {
       this.logger.warn(`${message}; refusing`);
+      // A claim that timed out may still land (a slow store): free it, or it would hold the key
+      // for a lease with no handler running. On one connection the release goes after the claim.
+      // Housekeeping for a call already answered: no event, and its failure is the outage's.
+      this.store.release(input.key, input.token).catch(() => undefined);
       return { result: defer(() => exchange.refuse({ reason: 'store_unavailable' })) };
     }
     // A claim that timed out may still land when the store recovers: run as its possible
