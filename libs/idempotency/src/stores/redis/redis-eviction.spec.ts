@@ -1,8 +1,9 @@
 import { afterEach, describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
-import type { Redis } from 'ioredis';
+import { Redis as RedisClient, type Redis } from 'ioredis';
 import { connectRedis } from '../../../../../test/support/services.js';
-import { startRedisServer, type RedisServer } from '../../../../../test/support/redis-server.js';
+import { freePort, startRedisServer, type RedisServer } from '../../../../../test/support/redis-server.js';
+import { eventually } from '../../../../../test/support/eventually.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
 
 /**
@@ -34,6 +35,16 @@ describe('RedisIdempotencyStore on a Redis that may evict its keys', () => {
       expect(warnings.filter((w) => w.includes(policy) && w.includes('noeviction'))).toHaveLength(1);
     },
   );
+
+  it('warns once Redis comes up, when it was not ready at start-up', async () => {
+    const port = await freePort();
+    client = new RedisClient(`redis://127.0.0.1:${port}`, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => 100 });
+    client.on('error', () => undefined);
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    await new RedisIdempotencyStore(client, { readyTimeoutMs: 100 }).onModuleInit();
+    server = await startRedisServer(port, ['--maxmemory', '64mb', '--maxmemory-policy', 'allkeys-lru']);
+    await eventually(() => warn.mock.calls.some(([message]) => String(message).includes('allkeys-lru')), { timeoutMs: 5000 });
+  });
 
   it.each([
     ['noeviction with a maxmemory', ['--maxmemory', '64mb', '--maxmemory-policy', 'noeviction']],

@@ -199,7 +199,9 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
    */
   async onModuleInit(): Promise<void> {
     await this.ready();
+    // A Redis that comes up later is checked when the client first gets ready.
     if ((this.client.status as string) === 'ready') await this.warnOfEviction();
+    else this.client.once('ready', () => void this.warnOfEviction());
   }
 
   /**
