@@ -15,7 +15,7 @@ export type {
 } from './idempotency.options.js';
 export { NoRepeatSubmit, SkipIdempotency } from './decorators/no-repeat-submit.decorator.js';
 export { LeaseSignal } from './decorators/lease-signal.decorator.js';
-export { settleRmqMessage, type SkippedMessageHandler, type SkippedMessageReason } from './messages/skipped-message.js';
+export { settleRmqMessage, type SkippedMessage, type SkippedMessageHandler, type SkippedMessageReason } from './messages/skipped-message.js';
 export { UNSAFE_METHODS } from './decorators/no-repeat-submit.metadata.js';
 export { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
 export {

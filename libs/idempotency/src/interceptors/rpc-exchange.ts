@@ -3,7 +3,7 @@ import { Readable } from 'node:stream';
 import { isObservable, of, type Observable } from 'rxjs';
 import { IdempotencyErrorCode, keyInvalidMessage } from '../errors/idempotency-http.exceptions.js';
 import type { FingerprintInput } from '../keys/fingerprint.js';
-import type { SkippedMessageHandler, SkippedMessageReason } from '../messages/skipped-message.js';
+import type { SkippedMessage, SkippedMessageHandler, SkippedMessageReason } from '../messages/skipped-message.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
 import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
 import { runHeld } from './held-run.js';
@@ -65,8 +65,11 @@ export class RpcExchange implements GuardExchange {
     );
   }
 
-  private skipped(reason: SkippedMessageReason): void {
-    if (this.onSkipped) settleSkipped(this.onSkipped, this.ctx, reason, this.route.handler);
+  private skipped(reason: SkippedMessageReason, retryAfterMs?: number): void {
+    if (!this.onSkipped) return;
+    const skipped: SkippedMessage = { reason, answered: !this.isEvent };
+    if (retryAfterMs !== undefined) skipped.retryAfterMs = retryAfterMs;
+    settleSkipped(this.onSkipped, this.ctx, skipped, this.route.handler);
   }
 
   replay(saved: SavedResponse): Observable<unknown> {
@@ -82,18 +85,19 @@ export class RpcExchange implements GuardExchange {
   }
 
   refuse(refusal: GuardRefusal): Observable<unknown> {
-    this.skipped(refusal.reason === 'in_progress' || refusal.reason === 'store_unavailable' ? refusal.reason : 'rejected');
+    if (refusal.reason === 'in_progress') this.skipped('in_progress', refusal.retryAfterMs);
+    else this.skipped(refusal.reason === 'store_unavailable' ? 'store_unavailable' : 'rejected');
     if (this.isEvent && (refusal.reason === 'in_progress' || refusal.reason === 'key_reused')) return of(undefined);
     throw new this.RpcException(toRpcError(refusal));
   }
 }
 
 /** Settles a message whose handler does not run (`onSkippedMessage`); a failure to is logged, never thrown. */
-function settleSkipped(onSkipped: SkippedMessageHandler, ctx: ExecutionContext, reason: SkippedMessageReason, handler: string): void {
+function settleSkipped(onSkipped: SkippedMessageHandler, ctx: ExecutionContext, skipped: SkippedMessage, handler: string): void {
   const failed = (error: unknown) =>
-    logger.error(`${handler}: onSkippedMessage failed for a ${reason} message: ${(error as Error)?.message ?? String(error)}`);
+    logger.error(`${handler}: onSkippedMessage failed for a ${skipped.reason} message: ${(error as Error)?.message ?? String(error)}`);
   try {
-    const settled = onSkipped(ctx, reason);
+    const settled = onSkipped(ctx, skipped);
     if (settled instanceof Promise) settled.catch(failed);
   } catch (error) {
     failed(error);

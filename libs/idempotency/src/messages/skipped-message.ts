@@ -11,31 +11,65 @@ import type { ExecutionContext } from '@nestjs/common';
  */
 export type SkippedMessageReason = 'replayed' | 'in_progress' | 'store_unavailable' | 'rejected';
 
+/** A message the guard answered without its handler: why, and how. */
+export interface SkippedMessage {
+  reason: SkippedMessageReason;
+  /**
+   * The sender got an answer (a `@MessagePattern`'s reply: the saved result, or the refusal as
+   * an error it can retry on); false for an event, which has no one to answer.
+   */
+  answered: boolean;
+  /** For `in_progress`: the lease the other delivery has left, in milliseconds. */
+  retryAfterMs?: number;
+}
+
 /**
  * Settles a message whose handler the guard did not run, where the transport waits for the
  * handler to acknowledge it (RabbitMQ with `noAck: false`, NATS JetStream, manual Kafka commits).
  * Without it such a message stays unacknowledged: it holds a prefetch slot until its connection
  * closes, and is then delivered again. `ctx` is the message's context, as the handler would get it.
  */
-export type SkippedMessageHandler = (ctx: ExecutionContext, reason: SkippedMessageReason) => void | Promise<void>;
+export type SkippedMessageHandler = (ctx: ExecutionContext, skipped: SkippedMessage) => void | Promise<void>;
 
 interface RmqChannel {
   ack(message: unknown): void;
   nack(message: unknown, allUpTo?: boolean, requeue?: boolean): void;
 }
 
+/** The pause before an event met by a held key or an outage goes back to the queue, in ms. */
+const REQUEUE_MIN_MS = 100;
+const REQUEUE_MAX_MS = 2000;
+const REQUEUE_OUTAGE_MS = 1000;
+
 /**
  * `onSkippedMessage` for Nest's RabbitMQ transport with manual acknowledgement (`noAck: false`),
- * as a handler that acks at its end would settle the message: `replayed` is acked;
- * `in_progress` and `store_unavailable` are returned to the queue (`nack`, requeued) for a later
- * delivery; `rejected` is dropped or dead-lettered (`nack`, not requeued), as Nest does with a
- * message no handler takes. Never use it with `noAck: true` (the default): the broker then
- * closes the channel on an ack of a message it did not wait for.
+ * as a handler that acks at its end would settle the message:
+ * - `replayed`: acked;
+ * - `rejected`: dropped, or dead-lettered (`nack`, not requeued), as Nest does with a message no
+ *   handler takes;
+ * - `in_progress`, `store_unavailable`: a message whose sender got that answer is acked (the
+ *   sender retries, as an HTTP client does after a 409 or a 503); an event goes back to the
+ *   queue (`nack`, requeued) after a pause: the lease the other delivery has left, 0.1 to 2 s
+ *   (a 409's `Retry-After`), or 1 s after an outage. Requeued at once, it would go round
+ *   thousands of times a second while the first delivery runs. It holds its prefetch slot
+ *   meanwhile. To have copies wait for the first result instead, give the handler
+ *   `waitForResultMs`.
+ *
+ * Never use it with `noAck: true` (the default): the broker then closes the channel on an ack
+ * of a message it did not wait for.
  */
-export const settleRmqMessage: SkippedMessageHandler = (ctx, reason) => {
+export const settleRmqMessage: SkippedMessageHandler = (ctx, { reason, answered, retryAfterMs }) => {
   const rmq = ctx.switchToRpc().getContext<{ getChannelRef(): RmqChannel; getMessage(): unknown }>();
   const channel = rmq.getChannelRef();
   const message = rmq.getMessage();
-  if (reason === 'replayed') channel.ack(message);
-  else channel.nack(message, false, reason !== 'rejected');
+  if (reason === 'replayed' || answered) return channel.ack(message);
+  if (reason === 'rejected') return channel.nack(message, false, false);
+  const pauseMs = reason === 'in_progress' ? Math.min(Math.max(retryAfterMs ?? 0, REQUEUE_MIN_MS), REQUEUE_MAX_MS) : REQUEUE_OUTAGE_MS;
+  setTimeout(() => {
+    try {
+      channel.nack(message, false, true);
+    } catch {
+      // The channel closed meanwhile: the broker has put the message back already.
+    }
+  }, pauseMs).unref();
 };
