@@ -5,6 +5,24 @@ import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import { describeStoreContract } from '../../testing/index.js';
 import { MemoryIdempotencyStore } from './memory-idempotency.store.js';
 
+// First in the file: the store's clock is the module's, and the fake timers of the specs below
+// run far ahead of real time (it never goes back, so real time is then not counted).
+describe('MemoryIdempotencyStore in a test that turns fake timers on, then off', () => {
+  afterEach(() => {
+    jest.useRealTimers();
+  });
+
+  it('counts the real time that passes after fake timers are switched off: a record ends with its retention', async () => {
+    jest.useFakeTimers();
+    const store = new MemoryIdempotencyStore();
+    await store.claim({ key: 'short', token: 't', fingerprint: 'fp', leaseMs: 60_000 });
+    await store.complete('short', 't', { statusCode: 201, headers: {}, body: '1' }, 300);
+    jest.useRealTimers();
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    expect(await store.get('short')).toBeUndefined();
+  });
+});
+
 describe('MemoryIdempotencyStore', () => {
   beforeEach(() => {
     jest.useFakeTimers();

@@ -15,21 +15,30 @@ import { ExpiryHeap } from './expiry-heap.js';
 let clockSource: { now(): number } | undefined;
 let clockOffset = 0;
 let lastNow = 0;
+/** The offset each `performance` had, so that real time that passed while another was read counts. */
+const offsets = new WeakMap<object, number>();
 
 /**
  * Milliseconds by the monotonic clock: a stepped wall clock (NTP, a resumed VM, `date -s`) moves
- * no lease or retention. The global `performance`, so that fake timers move it in tests; fake
- * timers put another `performance` in its place, whose clock starts at 0, so time goes on from
- * the last reading whenever the object changes (a test switching fake timers on or off).
+ * no lease or retention. The global `performance`, so that fake timers move it in tests. Fake
+ * timers put another `performance` in its place, whose clock starts at 0: each one keeps the
+ * offset it was given, so the real clock's time goes on counting while fake timers are on, and
+ * the clock never goes back (an offset is raised to the last reading when it would).
  */
 function monotonicNow(): number {
   const source = globalThis.performance;
   if (source !== clockSource) {
-    clockOffset = lastNow - source.now();
+    const raw = source.now();
+    const known = offsets.get(source);
+    clockOffset = known !== undefined && known + raw >= lastNow ? known : lastNow - raw;
+    offsets.set(source, clockOffset);
     clockSource = source;
   }
   return (lastNow = clockOffset + source.now());
 }
+// Read once as the module loads: the `performance` of that moment (the real one, unless fake
+// timers are on) keeps its offset from now on, and its time counts while fake timers are on.
+monotonicNow();
 
 interface Entry {
   key: string;
