@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { ConflictException, Controller, Injectable, Param, Post, UseInterceptors, type CallHandler, type NestInterceptor } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
-import { NEVER, concat, map, of, take, timeout, timer } from 'rxjs';
+import { NEVER, concat, map, of, take, throwError, timeout, timer } from 'rxjs';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
 import { makeApp, replayed, send, type Adapter, type EdgeApp } from './support/edge-app.js';
 
@@ -27,6 +27,12 @@ class ReservationsController {
         }),
       ),
     );
+  }
+
+  @Post('fails-saved/:status')
+  @NoRepeatSubmit({ saveStatuses: [409] })
+  failLateSaved(@Param('status') status: string) {
+    return this.failLate(status);
   }
 
   @Post('two-values')
@@ -61,6 +67,15 @@ class FeedsController {
   live() {
     runs++;
     return concat(of({ price: 42, run: runs }), NEVER);
+  }
+
+  /** A value, then at once an error: the outer take(1) answers with the value. */
+  @Post('glitch')
+  @UseInterceptors(FirstValue)
+  @NoRepeatSubmit()
+  glitch() {
+    runs++;
+    return concat(of({ price: 43, run: runs }), throwError(() => new Error('feed lost')));
   }
 
   /** Accepted at once, done after 1.5 s: the first-value deadline (1 s) is met. */
@@ -101,12 +116,38 @@ describe.each<Adapter>(['express', 'fastify'])('a handler that emits a value, th
     expect({ replayed: replayed(retry), body: retry.text }).toEqual({ replayed: true, body: first.text });
   });
 
+  it('keeps the first value an outer take(1) answered with, when the handler fails right after it', async () => {
+    const key = randomUUID();
+    const before = runs;
+    const first = await send(a.url, '/feeds/glitch', { key });
+    const retry = await send(a.url, '/feeds/glitch', { key });
+    expect(first.status).toBe(201);
+    expect({ replayed: replayed(retry), body: retry.text, runs: runs - before }).toEqual({ replayed: true, body: first.text, runs: 1 });
+  });
+
   it('meets an outer timeout({ first }) with the first value, and saves the last', async () => {
     const key = randomUUID();
     const first = await send(a.url, '/feeds/accepted', { key, timeoutMs: 5000 });
     expect({ status: first.status, done: JSON.parse(first.text).done }).toEqual({ status: 201, done: true });
     const retry = await send(a.url, '/feeds/accepted', { key });
     expect({ replayed: replayed(retry), body: retry.text }).toEqual({ replayed: true, body: first.text });
+  });
+
+  it('saves the answer to a late 409 where the route saves that status (saveStatuses), and frees the key after a 500', async () => {
+    const before = runs;
+    const key = randomUUID();
+    const first = await send(a.url, '/late/fails-saved/409', { key });
+    const retry = await send(a.url, '/late/fails-saved/409', { key });
+    expect({ status: retry.status, replayed: replayed(retry), body: retry.text, runs: runs - before }).toEqual({
+      status: 409,
+      replayed: true,
+      body: first.text,
+      runs: 1,
+    });
+    const other = randomUUID();
+    await send(a.url, '/late/fails-saved/500', { key: other });
+    const again = await send(a.url, '/late/fails-saved/500', { key: other });
+    expect({ status: again.status, replayed: replayed(again), runs: runs - before }).toEqual({ status: 500, replayed: false, runs: 3 });
   });
 
   it('(control) saves the last value, the answer Nest sends, when the Observable completes', async () => {

@@ -55,7 +55,9 @@ export function runHeld(handler: Observable<unknown>, hooks: HeldRunHooks, keepA
           state === 'running'
             ? ((state = 'failed'), hooks.failed(cut))
             : hooks.failedAfterValue
-              ? sent.then(() => hooks.failedAfterValue!(cut))
+              ? // After the value went on: a subscriber that took it and left (an outer take(1))
+                // answered with it, and never gets this error.
+                sent.then(() => (subscriber.closed ? undefined : hooks.failedAfterValue!(cut)))
               : sent;
         void ready.then(() => {
           finished = true;

@@ -112,6 +112,16 @@ export class HttpExchange implements GuardExchange {
       failedInMethod ? this.settleFailure(claim, sent) : claim.save(toSaved(sent, this.raw.statusCode)),
     );
     const watched = savesStatus ? watchHandler(next) : undefined;
+    /** The app's answer to the method's error is the one to save, by its status (`settleFailure`). */
+    const answerFailure = () => {
+      failedInMethod = true;
+      this.forgoFailure = () => {
+        this.forgoFailure = undefined;
+        capture.passThrough();
+        return claim.release();
+      };
+      capture.succeed();
+    };
     return runHeld(
       watched ? watched.handled : next.handle(),
       {
@@ -121,22 +131,15 @@ export class HttpExchange implements GuardExchange {
           capture.succeed();
         },
         failed: async (cut) => {
-          if (watched?.began() && !cut) {
-            failedInMethod = true;
-            this.forgoFailure = () => {
-              this.forgoFailure = undefined;
-              capture.passThrough();
-              return claim.release();
-            };
-            capture.succeed();
-            return;
-          }
+          if (watched?.began() && !cut) return answerFailure();
           await claim.release();
           capture.passThrough();
         },
-        // Nest answers the Observable with its error: that answer goes out unsaved, the key freed.
+        // Nest answers the Observable with its error: that answer goes out unsaved and the key is
+        // freed, or it is saved where the route saves its status (the method itself failed).
         failedAfterValue: async (cut) => {
           if (cut) return;
+          if (watched?.began()) return answerFailure();
           await claim.release();
           capture.passThrough();
         },
