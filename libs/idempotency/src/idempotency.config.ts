@@ -29,6 +29,8 @@ export interface ResolvedIdempotencyOptions {
   keyHeader: string;
   /** From `saveStatuses`; undefined when no answer to an error is saved. */
   savesStatus: SavesStatus | undefined;
+  /** Where the request's user is (set once the app starts, see `UserLocation`). */
+  userLocation: UserLocation;
   onSkippedMessage: SkippedMessageHandler | undefined;
 }
 
@@ -36,13 +38,21 @@ export interface ResolvedIdempotencyOptions {
 export const IDEMPOTENCY_RESOLVED_OPTIONS = Symbol('IDEMPOTENCY_RESOLVED_OPTIONS');
 
 /**
+ * The request property that holds the user: `user`, or the `property` Passport was registered
+ * with (`PassportModule.register({ property })`), found when the app starts (`passport-user.ts`).
+ */
+export interface UserLocation {
+  property: string;
+}
+
+/**
  * `request.user.id`, else `request.user.sub` (Nest's JWT recipe); an empty id counts as none. A
  * user that is a string or a number is its id. On Fastify, a user that Nest middleware set is on
- * the Node.js request (`request.raw.user`).
+ * the Node.js request (`request.raw.user`). `user` is Passport's `property` where it has another.
  * The first argument by index: `switchToHttp()` would add closures on every call.
  */
-const defaultGetUser = (ctx: ExecutionContext): string | number | undefined => {
-  const user = userObjectOf(ctx.getArgByIndex<HttpRequest | undefined>(0));
+const defaultGetUser = (ctx: ExecutionContext, location: UserLocation): string | number | undefined => {
+  const user = userObjectOf(ctx.getArgByIndex<HttpRequest | undefined>(0), location.property);
   if (typeof user === 'string' || typeof user === 'number') return user;
   if (user === null || typeof user !== 'object') return undefined;
   const { id, sub } = user as { id?: string | number; sub?: string | number };
@@ -50,6 +60,7 @@ const defaultGetUser = (ctx: ExecutionContext): string | number | undefined => {
 };
 
 export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdempotencyOptions {
+  const userLocation: UserLocation = { property: 'user' };
   const resolved: ResolvedIdempotencyOptions = {
     keyPrefix: options.keyPrefix ?? DEFAULTS.keyPrefix,
     expireSeconds: options.expireSeconds ?? DEFAULTS.expireSeconds,
@@ -61,13 +72,14 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
       .map((name) => name.toLowerCase())
       .filter((name) => name !== 'set-cookie'),
     ignoreFields: options.ignoreFields ?? [],
-    getUser: options.getUser ?? defaultGetUser,
+    getUser: options.getUser ?? ((ctx) => defaultGetUser(ctx, userLocation)),
     anonymous: options.anonymous ?? DEFAULTS.anonymous,
     maxResponseBytes: options.maxResponseBytes ?? DEFAULTS.maxResponseBytes,
     required: options.required ?? DEFAULTS.required,
     keyHeader: options.keyHeader ?? 'Idempotency-Key',
     savesStatus: savesStatus(options.saveStatuses),
     onSkippedMessage: options.onSkippedMessage,
+    userLocation,
   };
   assertPositive('expireSeconds', resolved.expireSeconds);
   assertPositive('leaseSeconds', resolved.leaseSeconds);

@@ -5,6 +5,7 @@ import { IdempotencyEvents } from './events/idempotency-events.js';
 import { GuardMemory } from './interceptors/guard-memory.js';
 import { placeGuards } from './interceptors/guard-placement.js';
 import { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
+import { passportUser } from './interceptors/passport-user.js';
 import { IdempotencyCounters } from './metrics/idempotency-counters.js';
 import { metricsListener } from './metrics/metrics-listener.js';
 import { createPrometheusSink } from './metrics/prometheus-metrics.js';
@@ -17,6 +18,7 @@ import { IdempotencyStore } from './stores/idempotency-store.js';
 
 const IDEMPOTENCY_OPENAPI = Symbol('IDEMPOTENCY_OPENAPI');
 const IDEMPOTENCY_PLACEMENT = Symbol('IDEMPOTENCY_PLACEMENT');
+const IDEMPOTENCY_PASSPORT_USER = Symbol('IDEMPOTENCY_PASSPORT_USER');
 
 /**
  * Registers the store and the interceptor behind `@NoRepeatSubmit()`. Global by default
@@ -60,6 +62,12 @@ const IDEMPOTENCY_PLACEMENT = Symbol('IDEMPOTENCY_PLACEMENT');
       provide: IDEMPOTENCY_OPENAPI,
       inject: [IDEMPOTENCY_RESOLVED_OPTIONS],
       useFactory: (options: ResolvedIdempotencyOptions) => documentDecoratedRoutes(options),
+    },
+    {
+      // Where Passport puts the user, when the app registered it with another `property`.
+      provide: IDEMPOTENCY_PASSPORT_USER,
+      inject: [IDEMPOTENCY_RESOLVED_OPTIONS, ModulesContainer],
+      useFactory: (options: ResolvedIdempotencyOptions, modules: ModulesContainer) => passportUser(options.userLocation, modules),
     },
     IdempotencyAdmin,
     // What the guard remembers per route, kept here: Nest may build a subclass once per request.

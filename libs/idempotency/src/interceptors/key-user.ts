@@ -10,10 +10,10 @@ export const MESSAGE_USER: KeyUser = Object.freeze({ id: '' });
  * request's follows `anonymous`. `undefined` for an authenticated request without a usable id:
  * it is refused, never keyed by address (which many users can share).
  */
-export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy): KeyUser | undefined {
+export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy, property = 'user'): KeyUser | undefined {
   const text = idText(id);
   if (text !== undefined) return { id: text };
-  if (userObjectOf(req) || (id !== undefined && id !== null && id !== '')) return undefined;
+  if (userObjectOf(req, property) || (id !== undefined && id !== null && id !== '')) return undefined;
   return anonymous === 'address' ? { ip: req.ip ?? 'unknown' } : { anonymous: true };
 }
 
@@ -29,9 +29,11 @@ export function idText(id: unknown): string | undefined {
 }
 
 /**
- * The request's `user`: Nest's request's, else (Fastify) its Node.js request's, where Nest
- * middleware, which Fastify hands the Node.js request, puts it.
+ * The request's `user` (or the `property` Passport puts it on): Nest's request's, else
+ * (Fastify) its Node.js request's, where Nest middleware, which Fastify hands the Node.js
+ * request, puts it.
  */
-export function userObjectOf(req: HttpRequest | undefined): unknown {
-  return req?.user ?? (req as { raw?: { user?: unknown } } | undefined)?.raw?.user;
+export function userObjectOf(req: HttpRequest | undefined, property = 'user'): unknown {
+  const holder = req as Record<string, unknown> & { raw?: Record<string, unknown> } | undefined;
+  return holder?.[property] ?? holder?.raw?.[property];
 }

@@ -1,0 +1,51 @@
+// Passport registered with another property (`PassportModule.register({ property: 'account' })`):
+// AuthGuard sets request.account, not request.user. The guard read only request.user, so every
+// signed-in caller was anonymous to it, and with a business key (#body.orderNo) the second user
+// got the first user's order. It now finds the property when the app starts.
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Body, Controller, Injectable, Post, Req, UseGuards } from '@nestjs/common';
+import { AuthGuard, PassportModule, PassportStrategy } from '@nestjs/passport';
+import { Strategy } from 'passport-custom';
+import { randomUUID } from 'node:crypto';
+import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { makeApp, replayed, send, type Adapter, type EdgeApp } from './support/edge-app.js';
+
+/** Signs a caller in by the `x-user` header (a bearer token's subject in a real app). */
+@Injectable()
+class HeaderStrategy extends PassportStrategy(Strategy, 'header') {
+  validate(req: { headers: Record<string, string | undefined> }) {
+    const id = req.headers['x-user'];
+    return id ? { id } : false;
+  }
+}
+
+@Controller('orders')
+@UseGuards(AuthGuard('header'))
+class OrdersController {
+  @Post()
+  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
+  create(@Body() body: { orderNo: string }, @Req() req: { account?: { id: string } }) {
+    return { orderNo: body.orderNo, for: req.account?.id };
+  }
+}
+
+describe.each<Adapter>(['express', 'fastify'])('Passport registered with property "account" (%s)', (adapter) => {
+  let a: EdgeApp;
+  beforeAll(async () => {
+    a = await makeApp(adapter, [OrdersController], {}, {
+      imports: [PassportModule.register({ property: 'account' })],
+      providers: [HeaderStrategy],
+    });
+  });
+  afterAll(async () => a?.close());
+
+  it('keys each signed-in user apart: one user\'s order number is not another\'s replay', async () => {
+    const orderNo = `1001-${randomUUID()}`;
+    const as = (user: string) => send(a.url, '/orders', { body: { orderNo }, headers: { 'x-user': user } });
+    const alice = await as('alice');
+    expect({ status: alice.status, for: JSON.parse(alice.text).for }).toEqual({ status: 201, for: 'alice' });
+    const bob = await as('bob');
+    expect({ status: bob.status, replayed: replayed(bob), for: JSON.parse(bob.text).for }).toEqual({ status: 201, replayed: false, for: 'bob' });
+    expect(replayed(await as('alice'))).toBe(true);
+  });
+});
