@@ -1,9 +1,11 @@
 // Passport registered with another property (`PassportModule.register({ property: 'account' })`):
 // AuthGuard sets request.account, not request.user. The guard read only request.user, so every
 // signed-in caller was anonymous to it, and with a business key (#body.orderNo) the second user
-// got the first user's order. It now finds the property when the app starts.
+// got the first user's order. It now finds the property when the app starts, and still reads
+// request.user, which the app's other guards set (a JWT guard of its own, Passport in a module
+// registered without a property).
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, Injectable, Post, Req, UseGuards } from '@nestjs/common';
+import { Body, Controller, Injectable, Post, Req, UseGuards, type CanActivate, type ExecutionContext } from '@nestjs/common';
 import { AuthGuard, PassportModule, PassportStrategy } from '@nestjs/passport';
 import { Strategy } from 'passport-custom';
 import { randomUUID } from 'node:crypto';
@@ -29,10 +31,32 @@ class OrdersController {
   }
 }
 
+/** Another part of the app: a guard of its own that puts the token's payload on request.user. */
+@Injectable()
+class PayloadGuard implements CanActivate {
+  canActivate(ctx: ExecutionContext): boolean {
+    const req = ctx.switchToHttp().getRequest<{ headers: Record<string, string | undefined>; user?: unknown }>();
+    const sub = req.headers['x-user'];
+    if (!sub) return false;
+    req.user = { sub };
+    return true;
+  }
+}
+
+@Controller('invoices')
+@UseGuards(PayloadGuard)
+class InvoicesController {
+  @Post()
+  @NoRepeatSubmit({ idempotentKey: '#body.invoiceNo' })
+  create(@Body() body: { invoiceNo: string }, @Req() req: { user?: { sub: string } }) {
+    return { invoiceNo: body.invoiceNo, for: req.user?.sub };
+  }
+}
+
 describe.each<Adapter>(['express', 'fastify'])('Passport registered with property "account" (%s)', (adapter) => {
   let a: EdgeApp;
   beforeAll(async () => {
-    a = await makeApp(adapter, [OrdersController], {}, {
+    a = await makeApp(adapter, [OrdersController, InvoicesController], {}, {
       imports: [PassportModule.register({ property: 'account' })],
       providers: [HeaderStrategy],
     });
@@ -47,5 +71,13 @@ describe.each<Adapter>(['express', 'fastify'])('Passport registered with propert
     const bob = await as('bob');
     expect({ status: bob.status, replayed: replayed(bob), for: JSON.parse(bob.text).for }).toEqual({ status: 201, replayed: false, for: 'bob' });
     expect(replayed(await as('alice'))).toBe(true);
+  });
+
+  it('keeps the users a guard of the app\'s own puts on request.user apart too', async () => {
+    const invoiceNo = `INV-${randomUUID()}`;
+    const as = (user: string) => send(a.url, '/invoices', { body: { invoiceNo }, headers: { 'x-user': user } });
+    expect(JSON.parse((await as('alice')).text).for).toBe('alice');
+    const bob = await as('bob');
+    expect({ status: bob.status, replayed: replayed(bob), for: JSON.parse(bob.text).for }).toEqual({ status: 201, replayed: false, for: 'bob' });
   });
 });

@@ -38,21 +38,23 @@ export interface ResolvedIdempotencyOptions {
 export const IDEMPOTENCY_RESOLVED_OPTIONS = Symbol('IDEMPOTENCY_RESOLVED_OPTIONS');
 
 /**
- * The request property that holds the user: `user`, or the `property` Passport was registered
- * with (`PassportModule.register({ property })`), found when the app starts (`passport-user.ts`).
+ * The request properties that may hold the user, in the order they are read: any `property`
+ * Passport was registered with (`PassportModule.register({ property })`, found when the app
+ * starts: `passport-user.ts`), then `user`, which other guards (and Passport in a module that
+ * registered no property) set.
  */
 export interface UserLocation {
-  property: string;
+  properties: readonly string[];
 }
 
 /**
  * `request.user.id`, else `request.user.sub` (Nest's JWT recipe); an empty id counts as none. A
  * user that is a string or a number is its id. On Fastify, a user that Nest middleware set is on
- * the Node.js request (`request.raw.user`). `user` is Passport's `property` where it has another.
+ * the Node.js request (`request.raw.user`). Passport's other `property`, where one is registered, first.
  * The first argument by index: `switchToHttp()` would add closures on every call.
  */
 const defaultGetUser = (ctx: ExecutionContext, location: UserLocation): string | number | undefined => {
-  const user = userObjectOf(ctx.getArgByIndex<HttpRequest | undefined>(0), location.property);
+  const user = userObjectOf(ctx.getArgByIndex<HttpRequest | undefined>(0), location.properties);
   if (typeof user === 'string' || typeof user === 'number') return user;
   if (user === null || typeof user !== 'object') return undefined;
   const { id, sub } = user as { id?: string | number; sub?: string | number };
@@ -60,7 +62,7 @@ const defaultGetUser = (ctx: ExecutionContext, location: UserLocation): string |
 };
 
 export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdempotencyOptions {
-  const userLocation: UserLocation = { property: 'user' };
+  const userLocation: UserLocation = { properties: ['user'] };
   const resolved: ResolvedIdempotencyOptions = {
     keyPrefix: options.keyPrefix ?? DEFAULTS.keyPrefix,
     expireSeconds: options.expireSeconds ?? DEFAULTS.expireSeconds,

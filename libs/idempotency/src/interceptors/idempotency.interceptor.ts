@@ -182,7 +182,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private userOf(ctx: ExecutionContext, route: GuardedRoute): KeyUser | undefined {
     if (ctx.getType() === 'rpc') return MESSAGE_USER;
     const req = ctx.getArgByIndex<HttpRequest>(0);
-    const user = requestUser(this.getUser(ctx), req, this.options.anonymous, this.options.userLocation.property);
+    const user = requestUser(this.getUser(ctx), req, this.options.anonymous, this.options.userLocation.properties);
     if (user && !('id' in user)) {
       const credentials = req.headers.authorization !== undefined ? 'an Authorization header' : hasSession(req) ? 'a session' : undefined;
       if (credentials) {

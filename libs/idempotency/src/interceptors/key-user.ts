@@ -10,10 +10,10 @@ export const MESSAGE_USER: KeyUser = Object.freeze({ id: '' });
  * request's follows `anonymous`. `undefined` for an authenticated request without a usable id:
  * it is refused, never keyed by address (which many users can share).
  */
-export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy, property = 'user'): KeyUser | undefined {
+export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy, properties: readonly string[] = USER): KeyUser | undefined {
   const text = idText(id);
   if (text !== undefined) return { id: text };
-  if (userObjectOf(req, property) || (id !== undefined && id !== null && id !== '')) return undefined;
+  if (userObjectOf(req, properties) || (id !== undefined && id !== null && id !== '')) return undefined;
   return anonymous === 'address' ? { ip: req.ip ?? 'unknown' } : { anonymous: true };
 }
 
@@ -28,12 +28,18 @@ export function idText(id: unknown): string | undefined {
   return undefined;
 }
 
+const USER: readonly string[] = ['user'];
+
 /**
- * The request's `user` (or the `property` Passport puts it on): Nest's request's, else
- * (Fastify) its Node.js request's, where Nest middleware, which Fastify hands the Node.js
- * request, puts it.
+ * The request's user: the first of `properties` set (`user`, and any other `property` Passport
+ * was registered with, see `UserLocation`), on Nest's request, else (Fastify) on its Node.js
+ * request, where Nest middleware, which Fastify hands the Node.js request, puts it.
  */
-export function userObjectOf(req: HttpRequest | undefined, property = 'user'): unknown {
-  const holder = req as Record<string, unknown> & { raw?: Record<string, unknown> } | undefined;
-  return holder?.[property] ?? holder?.raw?.[property];
+export function userObjectOf(req: HttpRequest | undefined, properties: readonly string[] = USER): unknown {
+  const holder = req as (Record<string, unknown> & { raw?: Record<string, unknown> }) | undefined;
+  for (let i = 0; i < properties.length; i++) {
+    const user = holder?.[properties[i]!] ?? holder?.raw?.[properties[i]!];
+    if (user !== undefined && user !== null) return user;
+  }
+  return undefined;
 }
