@@ -122,44 +122,41 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
   // command, no command timeout), as most apps make theirs: the guard bounds its own commands.
   describe('with a client of ioredis defaults that the app hands in', () => {
     let client: Redis | undefined;
-    afterEach(() => {
+    let proxy: TcpProxy | undefined;
+    afterEach(async () => {
       client?.disconnect();
       client = undefined;
+      await proxy?.stop();
+      proxy = undefined;
     });
 
-    it('answers within the bound when Redis turns slow', async () => {
+    /** The app on a client made as `new Redis(url)`, whose Redis is behind a proxy the test slows. */
+    const appBehindProxy = async () => {
       const [host, port] = REDIS_URL.replace('redis://', '').split(':');
-      const proxy = await new TcpProxy({ host, port: Number(port) }).start();
-      try {
-        client = new Redis(proxy.url);
-        client.on('error', () => undefined);
-        app = await createGuardTestApp(adapter, { store: { redis: client }, keyPrefix: `user-client-${randomUUID()}` });
-        proxy.delayMs = 5000;
-        await expectOutagePolicy(app);
-      } finally {
-        await proxy.stop();
-      }
+      proxy = await new TcpProxy({ host, port: Number(port) }).start();
+      client = new Redis(proxy.url);
+      client.on('error', () => undefined);
+      app = await createGuardTestApp(adapter, { store: { redis: client }, keyPrefix: `user-client-${randomUUID()}` });
+      return { app, proxy };
+    };
+
+    it('answers within the bound when Redis turns slow', async () => {
+      const { app, proxy } = await appBehindProxy();
+      proxy.delayMs = 5000;
+      await expectOutagePolicy(app);
     });
 
     it('frees a key whose claim lands after its 503 (fail-closed): a retry once Redis is fast runs the handler', async () => {
-      const [host, port] = REDIS_URL.replace('redis://', '').split(':');
-      const proxy = await new TcpProxy({ host, port: Number(port) }).start();
-      try {
-        client = new Redis(proxy.url);
-        client.on('error', () => undefined);
-        app = await createGuardTestApp(adapter, { store: { redis: client }, keyPrefix: `user-client-${randomUUID()}` });
-        const key = randomUUID();
-        proxy.delayMs = 2000;
-        const refused = await request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key);
-        expect(refused.status).toBe(503);
-        proxy.delayMs = 0;
-        // The claim sent before the 503 lands about 2 s after it was sent; then the key must be free.
-        await new Promise((resolve) => setTimeout(resolve, 3000));
-        const retry = await request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key);
-        expect({ status: retry.status, code: retry.body?.code }).toEqual({ status: 201, code: undefined });
-      } finally {
-        await proxy.stop();
-      }
+      const { app, proxy } = await appBehindProxy();
+      const key = randomUUID();
+      proxy.delayMs = 2000;
+      const refused = await request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key);
+      expect(refused.status).toBe(503);
+      proxy.delayMs = 0;
+      // The claim sent before the 503 lands about 2 s after it was sent; then the key must be free.
+      await new Promise((resolve) => setTimeout(resolve, 3000));
+      const retry = await request(app.getHttpServer()).post('/closed').set('Idempotency-Key', key);
+      expect({ status: retry.status, code: retry.body?.code }).toEqual({ status: 201, code: undefined });
     });
 
     it('answers within the bound when its redis-server is killed', async () => {
