@@ -30,3 +30,18 @@ describe('awaitSettled', () => {
     expect((await waited).status).toBe('completed');
   });
 });
+
+describe('awaitSettled when the store fails its last look', () => {
+  it('answers as the wait did (in progress), not with the store\'s error', async () => {
+    const store = new DeafStore();
+    const first = { key: 'k2', token: 'first', fingerprint: 'f', leaseMs: 60_000 };
+    await store.claim(first);
+    const duplicate = { ...first, token: 'second' };
+    const found = await store.claim(duplicate);
+    const claim = store.claim.bind(store);
+    let calls = 0;
+    // The re-claim right after the watch answers; the one at the bound fails (the store went down).
+    store.claim = (input) => (++calls >= 2 ? Promise.reject(new Error('store down')) : claim(input));
+    await expect(awaitSettled(store, duplicate, found, 200, () => undefined)).resolves.toMatchObject({ status: 'in_progress' });
+  });
+});

@@ -21,7 +21,9 @@ export async function awaitSettled(
   while (claim.status === 'in_progress') {
     const leftMs = deadline - Date.now();
     if (leftMs <= 0) {
-      if (slept) claim = await store.claim({ ...input, wait: true });
+      // A store that fails this last look leaves the answer the wait had: in progress (409),
+      // never an outage, under which a fail-open route would run beside the holder.
+      if (slept) claim = await store.claim({ ...input, wait: true }).catch(() => claim);
       break;
     }
     let watch: SettleWatch;

@@ -1,18 +1,26 @@
-import { brotliDecompressSync, gunzipSync, inflateRawSync, inflateSync } from 'node:zlib';
+import * as zlib from 'node:zlib';
+
+/** The most bytes a decoded replay may have: the app's own bytes, but bounded all the same. */
+const MAX_DECODED_BYTES = 64 * 1024 * 1024;
+const bounded = { maxOutputLength: MAX_DECODED_BYTES };
+
+/** zstd, which @fastify/compress prefers where Node has it (22.15+, 23.8+); absent on Node 20. */
+const zstdDecompressSync = (zlib as { zstdDecompressSync?: (bytes: Buffer, options?: object) => Buffer }).zstdDecompressSync;
 
 /** Decoders of the content codings a compression plugin sends (RFC 9110 §8.4.1). */
 const DECODERS: Record<string, (bytes: Buffer) => Buffer> = {
-  gzip: gunzipSync,
-  'x-gzip': gunzipSync,
-  br: brotliDecompressSync,
+  gzip: (bytes) => zlib.gunzipSync(bytes, bounded),
+  'x-gzip': (bytes) => zlib.gunzipSync(bytes, bounded),
+  br: (bytes) => zlib.brotliDecompressSync(bytes, bounded),
   // "deflate" is zlib-wrapped; some servers send it raw.
   deflate: (bytes) => {
     try {
-      return inflateSync(bytes);
+      return zlib.inflateSync(bytes, bounded);
     } catch {
-      return inflateRawSync(bytes);
+      return zlib.inflateRawSync(bytes, bounded);
     }
   },
+  ...(zstdDecompressSync ? { zstd: (bytes: Buffer) => zstdDecompressSync(bytes, bounded) } : {}),
 };
 
 /**

@@ -14,13 +14,14 @@ export interface HeldRunHooks {
    */
   failed(cut: boolean): Promise<void>;
   /**
-   * The handler failed after its first value (a stream that errors late), while still listened
-   * to; its error is sent on once this settles. Where the transport answers with the error (Nest
-   * answers an HTTP handler's Observable with its last value or its error), the run failed: the
-   * answer to the error must not be saved, and the key is released. Absent: the first value
-   * stands (an RPC client got it).
+   * The handler failed after its first value (a stream that errors late), while its subscriber
+   * is still there (one that took the value and left answered with it); its error is sent on
+   * once this settles. Where the transport answers with the error (Nest answers an HTTP
+   * handler's Observable with its last value or its error), the run failed: the answer to the
+   * error must not be saved, and the key is released. Absent: the first value stands (an RPC
+   * client got it).
    */
-  failedAfterValue?(cut: boolean): Promise<void>;
+  failedAfterValue?(): Promise<void>;
   /** The run was cut off from the client while the handler still ran. */
   cut?(): void;
 }
@@ -57,7 +58,7 @@ export function runHeld(handler: Observable<unknown>, hooks: HeldRunHooks, keepA
             : hooks.failedAfterValue
               ? // After the value went on: a subscriber that took it and left (an outer take(1))
                 // answered with it, and never gets this error.
-                sent.then(() => (subscriber.closed ? undefined : hooks.failedAfterValue!(cut)))
+                sent.then(() => (subscriber.closed ? undefined : hooks.failedAfterValue!()))
               : sent;
         void ready.then(() => {
           finished = true;

@@ -137,8 +137,7 @@ export class HttpExchange implements GuardExchange {
         },
         // Nest answers the Observable with its error: that answer goes out unsaved and the key is
         // freed, or it is saved where the route saves its status (the method itself failed).
-        failedAfterValue: async (cut) => {
-          if (cut) return;
+        failedAfterValue: async () => {
           if (watched?.began()) return answerFailure();
           await claim.release();
           capture.passThrough();

@@ -62,8 +62,8 @@ export const settleRmqMessage: SkippedMessageHandler = (ctx, { reason, answered,
   const rmq = ctx.switchToRpc().getContext<{ getChannelRef(): RmqChannel; getMessage(): unknown }>();
   const channel = rmq.getChannelRef();
   const message = rmq.getMessage();
-  if (reason === 'replayed' || answered) return channel.ack(message);
   if (reason === 'rejected') return channel.nack(message, false, false);
+  if (reason === 'replayed' || answered) return channel.ack(message);
   const pauseMs = reason === 'in_progress' ? Math.min(Math.max(retryAfterMs ?? 0, REQUEUE_MIN_MS), REQUEUE_MAX_MS) : REQUEUE_OUTAGE_MS;
   setTimeout(() => {
     try {
