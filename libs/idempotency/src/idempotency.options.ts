@@ -57,7 +57,8 @@ export interface IdempotencyModuleOptions {
   maxHoldSeconds?: number;
   /**
    * Who the request belongs to (a key segment, so users never share records). Default:
-   * `request.user.id`, else `request.user.sub` (Nest's JWT recipe). Return undefined for an
+   * `request.user.id`, else `request.user.sub` (Nest's JWT recipe); where Passport is registered
+   * with another `property`, that property is read first. Return undefined for an
    * anonymous call (see `anonymous`). An authenticated request (`request.user` set) whose id
    * cannot be resolved is refused with 500 `IDEMPOTENCY_USER_UNRESOLVED`, never keyed by address:
    * give `getUser` for another user shape (e.g. `(ctx) => ctx.switchToHttp().getRequest().user?.userId`).

@@ -81,7 +81,7 @@ export {
   NO_REPEAT_SUBMIT_METADATA,
   REPLAYED_HEADER,
 } from './idempotency.constants.js';
-export { fingerprintRequest } from './keys/fingerprint.js';
+export { fingerprintRequest, type FingerprintFile, type FingerprintInput } from './keys/fingerprint.js';
 export { buildStorageKey, type KeyUser } from './keys/storage-key.js';
 export {
   IdempotencyAdmin,

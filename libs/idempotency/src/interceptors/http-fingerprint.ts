@@ -19,7 +19,8 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
     method: req.method,
     path: handler,
     query: req.query,
-    params: req.params,
+    // Always given for a route, so that its query is hashed inside { hosts, params, query }.
+    params: req.params ?? {},
     hosts: routeHost(req),
     body: req.body,
     rawBody: req.rawBody,

@@ -190,7 +190,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
           this.logger.warn(
             `${route.handler}: a call with ${credentials} is keyed as anonymous: the guard found no user ` +
               '(request.user, or request.raw.user on Fastify), so every anonymous caller shares its keys. If the route ' +
-              'authenticates its callers elsewhere (a Passport property, request.auth, request.session), give ' +
+              'authenticates its callers elsewhere (a property a guard sets for itself, request.auth, request.session), give ' +
               'IdempotencyModule.forRoot({ getUser }).',
           ),
         );

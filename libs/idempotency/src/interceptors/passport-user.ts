@@ -7,19 +7,21 @@ import type { UserLocation } from '../idempotency.config.js';
  * property: 'account' })` makes the `AuthGuard`s of that module set `request.account`, where the
  * guard would not look, and their callers would be anonymous to it (one user's replay another's
  * answer under business keys). Each such property is read before `user`, which the guards of
- * other modules (and Passport registered without a property) keep setting. `@nestjs/passport` is
- * an optional peer, loaded only to look. A property a guard sets for itself
- * (`getAuthenticateOptions()`) is not seen: give `getUser`.
+ * other modules (and Passport registered without a property) keep setting. The registrations are
+ * `@nestjs/passport`'s `AuthModuleOptions` providers, known by the class's name: nothing is
+ * imported (the app's copy of the package is the one that counts, wherever it is installed). A
+ * property a guard sets for itself (`getAuthenticateOptions()`) is not seen: give `getUser`.
  */
 export function passportUser(location: UserLocation, modules: ModulesContainer): OnApplicationBootstrap {
   return {
-    async onApplicationBootstrap() {
-      const passport = await import('@nestjs/passport').catch(() => undefined);
-      if (!passport) return;
+    onApplicationBootstrap() {
       const properties = new Set<string>();
       for (const module of modules.values()) {
-        const options = module.providers.get(passport.AuthModuleOptions)?.instance as { property?: unknown } | undefined;
-        if (typeof options?.property === 'string' && options.property !== '' && options.property !== 'user') properties.add(options.property);
+        for (const [token, wrapper] of module.providers) {
+          if (typeof token !== 'function' || token.name !== 'AuthModuleOptions') continue;
+          const property = (wrapper.instance as { property?: unknown } | undefined)?.property;
+          if (typeof property === 'string' && property !== '' && property !== 'user') properties.add(property);
+        }
       }
       if (properties.size > 0) location.properties = [...properties, 'user'];
     },

@@ -88,9 +88,9 @@ export interface FingerprintInput {
   /** Parsed query; absent hashes like `null`. `ignoreFields` removes its fields. */
   query?: unknown;
   /**
-   * The route's path parameters (an HTTP route's). Where the input has `params` or `hosts` (even
-   * undefined), they and the query are hashed as one object `{ hosts, params, query }` in place
-   * of the query; `ignoreFields` never removes them, nor that object's names: they are the route.
+   * The route's path parameters (an HTTP route's). Where `params` or `hosts` is given, they and
+   * the query are hashed as one object `{ hosts, params, query }` in place of the query;
+   * `ignoreFields` never removes them, nor that object's names: they are the route.
    */
   params?: unknown;
   /** A host-bound route's host: its host parameters, or its host name (see `params`). */
@@ -267,7 +267,7 @@ export function fingerprintRequest(input: FingerprintInput, ignoreFields?: Reado
     w.text(',');
     w.string(input.path);
     w.text(',');
-    if ('params' in input || 'hosts' in input) writeRoute(w, input);
+    if (input.params !== undefined || input.hosts !== undefined) writeRoute(w, input);
     else if (!w.value(input.query)) w.text('null');
     if (input.files?.length) {
       w.text(',"files",');
