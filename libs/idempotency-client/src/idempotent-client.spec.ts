@@ -247,6 +247,12 @@ describe('createIdempotentClient', () => {
     expect(calls).toHaveLength(0);
   });
 
+  it('leaves the URL to a fetch of the caller\'s own (a relative base URL it resolves itself)', async () => {
+    const { fetch, calls } = scripted(json(201, { id: 1 }));
+    const res = await createIdempotentClient({ baseUrl: '/api', fetch, ...fast }).post('/orders', { a: 1 });
+    expect({ status: res.status, url: calls[0]?.url }).toEqual({ status: 201, url: '/api/orders' });
+  });
+
   it('waits in full a Retry-After longer than a timer can hold (2^31 - 1 ms, 24.8 days) when timeoutMs allows it', async () => {
     jest.useFakeTimers({ doNotFake: ['nextTick', 'queueMicrotask', 'setImmediate'] });
     try {

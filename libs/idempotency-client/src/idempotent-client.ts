@@ -125,8 +125,10 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
     const payload = encodeBody(body, headers);
     const url = `${base}/${path.replace(/^\/+/, '')}`;
     // What fetch refuses before sending (a GET with a body, a forbidden method, an invalid URL) it
-    // would refuse on every attempt: the caller gets its TypeError now, not retries without an answer.
-    new Request(url, { method, headers, body: payload });
+    // would refuse on every attempt: the caller gets its TypeError now, not retries without an
+    // answer. A fetch of the caller's own (a test double, another client) may take a URL the
+    // global one refuses (a relative one): its URL is not checked.
+    new Request(options.fetch === undefined ? url : 'http://fetch.invalid/', { method, headers, body: payload });
 
     for (let attempts = 1; ; attempts++) {
       opts.signal?.throwIfAborted();
