@@ -105,10 +105,9 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
       // At its maxmemory (noeviction) Redis refuses every write, a claim too, but still reads: a
       // key it holds is answered from its record (a replay, a 409); only a new key is refused.
       if (!(error instanceof IdempotencyStoreError && /\bOOM\b/.test(error.message))) throw error;
-      const [value, ttlMs] = await this.run(() => Promise.all([this.client.get(key), this.client.pttl(key)]));
-      if (value === null) throw error;
-      const record = this.decode(value);
-      return claimResultOf(record, fingerprint, leaseLeft(record, ttlMs, leaseMs));
+      const found = await this.read(key);
+      if (!found) throw error;
+      return claimResultOf(found.record, fingerprint, leaseLeft(found.record, found.ttlMs, leaseMs));
     }
     if (held === null) {
       await this.replicate(() => this.release(key, token));
@@ -189,8 +188,14 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {
+    const found = await this.read(key);
+    return found && toStoredRecord(found.record, found.ttlMs);
+  }
+
+  /** The record under `key` and its PTTL (a read: Redis answers it at its maxmemory too). */
+  private async read(key: string): Promise<{ record: DecodedRecord; ttlMs: number } | undefined> {
     const [value, ttlMs] = await this.run(() => Promise.all([this.client.get(key), this.client.pttl(key)]));
-    return value === null ? undefined : toStoredRecord(this.decode(value), ttlMs);
+    return value === null ? undefined : { record: this.decode(value), ttlMs };
   }
 
   /**
@@ -297,7 +302,6 @@ function claimResultOf(held: DecodedRecord, fingerprint: string, retryAfterMs: n
   return { status: 'in_progress', retryAfterMs };
 }
 
-/** `instanceof Cluster` without loading ioredis (a type-only import keeps it an optional peer). */
 /**
  * A bound for each command when the client sets none, so that an outage turns into the route's
  * outage policy instead of a hanging request: a client the app hands in, made with ioredis's
@@ -322,6 +326,7 @@ function withinDeadline<T>(command: Promise<T>, ms: number): Promise<T> {
   return Promise.race([command, deadline]).finally(() => clearTimeout(timer));
 }
 
+/** `instanceof Cluster` without loading ioredis (a type-only import keeps it an optional peer). */
 function isCluster(client: Redis | Cluster): client is Cluster {
   return client.isCluster;
 }
