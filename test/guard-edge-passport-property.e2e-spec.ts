@@ -29,6 +29,13 @@ class OrdersController {
   create(@Body() body: { orderNo: string }, @Req() req: { account?: { id: string } }) {
     return { orderNo: body.orderNo, for: req.account?.id };
   }
+
+  /** One welcome order per user: the key is the user's own id. */
+  @Post('welcome')
+  @NoRepeatSubmit({ idempotentKey: '#user.id' })
+  welcome(@Req() req: { account?: { id: string } }) {
+    return { welcome: req.account?.id, at: process.hrtime.bigint().toString() };
+  }
 }
 
 /** Another part of the app: a guard of its own that puts the token's payload on request.user. */
@@ -71,6 +78,15 @@ describe.each<Adapter>(['express', 'fastify'])('Passport registered with propert
     const bob = await as('bob');
     expect({ status: bob.status, replayed: replayed(bob), for: JSON.parse(bob.text).for }).toEqual({ status: 201, replayed: false, for: 'bob' });
     expect(replayed(await as('alice'))).toBe(true);
+  });
+
+  it('reads #user.* key expressions from the same place', async () => {
+    const as = (user: string) => send(a.url, '/orders/welcome', { headers: { 'x-user': user } });
+    const user = `carol-${randomUUID()}`;
+    const first = await as(user);
+    expect({ status: first.status, welcome: JSON.parse(first.text).welcome }).toEqual({ status: 201, welcome: user });
+    const again = await as(user);
+    expect({ replayed: replayed(again), body: again.text }).toEqual({ replayed: true, body: first.text });
   });
 
   it('keeps the users a guard of the app\'s own puts on request.user apart too', async () => {

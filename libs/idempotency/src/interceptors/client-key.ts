@@ -3,16 +3,18 @@ import { IdempotencyKeyError } from '../errors/idempotency.errors.js';
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
 import { evaluateKeyPath } from '../keys/key-expression.js';
 import type { HttpRequest } from './http-request.js';
+import { userObjectOf } from './key-user.js';
 import type { GuardedRoute } from './route-options.js';
 
 /**
  * The client key a call carries: what the route's expression or function reads, else the key
  * header (`keyHeader`, default `Idempotency-Key`; a message has none). Undefined when the call
- * carries none.
+ * carries none. `#user.*` reads the user where the guard finds it (`userProperties`: Passport's
+ * other property, then `user`; on Fastify also the Node.js request's).
  *
  * @throws IdempotencyKeyError for an unusable key, over any transport (each answers it its own way)
  */
-export function readClientKey(ctx: ExecutionContext, route: GuardedRoute): string | undefined {
+export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userProperties?: readonly string[]): string | undefined {
   const source = route.metadata.key;
   const req = ctx.getType() === 'http' ? ctx.getArgByIndex<HttpRequest>(0) : undefined;
   let clientKey: string | undefined;
@@ -30,7 +32,7 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute): strin
     clientKey = evaluateKeyPath(
       source.path,
       req
-        ? { body: req.body, headers: req.headers, query: req.query, params: req.params, user: req.user }
+        ? { body: req.body, headers: req.headers, query: req.query, params: req.params, user: userObjectOf(req, userProperties) }
         : { data: ctx.switchToRpc().getData() },
     );
     // `#headers.x`, as for the key header: two lines of it are no one key.

@@ -218,7 +218,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
    * 400 `IDEMPOTENCY_KEY_INVALID` (an RPC error with that code for a message).
    */
   protected getKey(ctx: ExecutionContext, config: GuardedRoute): string | undefined {
-    return readClientKey(ctx, config);
+    return readClientKey(ctx, config, this.options.userLocation.properties);
   }
 
   private onceFor(what: string, log: () => void): void {
