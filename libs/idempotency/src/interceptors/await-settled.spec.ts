@@ -16,14 +16,20 @@ class DeafStore extends MemoryIdempotencyStore {
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** `key` held by a first claim, and a duplicate's claim that found it in progress. */
+async function heldByAnother(store: DeafStore, key: string) {
+  const first = { key, token: 'first', fingerprint: 'f', leaseMs: 60_000 };
+  await store.claim(first);
+  const duplicate = { ...first, token: 'second' };
+  const found = await store.claim(duplicate);
+  expect(found.status).toBe('in_progress');
+  return { duplicate, found };
+}
+
 describe('awaitSettled', () => {
   it('claims once more at its bound, so a settlement whose notice was lost is still replayed, not answered 409', async () => {
     const store = new DeafStore();
-    const first = { key: 'k', token: 'first', fingerprint: 'f', leaseMs: 60_000 };
-    await store.claim(first);
-    const duplicate = { ...first, token: 'second' };
-    const found = await store.claim(duplicate);
-    expect(found.status).toBe('in_progress');
+    const { duplicate, found } = await heldByAnother(store, 'k');
     const waited = awaitSettled(store, duplicate, found, 300, () => undefined);
     await sleep(50);
     await store.complete('k', 'first', { statusCode: 201, headers: {}, body: '{}' }, 60_000);
@@ -34,10 +40,7 @@ describe('awaitSettled', () => {
 describe('awaitSettled when the store fails its last look', () => {
   it('answers as the wait did (in progress), not with the store\'s error', async () => {
     const store = new DeafStore();
-    const first = { key: 'k2', token: 'first', fingerprint: 'f', leaseMs: 60_000 };
-    await store.claim(first);
-    const duplicate = { ...first, token: 'second' };
-    const found = await store.claim(duplicate);
+    const { duplicate, found } = await heldByAnother(store, 'k2');
     const claim = store.claim.bind(store);
     let calls = 0;
     // The re-claim right after the watch answers; the one at the bound fails (the store went down).

@@ -6,19 +6,22 @@ import { freePort, startRedisServer, type RedisServer } from '../../../../../tes
 import { eventually } from '../../../../../test/support/eventually.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
 
+// Each case runs a redis-server of its own (the policy under test), gone after it.
+let server: RedisServer | undefined;
+let client: Redis | undefined;
+afterEach(async () => {
+  client?.disconnect();
+  await server?.kill();
+  client = server = undefined;
+  jest.restoreAllMocks();
+});
+
 /**
  * A Redis that evicts keys under memory pressure deletes records and running claims: the next
  * duplicate finds nothing and runs the handler again, with no error anywhere. The store says so
- * when it starts. Each case runs its own redis-server with the policy under test.
+ * when it starts.
  */
 describe('RedisIdempotencyStore on a Redis that may evict its keys', () => {
-  let server: RedisServer | undefined;
-  let client: Redis | undefined;
-  afterEach(async () => {
-    client?.disconnect();
-    await server?.kill();
-    jest.restoreAllMocks();
-  });
 
   const warningsAtStart = async (args: string[]) => {
     server = await startRedisServer(undefined, args);
@@ -61,12 +64,6 @@ describe('RedisIdempotencyStore on a Redis that may evict its keys', () => {
  * must not turn into an outage (under the default fail-open, a second run of a completed call).
  */
 describe('RedisIdempotencyStore on a Redis at its maxmemory (noeviction)', () => {
-  let server: RedisServer | undefined;
-  let client: Redis | undefined;
-  afterEach(async () => {
-    client?.disconnect();
-    await server?.kill();
-  });
 
   it('still answers a claim of a completed or running key from the record, and refuses a new key', async () => {
     server = await startRedisServer(undefined, ['--maxmemory', '4mb', '--maxmemory-policy', 'noeviction']);
