@@ -1,6 +1,7 @@
 import { Injectable } from '@nestjs/common';
 import { HealthIndicatorService, type HealthIndicatorResult } from '@nestjs/terminus';
 import { IdempotencyStore } from '../index.js';
+import { withinDeadline } from '../stores/within-deadline.js';
 
 /**
  * A `@nestjs/terminus` health indicator for the idempotency store (Redis PING, a PostgreSQL
@@ -17,17 +18,11 @@ export class IdempotencyHealthIndicator {
   async isHealthy<const Key extends string>(key: Key, timeoutMs = 1000): Promise<HealthIndicatorResult<Key>> {
     const indicator = this.health.check(key);
     const started = performance.now();
-    let timer: NodeJS.Timeout | undefined;
     try {
-      await Promise.race([
-        this.store.ping(),
-        new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${timeoutMs} ms`)), timeoutMs))),
-      ]);
+      await withinDeadline(this.store.ping(), timeoutMs);
       return indicator.up({ store: this.store.constructor.name, responseTimeMs: Math.round(performance.now() - started) });
     } catch (error) {
       return indicator.down({ store: this.store.constructor.name, message: (error as Error).message });
-    } finally {
-      clearTimeout(timer);
     }
   }
 }

@@ -11,12 +11,13 @@ import { MemoryIdempotencyStore } from './memory/memory-idempotency.store.js';
 import { RedisIdempotencyStore } from './redis/redis-idempotency.store.js';
 
 /**
- * Client settings for a Redis connection the module opens itself: every command is bounded by
- * `commandTimeout`, and commands sent while disconnected fail at once instead of queueing, so an
- * outage turns into the configured fail-open / fail-closed answer rather than a hanging request.
+ * Client settings for a Redis connection the module opens itself: commands sent while
+ * disconnected fail at once instead of queueing, so an outage turns into the configured
+ * fail-open / fail-closed answer rather than a hanging request. No `commandTimeout`: the store
+ * bounds each command itself (1 s), and unlike ioredis's timeout its bound lets an answer that
+ * arrived during a stall of the process win (see `withinDeadline`).
  */
 export const REDIS_CLIENT_DEFAULTS: RedisOptions = Object.freeze({
-  commandTimeout: DEFAULTS.redisCommandTimeoutMs,
   connectTimeout: DEFAULTS.redisConnectTimeoutMs,
   enableOfflineQueue: false,
   maxRetriesPerRequest: 0,

@@ -2,7 +2,9 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { connectRedis, REDIS_URL } from '../../../../../test/support/services.js';
+import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
 import { describeStoreContract } from '../../testing/index.js';
+import { createStore } from '../create-store.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
 import { IdempotencyNotARecordError } from '../../errors/idempotency.errors.js';
 import { decodeRecord, encodeProcessing } from './redis-record.js';
@@ -188,6 +190,45 @@ describe('RedisIdempotencyStore', () => {
     expect((await store.claim({ key, token: 't', fingerprint: '', leaseMs: 1000 })).status).toBe('acquired');
     await client.script('FLUSH');
     expect(await store.complete(key, 't', { statusCode: 200, headers: {} }, 1000)).toBe(true);
+  });
+
+  // A command's bound is a timer. After the process stalls past it (a GC pause, a CPU-starved
+  // container), Node runs due timers before it reads its sockets: an answer Redis sent in time
+  // must still win over the bound, on the module's own client and on one the app hands in.
+  describe.each([
+    ['the client the module opens from a URL', async () => (await createStore({ store: { redis: REDIS_URL } })) as RedisIdempotencyStore],
+    ['a client handed in with no commandTimeout', async () => new RedisIdempotencyStore(await connectRedis(REDIS_URL, { commandTimeout: undefined }), { ownsClient: true })],
+  ])('on %s', (_name, open) => {
+    it('takes an answer that arrived while the process stalled past the bound', async () => {
+      const store = await open();
+      await store.onModuleInit();
+      try {
+        const key = `stall:${randomUUID()}`;
+        const claimed = store.claim({ key, token: 't', fingerprint: '', leaseMs: 5000 });
+        const stallUntil = Date.now() + 1300;
+        while (Date.now() < stallUntil); // the stall: no timer and no socket is served meanwhile
+        expect(await claimed).toEqual({ status: 'acquired', token: 't' });
+      } finally {
+        await store.onApplicationShutdown();
+      }
+    });
+  });
+
+  it('bounds a watch (the subscriber\'s SUBSCRIBE) on the module\'s own client when Redis turns slow', async () => {
+    const [host, port] = REDIS_URL.replace('redis://', '').split(':');
+    const proxy = await new TcpProxy({ host, port: Number(port) }).start();
+    const store = (await createStore({ store: { redis: proxy.url } })) as RedisIdempotencyStore;
+    await store.onModuleInit();
+    try {
+      proxy.delayMs = 5000;
+      const started = Date.now();
+      await expect(store.watch(`slow:${randomUUID()}`)).rejects.toThrow(/subscribe failed: no answer within 1000 ms/);
+      expect(Date.now() - started).toBeLessThan(3000);
+    } finally {
+      proxy.delayMs = 0;
+      await store.onApplicationShutdown();
+      await proxy.stop();
+    }
   });
 
   it('claims or replays in one command per call', async () => {

@@ -12,6 +12,7 @@ import {
   type StoredRecord,
 } from '../idempotency-store.js';
 import { SettleWatchers } from '../settle-watchers.js';
+import { withinDeadline } from '../within-deadline.js';
 import { CLAIM_WAIT_LUA } from './claim-wait.lua.js';
 import { COMPLETE_LUA } from './complete.lua.js';
 import { FORGET_LUA } from './forget.lua.js';
@@ -184,7 +185,8 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     subscriber.on('message', (_channel: string, key: string) => {
       if (key.startsWith(prefix)) this.watchers.notify(key.slice(prefix.length));
     });
-    await subscriber.subscribe(this.channel);
+    // Bounded as the store's commands are: a waiter must not hang on a Redis that went away.
+    await this.bounded(subscriber.subscribe(this.channel));
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {
@@ -261,10 +263,17 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     await Promise.all(clients.map((client) => client?.quit().catch(() => client.disconnect())));
   }
 
-  /** Runs a command, within the store's own bound when it keeps one (plus `extraMs`: a WAIT's own timeout). */
+  /** `work` within the store's own bound, when it keeps one (plus `extraMs`: a WAIT's own timeout). */
+  private bounded<T>(work: Promise<T>, extraMs = 0): Promise<T> {
+    if (this.deadlineMs === undefined) return work;
+    const ms = this.deadlineMs + extraMs;
+    return withinDeadline(work, ms, `no answer within ${ms} ms (the client sets no commandTimeout of its own)`);
+  }
+
+  /** Runs a command (bounded), and names what failed. */
   private async run<T>(command: () => Promise<T>, extraMs = 0): Promise<T> {
     try {
-      return await (this.deadlineMs === undefined ? command() : withinDeadline(command(), this.deadlineMs + extraMs));
+      return await this.bounded(command(), extraMs);
     } catch (error) {
       const message = (error as Error).message;
       // A key of another type (a hash, a list): the app's, not ours.
@@ -304,8 +313,8 @@ function claimResultOf(held: DecodedRecord, fingerprint: string, retryAfterMs: n
 
 /**
  * A bound for each command when the client sets none, so that an outage turns into the route's
- * outage policy instead of a hanging request: a client the app hands in, made with ioredis's
- * defaults (no `commandTimeout`; an offline queue that holds commands while Redis is away, and
+ * outage policy instead of a hanging request: the module's own client, and one the app hands in
+ * made with ioredis's defaults (no `commandTimeout`; an offline queue that holds commands while Redis is away, and
  * 20 retries each). A `commandTimeout` of the client's own also bounds its offline queue, and is
  * kept; a Cluster's offline queue is bounded by nothing but its absence.
  */
@@ -315,15 +324,6 @@ function ownDeadlineMs(client: Redis | Cluster): number | undefined {
     return enableOfflineQueue === false && typeof redisOptions?.commandTimeout === 'number' ? undefined : DEFAULTS.redisCommandTimeoutMs;
   }
   return typeof client.options.commandTimeout === 'number' ? undefined : DEFAULTS.redisCommandTimeoutMs;
-}
-
-/** The command's answer, or a rejection once `ms` pass without one (the command may still land later). */
-function withinDeadline<T>(command: Promise<T>, ms: number): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const deadline = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms (the client sets no commandTimeout of its own)`)), ms);
-  });
-  return Promise.race([command, deadline]).finally(() => clearTimeout(timer));
 }
 
 /** `instanceof Cluster` without loading ioredis (a type-only import keeps it an optional peer). */
