@@ -80,12 +80,22 @@ export class LeaseRenewal {
     clearTimeout(this.deadline);
   }
 
-  /** Whatever a renewal in flight does, the claim is lost when the lease ends unrenewed. */
+  /**
+   * Whatever a renewal in flight does, the claim is lost when the lease ends unrenewed. The
+   * deadline decides one turn of the event loop past its timer: after the process stalled past
+   * the lease's end (a GC pause, a CPU-starved container), Node runs due timers before it reads
+   * its sockets, and a renewal the store took before the stall is read in that turn and counts.
+   */
   private armDeadline(): void {
     clearTimeout(this.deadline);
     const pastHold = this.endsAt + this.everyMs + this.leaseMs > this.holdEndsAt;
     const why = pastHold ? 'the handler ran past maxHoldSeconds, so the claim was not renewed' : 'no renewal landed before the lease ended';
-    this.deadline = setTimeout(() => this.lose(why), Math.max(this.endsAt - now(), 0));
+    const endsAt = this.endsAt;
+    const decide = () => {
+      if (this.endsAt > endsAt) return; // renewed meanwhile: its own renewals arm the next deadline
+      this.lose(why);
+    };
+    this.deadline = setTimeout(() => setImmediate(decide), Math.max(this.endsAt - now(), 0));
     this.deadline.unref();
   }
 
@@ -120,7 +130,9 @@ export class LeaseRenewal {
     this.endsAt = Math.max(this.endsAt, startedAt + this.leaseMs);
     clearTimeout(this.deadline);
     this.hooks.renewed();
-    if (!this.next(this.everyMs)) this.armDeadline();
+    // A third of a lease after this renewal was sent, not after its answer was read: an answer
+    // read late (the process stalled) leaves less of the lease, and the next renewal goes sooner.
+    if (!this.next(Math.max(startedAt + this.everyMs - now(), 0))) this.armDeadline();
   }
 
   private lose(why: string): void {

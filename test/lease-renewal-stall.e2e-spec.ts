@@ -1,0 +1,85 @@
+// A stall of the process (a GC pause, a CPU-starved container) shorter than a lease, that starts
+// right after a renewal was sent and ends past the old lease's end. Redis renewed the claim; Node
+// runs the overdue lease deadline before it reads the renewal's answer, and the guard took the
+// claim for lost: renewals stopped, the key freed a lease later, and a duplicate ran the handler
+// again (found by an adversarial helper on two instances). The stall is injected into the real
+// Redis store, just after it sent the renewal: the one place a test can time it exactly.
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Body, Controller, Post } from '@nestjs/common';
+import { randomUUID } from 'node:crypto';
+import { LeaseSignal, NoRepeatSubmit, RedisIdempotencyStore } from '../libs/idempotency/src/index.js';
+import { codeOf, makeApp, raw, replayed, sleep, type EdgeApp } from './support/edge-app.js';
+import { connectRedis } from './support/services.js';
+
+/** Busy for `ms`: no timer and no socket is served meanwhile. */
+const stall = (ms: number) => {
+  const until = Date.now() + ms;
+  while (Date.now() < until);
+};
+
+/**
+ * The Redis store; when armed, the process stalls once after it sent a renewal: in the renewal's
+ * own callback (the next renewal must then go sooner: less of the renewed lease is left), or in
+ * the next callback (another request's work, a collection), in the loop's check phase, so that
+ * the next turn starts with due timers, before the sockets are read.
+ */
+class StallingStore extends RedisIdempotencyStore {
+  stall?: { ms: number; where: 'own' | 'next' };
+  override renew(key: string, token: string, leaseMs: number): Promise<boolean> {
+    const sent = super.renew(key, token, leaseMs);
+    const armed = this.stall;
+    this.stall = undefined;
+    if (armed?.where === 'own') stall(armed.ms);
+    if (armed?.where === 'next') setImmediate(() => stall(armed.ms));
+    return sent;
+  }
+}
+
+let runs = 0;
+
+@Controller()
+class PayController {
+  // Lease 1.5 s: the first renewal goes at 0.5 s; a 1.2 s stall after it ends at 1.7 s, past the
+  // old lease's end (1.5 s) and within the renewed one (2.0 s).
+  @Post('pay')
+  @NoRepeatSubmit({ leaseSeconds: 1.5 })
+  async pay(@Body() body: { ms: number }, @LeaseSignal() signal: AbortSignal) {
+    runs++;
+    await sleep(body.ms);
+    return { aborted: signal.aborted };
+  }
+}
+
+describe('a stall past the lease\'s end, just after a renewal Redis took (Redis store)', () => {
+  let edge: EdgeApp;
+  let store: StallingStore;
+  let redis: Awaited<ReturnType<typeof connectRedis>>;
+  beforeAll(async () => {
+    redis = await connectRedis();
+    store = new StallingStore(redis);
+    edge = await makeApp('express', [PayController], { store, keyPrefix: `stall-${randomUUID().slice(0, 8)}` }, { setup: (app) => app.useLogger(false) });
+  });
+  afterAll(async () => {
+    await edge?.close();
+    redis?.disconnect();
+  });
+
+  it.each(['own', 'next'] as const)(
+    'keeps the claim (stall in the %s callback): a duplicate after the stall gets 409, then the replay; one run',
+    async (where) => {
+      runs = 0;
+      const key = randomUUID();
+      store.stall = { ms: 1200, where };
+      const first = raw(edge.url, '/pay', { key, body: { ms: 3500 }, timeoutMs: 10_000 }).answer;
+      // Past the stall (1.7 s) and past where a lost claim's key frees (its last lease, 2.0 s).
+      await sleep(2400);
+      expect(codeOf(await raw(edge.url, '/pay', { key, body: { ms: 3500 } }).answer)).toBe('IDEMPOTENCY_IN_PROGRESS');
+      const answer = await first;
+      expect({ status: answer.status, body: JSON.parse(answer.text) }).toEqual({ status: 201, body: { aborted: false } });
+      const again = await raw(edge.url, '/pay', { key, body: { ms: 3500 } }).answer;
+      expect({ status: again.status, replayed: replayed(again), text: again.text }).toEqual({ status: 201, replayed: true, text: answer.text });
+      expect(runs).toBe(1);
+    },
+    20_000,
+  );
+});
