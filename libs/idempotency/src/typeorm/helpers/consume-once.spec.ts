@@ -86,6 +86,25 @@ describe('consumeOnce (PostgreSQL)', () => {
     expect(await lines('m-fail')).toBe(1);
   });
 
+  // PostgreSQL aborts a transaction at a failed statement, even one the work caught, and then
+  // answers COMMIT with a rollback and no error: "processed" had the consumer ack a message
+  // nothing of which was committed (found by an adversarial helper: the message was lost).
+  it('throws when the work caught a failed statement (the transaction was aborted), so the redelivery processes it', async () => {
+    const message = { consumer: 'billing', messageId: 'm-swallow' };
+    await expect(
+      consumeOnce(dataSource, message, async (manager) => {
+        await book('billing', 'm-swallow')(manager);
+        await manager.query('SELECT no_such_column FROM ledger_lines').catch(() => undefined);
+        return 'ok';
+      }),
+    ).rejects.toThrow(/aborted/);
+    expect(await lines('m-swallow')).toBe(0);
+    expect(await logged('m-swallow')).toBe(0);
+
+    expect(await consumeOnce(dataSource, message, book('billing', 'm-swallow'))).toMatchObject({ status: 'processed' });
+    expect(await lines('m-swallow')).toBe(1);
+  });
+
   it('lets a delivery waiting on a first one that rolls back process the message', async () => {
     const message = { consumer: 'billing', messageId: 'm-wait' };
     let logRowHeld!: () => void;

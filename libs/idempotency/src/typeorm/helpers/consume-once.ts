@@ -1,6 +1,7 @@
 import type { DataSource, EntityManager } from 'typeorm';
 import { CONSUMER_COLUMN_CHARS, ConsumeLogEntry, MESSAGE_ID_COLUMN_CHARS } from './consume-log.entity.js';
 import { uniqueViolationOf } from './unique-violation.js';
+import { IdempotencyError } from '../../index.js';
 import { DIGEST_BYTES, digestForm } from '../store/record-key.js';
 
 /** A delivered message, named by who consumes it and its id. */
@@ -25,7 +26,9 @@ class DuplicateDelivery extends Error {}
  *
  * - Already processed: the log insert hits the primary key, the transaction rolls back and
  *   `work` does not run: `{ status: 'duplicate' }`.
- * - `work` throws: both roll back and the error is rethrown, so a redelivery processes it.
+ * - `work` throws: both roll back and the error is rethrown, so a redelivery processes it. So
+ *   too when a statement failed inside `work` and `work` caught it: PostgreSQL aborted the
+ *   transaction, and consumeOnce throws instead of reporting a message nothing of which committed.
  * - Concurrent deliveries: the second log insert waits for the first transaction; if that
  *   commits, the second is a duplicate; if it rolls back, the second processes the message.
  *
@@ -57,11 +60,31 @@ export async function consumeOnce<R>(
         throw error;
       }
       // A unique violation inside `work` is the work's own error, not a duplicate delivery.
-      return { status: 'processed' as const, result: await work(manager) };
+      const result = await work(manager);
+      await throwIfAborted(manager);
+      return { status: 'processed' as const, result };
     });
   } catch (error) {
     if (error instanceof DuplicateDelivery) return { status: 'duplicate' };
     throw error;
+  }
+}
+
+/**
+ * PostgreSQL aborts a transaction at a failed statement, also one the work caught and went on
+ * from, and then answers COMMIT with a rollback and no error: reporting `processed` would have
+ * the consumer ack a message nothing of which was committed. One statement before the commit
+ * asks (an aborted transaction refuses it, 25P02); one round trip per processed message.
+ */
+async function throwIfAborted(manager: EntityManager): Promise<void> {
+  try {
+    await manager.query('SELECT 1');
+  } catch (error) {
+    throw new IdempotencyError(
+      'consumeOnce: the transaction was aborted by a statement that failed inside `work` (caught there, or not awaited); ' +
+        'nothing was committed, so the message is not processed. Let the error reach consumeOnce, or run the statement in a savepoint.',
+      { cause: error },
+    );
   }
 }
 
