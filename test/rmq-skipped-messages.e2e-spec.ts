@@ -33,11 +33,14 @@ interface PaymentEvent {
   messageId?: string;
   orderNo: string;
   delayMs?: number;
+  /** The first attempt fails as manual-ack handlers often settle a failure: nack (requeue), return. */
+  failFirst?: boolean;
 }
 
 @Injectable()
 class Handled {
   orders: string[] = [];
+  failed = new Set<string>();
 }
 
 @Controller()
@@ -49,8 +52,13 @@ class PaymentsConsumer {
   // `unknown`: Nest 12 types an @EventPattern handler as (data, ...args: unknown[]).
   async paid(@Payload() data: PaymentEvent, @Ctx() ctx: unknown) {
     await new Promise((resolve) => setTimeout(resolve, data.delayMs ?? 0));
-    this.handled.orders.push(data.orderNo);
     const rmq = ctx as RmqContext;
+    if (data.failFirst && !this.handled.failed.has(data.orderNo)) {
+      this.handled.failed.add(data.orderNo);
+      rmq.getChannelRef().nack(rmq.getMessage(), false, true);
+      return;
+    }
+    this.handled.orders.push(data.orderNo);
     rmq.getChannelRef().ack(rmq.getMessage());
   }
 
@@ -124,6 +132,16 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
     publish({ messageId: randomUUID(), orderNo: 'B' });
     await until(() => handled.orders.length === 2, 10_000);
     expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['A', 'B'], left: 0 });
+  });
+
+  // The handler settles a failure itself and returns (no throw): the guard must not record the
+  // message as handled, or the requeued copy is dropped as a replay and the message is lost
+  // (found by an adversarial helper).
+  it('takes a message the handler nacked for requeue as not handled: the redelivery runs it', async () => {
+    const handled = await startWith(settleRmqMessage);
+    publish({ messageId: randomUUID(), orderNo: 'F', failFirst: true });
+    await until(() => handled.orders.length === 1, 10_000);
+    expect({ failed: [...handled.failed], orders: handled.orders, left: await leftAfterClose() }).toEqual({ failed: ['F'], orders: ['F'], left: 0 });
   });
 
   it('drops (nacks) a message it rejects, without a key, and goes on', async () => {

@@ -3,6 +3,7 @@ import { Readable } from 'node:stream';
 import { isObservable, of, type Observable } from 'rxjs';
 import { IdempotencyErrorCode, keyInvalidMessage } from '../errors/idempotency-http.exceptions.js';
 import type { FingerprintInput } from '../keys/fingerprint.js';
+import { watchRmqNacks } from '../messages/rmq-nacks.js';
 import type { SkippedMessage, SkippedMessageHandler, SkippedMessageReason } from '../messages/skipped-message.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
 import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
@@ -51,10 +52,13 @@ export class RpcExchange implements GuardExchange {
   }
 
   run(next: CallHandler, claim: HeldClaim): Observable<unknown> {
+    const nackedByHandler = watchRmqNacks(this.ctx);
     return runHeld(
       next.handle(),
       {
         succeeded: async (value) => {
+          // A handler that nacked or rejected its message reported a failure without throwing.
+          if (nackedByHandler?.()) return claim.release();
           const body = serialize(value);
           if (body === null) return claim.release();
           return claim.save(body === undefined ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, body });
