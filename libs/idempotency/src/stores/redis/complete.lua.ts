@@ -10,8 +10,13 @@ import { OWNER_CHECK_LUA } from './owner-check.lua.js';
  * ARGV[4]  channel on which the key is published when a waiter marked the record (`W`)
  *
  * Returns  1 saved, 0 refused (lease ran out, or another claim holds the key)
+ *
+ * `allow-oom`: a Redis at its maxmemory under noeviction refuses new claims, but lets a claim it
+ * took finish. Refused, a handler that succeeded would lose its answer, and a retry would run it
+ * again once the lease ended. The record outgrows maxmemory by the answers of running claims.
  */
-export const COMPLETE_LUA = `${OWNER_CHECK_LUA}
+export const COMPLETE_LUA = `#!lua flags=allow-oom
+${OWNER_CHECK_LUA}
 redis.call('SET', key, 'C' .. string.sub(rec, 2) .. '\\n' .. ARGV[2], 'PX', ARGV[3])
 if state == 'W' then
   redis.call('PUBLISH', ARGV[4], key)

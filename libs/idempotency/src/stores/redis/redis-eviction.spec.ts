@@ -65,7 +65,7 @@ describe('RedisIdempotencyStore on a Redis that may evict its keys', () => {
  */
 describe('RedisIdempotencyStore on a Redis at its maxmemory (noeviction)', () => {
 
-  it('still answers a claim of a completed or running key from the record, and refuses a new key', async () => {
+  it('still answers a claim of a completed or running key from the record, refuses a new key, and lets a running claim finish', async () => {
     server = await startRedisServer(undefined, ['--maxmemory', '4mb', '--maxmemory-policy', 'noeviction']);
     client = await connectRedis(server.url);
     const store = new RedisIdempotencyStore(client);
@@ -89,5 +89,12 @@ describe('RedisIdempotencyStore on a Redis at its maxmemory (noeviction)', () =>
     expect(await claim('done', 't3')).toEqual({ status: 'completed', response: { statusCode: 201, headers: {}, body: '{"id":1}' } });
     expect(await claim('running', 't4')).toMatchObject({ status: 'in_progress' });
     await expect(claim('new', 't5')).rejects.toThrow(/OOM/);
+    // The claim Redis took finishes: it renews, and its answer is saved and replayed. Refused,
+    // the handler's success was lost, and a retry ran it again after the lease (found by an
+    // adversarial helper).
+    const answer = { statusCode: 201, headers: {}, body: JSON.stringify({ id: 2, note: 'y'.repeat(4096) }) };
+    expect(await store.renew('running', 't2', 60_000)).toBe(true);
+    expect(await store.complete('running', 't2', answer, 60_000)).toBe(true);
+    expect(await claim('running', 't6')).toEqual({ status: 'completed', response: answer });
   });
 });

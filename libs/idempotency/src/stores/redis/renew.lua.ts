@@ -11,8 +11,12 @@ import { OWNER_CHECK_LUA } from './owner-check.lua.js';
  * ARGV[3]  the new lease end (epoch ms), written into the head in place of the old one
  *
  * Returns  1 renewed, 0 refused (lease ran out, completed, released, or another claim holds it)
+ *
+ * `allow-oom`: at maxmemory (noeviction) a running claim is still renewed, as it is still saved
+ * (`complete.lua.ts`); only new claims are refused.
  */
-export const RENEW_LUA = `${OWNER_CHECK_LUA}
+export const RENEW_LUA = `#!lua flags=allow-oom
+${OWNER_CHECK_LUA}
 local head = string.match(rec, '^(.*,)')
 redis.call('SET', key, head .. ARGV[3] .. ']', 'PX', ARGV[2])
 return 1
