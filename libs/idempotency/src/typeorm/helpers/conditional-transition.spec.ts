@@ -122,4 +122,18 @@ describe('transition (PostgreSQL)', () => {
     const id = await newPayment();
     await expect(transition(payments, { where: { id }, from: ['PENDING', 'PAID'], to: 'PAID' })).rejects.toThrow(RangeError);
   });
+
+  // TypeORM's update builder takes an empty `where` for no condition at all: every PENDING row
+  // moved (found by an adversarial helper). TypeORM's own repo.update({}) refuses it too.
+  it.each([
+    ['{}', {}],
+    ['[]', []],
+    ['{ id: undefined }', { id: undefined }],
+  ])('refuses a `where` that names no row (%s) and changes nothing', async (_name, where) => {
+    const ids = [await newPayment(), await newPayment()];
+    await expect(transition(payments, { where: where as { id: string }, from: ['PENDING'], to: 'PAID' })).rejects.toThrow(
+      /`where` names no row/,
+    );
+    for (const id of ids) expect(await payments.findOneByOrFail({ id })).toMatchObject({ status: 'PENDING', version: 1 });
+  });
 });

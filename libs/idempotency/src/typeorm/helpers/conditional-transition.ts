@@ -3,7 +3,7 @@ import type { ColumnMetadata } from 'typeorm/metadata/ColumnMetadata.js';
 
 /** A state change `transition` applies only from the states it names. */
 export interface TransitionSpec<T> {
-  /** Identifies the row (entity columns only, no relations), e.g. `{ id }`. */
+  /** Identifies the row (entity columns only, no relations), e.g. `{ id }`; one that names none is refused. */
   where: FindOptionsWhere<T>;
   /** States the change may start from. Must not include `to` (a repeat would apply again). */
   from: readonly string[];
@@ -52,6 +52,9 @@ export async function transition<T extends ObjectLiteral>(
   const statusProperty = spec.statusProperty ?? 'status';
   const versionProperty = spec.versionProperty ?? 'version';
   if (spec.from.length === 0) throw new RangeError('transition: `from` names no state');
+  if (!namesRow(spec.where)) {
+    throw new RangeError(`transition: \`where\` names no row (${JSON.stringify(spec.where) ?? String(spec.where)}); it would change every row in a \`from\` state`);
+  }
   if (spec.from.includes(spec.to)) {
     throw new RangeError(`transition: \`from\` includes \`to\` (${spec.to}); a repeat would apply again`);
   }
@@ -92,6 +95,12 @@ export async function transition<T extends ObjectLiteral>(
   // The state allows the change, so either the version differed or a concurrent change moved
   // the row away and back between the UPDATE and this read: in both cases it was not ours.
   return { changed: false, reason: 'version_conflict', entity: current };
+}
+
+/** Whether `where` sets a condition: TypeORM takes `{}`, `[]` and only-undefined values for none. */
+function namesRow(where: unknown): boolean {
+  if (Array.isArray(where)) return where.length > 0 && where.every(namesRow);
+  return typeof where === 'object' && where !== null && Object.values(where).some((value) => value !== undefined);
 }
 
 function columnOf<T extends ObjectLiteral>(repo: Repository<T>, property: string): ColumnMetadata {
