@@ -175,6 +175,10 @@ export class HttpExchange implements GuardExchange {
       return of(undefined);
     }
     replayInto(this.raw, saved, this.replayHeaders);
+    if (this.route.renders) {
+      skipViewEngine(this.res);
+      return of(undefined);
+    }
     return of(valueOf(saved));
   }
 
@@ -217,6 +221,18 @@ function toSaved(sent: CapturedResponse | undefined, statusCode: number): SavedR
  * The value a replay hands the app's pipeline, for interceptors that look at it (what is sent
  * is the saved bytes either way): the JSON value, else the text, else nothing.
  */
+/**
+ * A `@Render()` route's replay is the rendered page itself: Nest would hand the replay's value to
+ * the view engine as the template's data (Express `res.render`, Fastify `reply.view`), which
+ * fails, or renders a page the replay then drops. This response ends instead, and the replay
+ * sends the saved page.
+ */
+function skipViewEngine(res: HttpResponse): void {
+  const response = res as { render?: unknown; view?: unknown; end?: () => unknown; send?: () => unknown };
+  if ('render' in response) response.render = () => response.end?.();
+  if ('view' in response) response.view = () => response.send?.();
+}
+
 function valueOf(saved: SavedResponse): unknown {
   if (saved.body === undefined || saved.encoding === 'base64') return undefined;
   if (saved.headers['content-type']?.includes('json')) {

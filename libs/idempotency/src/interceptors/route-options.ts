@@ -32,6 +32,8 @@ export interface GuardedRoute {
   maxResponseBytes: number;
   /** The handler sends its own answer (`@Res()` / `@Next()` without passthrough): Nest sends none. */
   sendsOwnResponse: boolean;
+  /** The handler is a `@Render()` route: Nest renders its value through the app's view engine. */
+  renders: boolean;
   /** The handler has a `@LeaseSignal()` parameter: the guard hands it the claim's signal. */
   takesLeaseSignal: boolean;
   /** The request header that carries the key (lower case), for routes keyed by a header. */
@@ -73,6 +75,7 @@ export function routeOptions(
     keyHeader: keyHeader.toLowerCase(),
     maxResponseBytes: options.maxResponseBytes ?? defaults.maxResponseBytes,
     sendsOwnResponse: sendsOwnResponse(ctx, method),
+    renders: Reflect.getMetadata(RENDER_METADATA, ctx.getHandler()) !== undefined,
     takesLeaseSignal: takesLeaseSignal(ctx, method),
     required: options.required ?? defaults.required,
     savesStatus: options.saveStatuses === undefined ? defaults.savesStatus : savesStatus(options.saveStatuses),
@@ -93,6 +96,8 @@ function methodName(ctx: ExecutionContext): string {
 
 /** `@nestjs/common`'s ROUTE_ARGS_METADATA and RouteParamtypes.RESPONSE / NEXT (stable since Nest 5). */
 const ROUTE_ARGS_METADATA = '__routeArguments__';
+/** `@nestjs/common`'s RENDER_METADATA, which `@Render()` sets on the handler (stable since Nest 5). */
+const RENDER_METADATA = '__renderTemplate__';
 const RESPONSE_ARG = 1;
 const NEXT_ARG = 2;
 
