@@ -180,6 +180,20 @@ describe('consumeOnce (PostgreSQL)', () => {
     expect(ran).toBe(false);
   });
 
+  // Sent as UTF-8, a lone surrogate becomes U+FFFD: 'x\uD800' and 'x\uDBFF' were logged as one
+  // id, and the second message was dropped as a duplicate (an adversarial helper).
+  it('refuses a message id that is not well-formed text (a lone surrogate), before any transaction', async () => {
+    let ran = false;
+    for (const messageId of ['x\uD800', 'x\uDBFF']) {
+      const error = await consumeOnce(dataSource, { consumer: 'billing', messageId }, async () => {
+        ran = true;
+      }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(RangeError);
+      expect((error as Error).message).toMatch(/surrogate/);
+    }
+    expect(ran).toBe(false);
+  });
+
   it('refuses a message without an id, empty or missing, instead of taking every such message for the first', async () => {
     for (const messageId of ['', undefined]) {
       let ran = false;

@@ -38,7 +38,8 @@ class DuplicateDelivery extends Error {}
  * another would be taken for it.
  *
  * Throws a `RangeError` at the call, before any transaction, for a message without an id (`''`,
- * `undefined`: every such message would be taken for the first) and for a consumer name the
+ * `undefined`: every such message would be taken for the first), for an id that is not
+ * well-formed text (a lone surrogate, sent as U+FFFD like every other) and for a consumer name the
  * column cannot hold (over 128 characters, a NUL).
  *
  * Needs `ConsumeLogEntry` in the DataSource's entities (`IDEMPOTENCY_ENTITIES`) and the table
@@ -104,6 +105,10 @@ function loggedMessageId(messageId: unknown): string {
       `consumeOnce: the message has no id (\`messageId\` is ${JSON.stringify(id) ?? String(id)}); every message ` +
         'without one would be taken for the first and dropped as its duplicate. Pass an id stable across redeliveries.',
     );
+  }
+  // The driver sends text as UTF-8, where every lone surrogate is U+FFFD: two such ids would be one.
+  if (/\p{Cs}/u.test(id)) {
+    throw new RangeError(`consumeOnce: the message id ${JSON.stringify(id.slice(0, 40))} is not well-formed text (a lone surrogate)`);
   }
   if (!id.includes('\0') && fits(id, MESSAGE_ID_COLUMN_CHARS)) return id;
   return digestForm(id, MESSAGE_ID_COLUMN_CHARS - DIGEST_BYTES);

@@ -302,6 +302,16 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     expect(await record(key)).toBeUndefined();
   });
 
+  // Sent as UTF-8, a lone surrogate becomes U+FFFD: 'k\uD83D' and 'k\uDE00' were one key, and the
+  // second run was answered the first's body; a NUL failed as a store error (an adversarial helper).
+  it('refuses a key that is not well-formed text (a lone surrogate) or holds a NUL, before any transaction', async () => {
+    let ran = 0;
+    for (const key of [`lone-${randomUUID()}\uD83D`, `lone-${randomUUID()}\uDE00`, `nul-${randomUUID()}\0`]) {
+      await expect(transactions.run({ key }, async () => ({ body: ++ran }))).rejects.toThrow(IdempotencyKeyError);
+    }
+    expect(ran).toBe(0);
+  });
+
   it('refuses an empty key, a DataSource other than postgres and a wait bound that is not positive', async () => {
     await expect(transactions.run({ key: '' }, async () => ({ body: 1 }))).rejects.toThrow(IdempotencyKeyError);
     const mysql = { options: { type: 'mysql' } } as DataSource;

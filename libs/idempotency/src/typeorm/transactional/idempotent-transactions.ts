@@ -108,10 +108,13 @@ export class IdempotentTransactions {
    * Runs `work` once for `input.key`: claims the key, runs `work` with the transaction's
    * `EntityManager` and saves its answer, in one transaction; or answers from what holds the key.
    * Rethrows what `work` throws, after the rollback. Throws `IdempotencyStoreError` when the
-   * database fails, `IdempotencyKeyError` for an empty key.
+   * database fails, `IdempotencyKeyError` for an empty key, one with a lone surrogate or a NUL.
    */
   async run<T>(input: IdempotentRunInput, work: (manager: EntityManager) => Promise<IdempotentAnswer<T>>): Promise<IdempotentRunResult<T>> {
     if (typeof input.key !== 'string' || input.key === '') throw new IdempotencyKeyError('empty');
+    // Sent as UTF-8, every lone surrogate is U+FFFD (two such keys would be one); PostgreSQL text holds no NUL.
+    if (/\p{Cs}/u.test(input.key)) throw new IdempotencyKeyError('it is not well-formed text: a lone surrogate');
+    if (input.key.includes('\0')) throw new IdempotencyKeyError('it contains a NUL');
     const key = recordKey(input.key);
     const token = randomUUID();
     const runner = this.dataSource.createQueryRunner();
