@@ -33,6 +33,28 @@ class Booking {
   createdAt!: Date;
 }
 
+/** An audit trail with a unique reference of its own, written by a subscriber after a booking. */
+@Entity({ name: 'audit_lines' })
+@Index('uq_audit_lines_ref', ['ref'], { unique: true })
+class AuditLine {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @Column({ type: 'varchar', length: 64 })
+  ref!: string;
+}
+
+/** Bookings of the guest `audited` write the same audit line: the second one's is refused. */
+@EventSubscriber()
+class AuditTrail implements EntitySubscriberInterface<Booking> {
+  listenTo() {
+    return Booking;
+  }
+  async afterInsert(event: InsertEvent<Booking>): Promise<void> {
+    if (event.entity?.guest === 'audited') await event.manager.insert(AuditLine, { ref: 'audit-fixed' });
+  }
+}
+
 /**
  * The usual "publish domain events after commit" subscriber: an insert queues its event on the
  * transaction's QueryRunner, a commit publishes the queue, a rollback drops it.
@@ -65,8 +87,8 @@ describe('insertOnce (PostgreSQL)', () => {
 
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
-      entities: [Booking],
-      subscribers: [DomainEvents],
+      entities: [Booking, AuditLine],
+      subscribers: [DomainEvents, AuditTrail],
       extra: { max: 30 },
       synchronize: true,
     });
@@ -166,6 +188,17 @@ describe('insertOnce (PostgreSQL)', () => {
     );
     expect(error).toBeInstanceOf(QueryFailedError);
     expect((error as QueryFailedError<Error & { code: string }>).driverError.code).toBe('23505');
+  });
+
+  // Outside a transaction the booking commits before its subscriber's audit insert is refused:
+  // that violation is another table's, and the row insertOnce would find is the one it just made
+  // (found by an adversarial helper: it answered created: false with its own row).
+  it("rethrows a unique violation of another table's constraint (a subscriber's write) instead of calling it a duplicate", async () => {
+    const repo = dataSource.getRepository(Booking);
+    expect(await insertOnce(repo, { reference: 'R-audit-1', guest: 'audited' }, byReference('R-audit-1'))).toMatchObject({ created: true });
+    const error = await insertOnce(repo, { reference: 'R-audit-2', guest: 'audited' }, byReference('R-audit-2')).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(QueryFailedError);
+    expect((error as QueryFailedError<Error & { constraint: string }>).driverError.constraint).toBe('uq_audit_lines_ref');
   });
 
   it('rethrows other errors without looking for an existing row', async () => {

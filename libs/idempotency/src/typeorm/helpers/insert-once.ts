@@ -25,7 +25,8 @@ export type InsertOnceResult<T> =
  * other work. The savepoint fires no transaction event (`afterTransactionCommit` and the like):
  * those stay the caller's transaction's own.
  *
- * Rethrows the original error when it is not a unique violation, and when no row matches
+ * Rethrows the original error when it is not a unique violation, or one of another table (a
+ * subscriber's or a trigger's write, as the driver names the table), and when no row matches
  * `findExisting` after one (the other row was deleted meanwhile, or, under REPEATABLE READ or
  * SERIALIZABLE, it was committed after this transaction's snapshot and is invisible to it).
  *
@@ -49,7 +50,9 @@ export async function insertOnce<T extends ObjectLiteral>(
     return { created: true, entity };
   } catch (error) {
     const violation = uniqueViolationOf(error);
-    if (!violation) throw error;
+    // Another table's constraint (a subscriber's or a trigger's write) refused something else:
+    // the row this insert protects may be its own, already committed outside a transaction.
+    if (!violation || (violation.table !== undefined && violation.table !== repo.metadata.tableName)) throw error;
     const existing = await repo.findOne({ where: findExisting(violation) });
     if (!existing) throw error;
     return { created: false, entity: existing, constraint: violation.constraint };
