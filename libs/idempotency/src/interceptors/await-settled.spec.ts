@@ -47,4 +47,23 @@ describe('awaitSettled when the store fails its last look', () => {
     store.claim = (input) => (++calls >= 2 ? Promise.reject(new Error('store down')) : claim(input));
     await expect(awaitSettled(store, duplicate, found, 200, () => undefined)).resolves.toMatchObject({ status: 'in_progress' });
   });
+
+  // A slow store's claim can fail at the caller (a timeout) and still land: the holder released
+  // meanwhile, so the late claim takes the key for a token nobody runs, and every retry got 409
+  // until its lease ended. The waiter frees what it may have claimed (compare-and-delete).
+  it('frees the key its failed last look may still have claimed', async () => {
+    const store = new DeafStore();
+    const { duplicate, found } = await heldByAnother(store, 'k3');
+    const claim = store.claim.bind(store);
+    let calls = 0;
+    store.claim = async (input) => {
+      if (++calls < 2) return claim(input);
+      await store.release('k3', 'first'); // the holder's handler failed meanwhile
+      await claim(input); // the claim lands...
+      throw new Error('no answer within 1000 ms'); // ...after the caller stopped waiting
+    };
+    await expect(awaitSettled(store, duplicate, found, 200, () => undefined)).resolves.toMatchObject({ status: 'in_progress' });
+    await sleep(10);
+    expect(await store.get('k3')).toBeUndefined();
+  });
 });

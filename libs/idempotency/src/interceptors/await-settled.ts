@@ -22,8 +22,15 @@ export async function awaitSettled(
     const leftMs = deadline - Date.now();
     if (leftMs <= 0) {
       // A store that fails this last look leaves the answer the wait had: in progress (409),
-      // never an outage, under which a fail-open route would run beside the holder.
-      if (slept) claim = await store.claim({ ...input, wait: true }).catch(() => claim);
+      // never an outage, under which a fail-open route would run beside the holder. The failed
+      // claim may still land (a slow store) on a key the holder freed meanwhile: freed again
+      // (compare-and-delete by this call's token), it does not hold the key for a lease.
+      if (slept) {
+        claim = await store.claim({ ...input, wait: true }).catch(() => {
+          store.release(input.key, input.token).catch(() => undefined);
+          return claim;
+        });
+      }
       break;
     }
     let watch: SettleWatch;
