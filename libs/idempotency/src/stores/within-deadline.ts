@@ -3,11 +3,23 @@
  * still finish later). The rejection waits one turn of the event loop past the timer: after the
  * process stalled past the bound (a GC pause, a CPU-starved container), Node runs due timers
  * before it reads its sockets, and an answer that arrived in time is read in that turn and wins.
+ * One promise and one timer per call (every store command pays it: no `Promise.race`).
  */
 export function withinDeadline<T>(work: Promise<T>, ms: number, message = `no answer within ${ms} ms`): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const deadline = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => setImmediate(() => reject(new Error(message))), ms);
+  return new Promise<T>((resolve, reject) => {
+    let settled = false;
+    const timer = setTimeout(() => setImmediate(() => settled || reject(new Error(message))), ms);
+    work.then(
+      (value) => {
+        settled = true;
+        clearTimeout(timer);
+        resolve(value);
+      },
+      (error: unknown) => {
+        settled = true;
+        clearTimeout(timer);
+        reject(error);
+      },
+    );
   });
-  return Promise.race([work, deadline]).finally(() => clearTimeout(timer));
 }
