@@ -70,7 +70,7 @@ describe('store_error events carry no client key (Redis, waitForReplicas with a 
   });
 });
 
-describe('store_error events carry no client key nor saved body (Redis out of memory at the save)', () => {
+describe('store_error events carry no client key nor saved body (Redis refuses the save script)', () => {
   let server: RedisServer;
   let admin: Redis;
   let edge: EdgeApp;
@@ -95,13 +95,14 @@ describe('store_error events carry no client key nor saved body (Redis out of me
   it('reports the failed save without the e-mail address nor the card number of the answer', async () => {
     const email = `john.roe+${randomUUID().slice(0, 6)}@example.com`;
     const card = '5500005555555559';
-    // Redis fills up (maxmemory, noeviction) while the handler runs: the save is refused with OOM.
-    edge.app.get(Hook).beforeAnswer = async () => void (await admin.config('SET', 'maxmemory', '1'));
+    // Redis refuses the save while the handler runs: its user's ACL denies scripts (NOPERM). (It
+    // was out of memory until a running claim's save became allowed at maxmemory.)
+    edge.app.get(Hook).beforeAnswer = async () => void (await admin.call('ACL', 'SETUSER', 'default', '-evalsha', '-eval'));
     const answer = await raw(edge.url, '/signup', { body: { email, card } }).answer;
     expect(answer.status).toBe(201);
     await until(() => seen.some((event) => event.type === 'store_error' && event.operation === 'complete'));
     const failed = seen.find((event) => event.type === 'store_error' && event.operation === 'complete')!;
-    expect(String((failed as { error: Error }).error.message)).toMatch(/OOM/);
+    expect(String((failed as { error: Error }).error.message)).toMatch(/NOPERM/);
     // Before the fix: error.cause (ioredis ReplyError).command.args = [storage key, token, '[201,{…}]\n{"welcome":"john.roe…","card":"5500…"}', …]
     expect(written(failed)).not.toContain(encodeURIComponent(email));
     expect(written(failed)).not.toContain(card);

@@ -2,9 +2,10 @@
 // again with a good part of the lease left. The README: "A renewal that fails is logged and
 // counted, and tried again until the lease ends". That must keep the claim: no abort, no second
 // run. The failure is real: Redis (a throwaway redis-server, so its settings touch no other test)
-// runs out of memory (`maxmemory` under what it uses, policy noeviction), so every renewal script
-// is refused with an OOM error at once; memory is then freed. Afterwards Redis answers 20 ms
-// slower (a loopback proxy adds the latency: a busy Redis, another zone after a failover).
+// refuses the renewal script at once, its user's ACL denying scripts for 1.8 s (NOPERM); it was
+// out of memory (maxmemory under what it used) until renewals became allowed at maxmemory.
+// Afterwards Redis answers 20 ms slower (a loopback proxy adds the latency: a busy Redis,
+// another zone after a failover).
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Controller, Post } from '@nestjs/common';
 import type { Redis } from 'ioredis';
@@ -30,14 +31,14 @@ class PayController {
   }
 }
 
-describe('Redis refusing writes (out of memory) for 1.8 s in the middle of a handler that runs two leases (lease 3 s)', () => {
+describe('Redis refusing the renewal script (an ACL) for 1.8 s in the middle of a handler that runs two leases (lease 3 s)', () => {
   let server: RedisServer;
   let admin: Redis;
   let proxy: TcpProxy;
   let edge: EdgeApp;
 
   beforeAll(async () => {
-    server = await startRedisServer(undefined, ['--maxmemory-policy', 'noeviction']);
+    server = await startRedisServer();
     admin = await connectRedis(server.url);
     proxy = await new TcpProxy({ host: '127.0.0.1', port: server.port }).start();
     edge = await makeApp('express', [PayController], { store: { redis: proxy.url } }, {
@@ -58,17 +59,17 @@ describe('Redis refusing writes (out of memory) for 1.8 s in the middle of a han
     const first = raw(edge.url, '/pay', { key, timeoutMs: 10_000 }).answer;
     while (runs === 0) await sleep(2);
     const startedAt = Date.now();
-    // Renewals at 1 s (ok: the lease now ends at 4 s), then at 2 s and its retry at 3 s (both refused: OOM).
+    // Renewals at 1 s (ok: the lease now ends at 4 s), then at 2 s and its retry at 3 s (both refused: NOPERM).
     await sleep(1500);
-    await admin.config('SET', 'maxmemory', '1');
+    await admin.call('ACL', 'SETUSER', 'default', '-evalsha', '-eval');
     await sleep(1800);
-    await admin.config('SET', 'maxmemory', '0');
+    await admin.call('ACL', 'SETUSER', 'default', '+@all');
     proxy.delayMs = 20;
     const backAt = Date.now() - startedAt;
     await sleep(4800 - backAt); // past the lease's end (4 s): a duplicate then
     const duplicate = await raw(edge.url, '/pay', { key }).answer;
     const answer = await first;
-    expect(errors.some((e) => e.includes('could not renew the claim') && e.includes('OOM'))).toBe(true);
+    expect(errors.some((e) => e.includes('could not renew the claim') && e.includes('NOPERM'))).toBe(true);
     expect({
       backWithLeaseLeft: backAt < 3500,
       first: JSON.parse(answer.text),
