@@ -33,8 +33,8 @@ interface PaymentEvent {
   messageId?: string;
   orderNo: string;
   delayMs?: number;
-  /** The first attempt fails as manual-ack handlers often settle a failure: nack (requeue), return. */
-  failFirst?: boolean;
+  /** The first attempt fails as manual-ack handlers often settle a failure: nack (requeue; `all`: nackAll), return. */
+  failFirst?: boolean | 'all';
 }
 
 @Injectable()
@@ -55,7 +55,8 @@ class PaymentsConsumer {
     const rmq = ctx as RmqContext;
     if (data.failFirst && !this.handled.failed.has(data.orderNo)) {
       this.handled.failed.add(data.orderNo);
-      rmq.getChannelRef().nack(rmq.getMessage(), false, true);
+      if (data.failFirst === 'all') rmq.getChannelRef().nackAll(true);
+      else rmq.getChannelRef().nack(rmq.getMessage(), false, true);
       return;
     }
     this.handled.orders.push(data.orderNo);
@@ -137,9 +138,12 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
   // The handler settles a failure itself and returns (no throw): the guard must not record the
   // message as handled, or the requeued copy is dropped as a replay and the message is lost
   // (found by an adversarial helper).
-  it('takes a message the handler nacked for requeue as not handled: the redelivery runs it', async () => {
+  it.each([
+    ['nack', true],
+    ['nackAll', 'all'],
+  ] as const)('takes a message the handler nacked for requeue (%s) as not handled: the redelivery runs it', async (_how, failFirst) => {
     const handled = await startWith(settleRmqMessage);
-    publish({ messageId: randomUUID(), orderNo: 'F', failFirst: true });
+    publish({ messageId: randomUUID(), orderNo: 'F', failFirst });
     await until(() => handled.orders.length === 1, 10_000);
     expect({ failed: [...handled.failed], orders: handled.orders, left: await leftAfterClose() }).toEqual({ failed: ['F'], orders: ['F'], left: 0 });
   });

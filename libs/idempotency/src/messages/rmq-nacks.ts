@@ -2,41 +2,65 @@ import type { ExecutionContext } from '@nestjs/common';
 
 /** Messages a handler nacked or rejected itself (RabbitMQ, manual acknowledgement). */
 const nacked = new WeakSet<object>();
-/** Marks a channel whose `nack` and `reject` already note their message. */
-const WATCHED = Symbol.for('nestjs-idempotency.rmq-nacks');
+/** Messages a handler acked itself. */
+const acked = new WeakSet<object>();
+/** What a watched channel counts: its `nackAll()` and `nack(m, true)` calls, its `ackAll()` calls. */
+interface ChannelMarks {
+  nackAlls: number;
+  ackAlls: number;
+}
+/** A watched channel's marks (its `nack`, `reject`, `nackAll`, `ack` and `ackAll` note what they settle). */
+const MARKS = Symbol.for('nestjs-idempotency.rmq-nacks');
 
-type Channel = Record<PropertyKey, unknown>;
+type Channel = Record<PropertyKey, unknown> & { [MARKS]?: ChannelMarks };
 
 /**
  * Whether the handler nacked or rejected its own message, for Nest's RabbitMQ transport with
  * manual acknowledgement (`noAck: false`); undefined for other transports. Such handlers often
  * settle a failure themselves (`nack`, then return) instead of throwing: the guard must not take
  * that run for a handled message, or the redelivery is dropped as a duplicate and the message is
- * lost. The channel's `nack` and `reject` are wrapped once (they call through unchanged) to note
- * the message they settle.
+ * lost. The channel's settling methods are wrapped once (they call through unchanged) to note
+ * what they settle. A `nackAll()` (or a `nack` of all up to a message) during the run counts for
+ * its message unless the handler acked it, and no `ackAll()` came meanwhile.
  */
 export function watchRmqNacks(ctx: ExecutionContext): (() => boolean) | undefined {
   const rmq = ctx.switchToRpc().getContext<{ getChannelRef?: unknown; getMessage?: unknown } | undefined>();
   if (typeof rmq?.getChannelRef !== 'function' || typeof rmq.getMessage !== 'function') return undefined;
   const channel: unknown = rmq.getChannelRef();
   const message: unknown = rmq.getMessage();
-  if (!isObject(channel) || !isObject(message) || !watch(channel as Channel)) return undefined;
-  return () => nacked.has(message);
+  if (!isObject(channel) || !isObject(message)) return undefined;
+  const marks = watch(channel as Channel);
+  if (!marks) return undefined;
+  const { nackAlls, ackAlls } = marks;
+  return () => {
+    if (nacked.has(message)) return true;
+    if (acked.has(message)) return false;
+    return marks.nackAlls !== nackAlls && marks.ackAlls === ackAlls;
+  };
 }
 
-function watch(channel: Channel): boolean {
-  if (channel[WATCHED]) return true;
-  if (Object.isFrozen(channel)) return false;
-  for (const name of ['nack', 'reject']) {
+function watch(channel: Channel): ChannelMarks | undefined {
+  if (channel[MARKS]) return channel[MARKS];
+  if (Object.isFrozen(channel)) return undefined;
+  const marks: ChannelMarks = { nackAlls: 0, ackAlls: 0 };
+  const wrap = (name: string, note: (args: unknown[]) => void) => {
     const settle = channel[name];
-    if (typeof settle !== 'function') continue;
-    channel[name] = function (this: unknown, message: unknown, ...rest: unknown[]) {
-      if (isObject(message)) nacked.add(message);
-      return settle.call(this, message, ...rest);
+    if (typeof settle !== 'function') return;
+    channel[name] = function (this: unknown, ...args: unknown[]) {
+      note(args);
+      return settle.apply(this, args);
     };
-  }
-  Object.defineProperty(channel, WATCHED, { value: true });
-  return true;
+  };
+  wrap('nack', ([message, allUpTo]) => {
+    if (isObject(message)) nacked.add(message);
+    if (allUpTo === true) marks.nackAlls++;
+  });
+  wrap('reject', ([message]) => isObject(message) && nacked.add(message));
+  wrap('nackAll', () => marks.nackAlls++);
+  wrap('ack', ([message]) => isObject(message) && acked.add(message));
+  wrap('ackAll', () => marks.ackAlls++);
+  Object.defineProperty(channel, MARKS, { value: marks });
+  return marks;
 }
 
 function isObject(value: unknown): value is object {

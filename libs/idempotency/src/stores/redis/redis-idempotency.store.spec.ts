@@ -3,6 +3,7 @@ import type { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { connectRedis, REDIS_URL } from '../../../../../test/support/services.js';
 import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
+import { startRedisServer } from '../../../../../test/support/redis-server.js';
 import { describeStoreContract } from '../../testing/index.js';
 import { createStore } from '../create-store.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
@@ -228,6 +229,44 @@ describe('RedisIdempotencyStore', () => {
       proxy.delayMs = 0;
       await store.onApplicationShutdown();
       await proxy.stop();
+    }
+  });
+
+  // Found by an adversarial helper: with Redis paused (SIGSTOP), app.close() hung until Redis
+  // came back (QUIT was bounded by nothing once the module's client had no commandTimeout).
+  it('shuts down within the bound when Redis went silent (the module\'s client and the subscriber)', async () => {
+    const server = await startRedisServer();
+    const store = (await createStore({ store: { redis: server.url } })) as RedisIdempotencyStore;
+    await store.onModuleInit();
+    (await store.watch(`quit:${randomUUID()}`)).cancel();
+    server.process.kill('SIGSTOP');
+    try {
+      const started = Date.now();
+      await store.onApplicationShutdown();
+      expect(Date.now() - started).toBeLessThan(2500);
+    } finally {
+      server.process.kill('SIGCONT');
+      await server.kill();
+    }
+  });
+
+  // Found by an adversarial helper: each failed SUBSCRIBE (here an ACL without channels, Redis
+  // 7's default for a new user) added listeners again on the one subscriber connection.
+  it('keeps one listener per event on its subscriber however many SUBSCRIBEs fail', async () => {
+    const server = await startRedisServer();
+    const admin = await connectRedis(server.url);
+    await admin.call('ACL', 'SETUSER', 'app', 'on', '>pw', '~*', '+@all', 'resetchannels');
+    const { port } = new URL(server.url);
+    const store = (await createStore({ store: { redis: `redis://app:pw@127.0.0.1:${port}` } })) as RedisIdempotencyStore;
+    await store.onModuleInit();
+    try {
+      for (let i = 0; i < 12; i++) await expect(store.watch(`acl:${i}`)).rejects.toThrow(/NOPERM/);
+      const subscriber = (store as unknown as { subscriber: Redis }).subscriber;
+      expect([subscriber.listenerCount('message'), subscriber.listenerCount('error')]).toEqual([1, 1]);
+    } finally {
+      await store.onApplicationShutdown();
+      admin.disconnect();
+      await server.kill();
     }
   });
 

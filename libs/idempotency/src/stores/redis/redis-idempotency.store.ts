@@ -172,12 +172,16 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
 
   private async subscribe(): Promise<void> {
     // The offline queue lets SUBSCRIBE wait for the new connection (the module's client has none).
-    const subscriber =
-      this.subscriber ??
-      (isCluster(this.client)
-        ? this.client.duplicate(undefined, { enableOfflineQueue: true })
-        : this.client.duplicate({ enableOfflineQueue: true }));
-    this.subscriber = subscriber;
+    // A SUBSCRIBE that failed is sent again on the same connection, which keeps its listeners.
+    this.subscriber ??= this.newSubscriber();
+    // Bounded as the store's commands are: a waiter must not hang on a Redis that went away.
+    await this.bounded(this.subscriber.subscribe(this.channel));
+  }
+
+  private newSubscriber(): Redis | Cluster {
+    const subscriber = isCluster(this.client)
+      ? this.client.duplicate(undefined, { enableOfflineQueue: true })
+      : this.client.duplicate({ enableOfflineQueue: true });
     subscriber.on('error', () => undefined);
     // The scripts publish the key as Redis holds it: with the client's keyPrefix, which the
     // watchers' keys (as the guard names them) lack. Another prefix's keys are not ours.
@@ -185,8 +189,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     subscriber.on('message', (_channel: string, key: string) => {
       if (key.startsWith(prefix)) this.watchers.notify(key.slice(prefix.length));
     });
-    // Bounded as the store's commands are: a waiter must not hang on a Redis that went away.
-    await this.bounded(subscriber.subscribe(this.channel));
+    return subscriber;
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {
@@ -258,9 +261,12 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     }
   }
 
+  /** Quits its connections, each within the command bound: a Redis that went silent must not hold the app's shutdown. */
   async onApplicationShutdown(): Promise<void> {
     const clients = [this.subscriber, this.options.ownsClient ? this.client : undefined];
-    await Promise.all(clients.map((client) => client?.quit().catch(() => client.disconnect())));
+    await Promise.all(
+      clients.map((client) => client && withinDeadline(client.quit(), DEFAULTS.redisCommandTimeoutMs).catch(() => client.disconnect())),
+    );
   }
 
   /** `work` within the store's own bound, when it keeps one (plus `extraMs`: a WAIT's own timeout). */
