@@ -6,6 +6,7 @@ import {
   Entity,
   EventSubscriber,
   Index,
+  PrimaryColumn,
   PrimaryGeneratedColumn,
   QueryFailedError,
   type EntitySubscriberInterface,
@@ -31,6 +32,19 @@ class Booking {
 
   @Column({ name: 'created_at', type: 'timestamptz', default: () => 'now()' })
   createdAt!: Date;
+}
+
+/** A partitioned table (made by SQL in the test): PostgreSQL names the partition in its errors. */
+@Entity({ name: 'regional_events', synchronize: false })
+class RegionalEvent {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @PrimaryColumn({ type: 'text' })
+  region!: string;
+
+  @Column({ type: 'text' })
+  ref!: string;
 }
 
 /** An audit trail with a unique reference of its own, written by a subscriber after a booking. */
@@ -87,7 +101,7 @@ describe('insertOnce (PostgreSQL)', () => {
 
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
-      entities: [Booking, AuditLine],
+      entities: [Booking, AuditLine, RegionalEvent],
       subscribers: [DomainEvents, AuditTrail],
       extra: { max: 30 },
       synchronize: true,
@@ -199,6 +213,25 @@ describe('insertOnce (PostgreSQL)', () => {
     const error = await insertOnce(repo, { reference: 'R-audit-2', guest: 'audited' }, byReference('R-audit-2')).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(QueryFailedError);
     expect((error as QueryFailedError<Error & { constraint: string }>).driverError.constraint).toBe('uq_audit_lines_ref');
+  });
+
+  // The violation names the partition (regional_events_eu), not the entity's table: a duplicate
+  // all the same (an adversarial helper found a table-name check that rethrew it).
+  it('finds the existing row of a partitioned table, outside and inside a transaction', async () => {
+    await dataSource.query(
+      `CREATE TABLE "${schema}".regional_events (id serial, region text NOT NULL, ref text NOT NULL, ` +
+        `PRIMARY KEY (region, id), UNIQUE (region, ref)) PARTITION BY LIST (region)`,
+    );
+    await dataSource.query(`CREATE TABLE "${schema}".regional_events_eu PARTITION OF "${schema}".regional_events FOR VALUES IN ('eu')`);
+    const repo = dataSource.getRepository(RegionalEvent);
+    const byRef = () => ({ region: 'eu', ref: 'E1' });
+    const first = await insertOnce(repo, { region: 'eu', ref: 'E1' }, byRef);
+    expect(first.created).toBe(true);
+    expect(await insertOnce(repo, { region: 'eu', ref: 'E1' }, byRef)).toMatchObject({ created: false, entity: { id: first.entity.id } });
+    await dataSource.transaction(async (manager) => {
+      const again = await insertOnce(manager.getRepository(RegionalEvent), { region: 'eu', ref: 'E1' }, byRef);
+      expect(again).toMatchObject({ created: false, entity: { id: first.entity.id } });
+    });
   });
 
   it('rethrows other errors without looking for an existing row', async () => {

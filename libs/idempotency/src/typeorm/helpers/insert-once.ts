@@ -25,8 +25,10 @@ export type InsertOnceResult<T> =
  * other work. The savepoint fires no transaction event (`afterTransactionCommit` and the like):
  * those stay the caller's transaction's own.
  *
- * Rethrows the original error when it is not a unique violation, or one of another table (a
- * subscriber's or a trigger's write, as the driver names the table), and when no row matches
+ * Outside a transaction the INSERT runs in one of its own, with what its subscribers write (a
+ * unique violation of theirs rolls the new row back: it is no duplicate, and is rethrown).
+ *
+ * Rethrows the original error when it is not a unique violation, and when no row matches
  * `findExisting` after one (the other row was deleted meanwhile, or, under REPEATABLE READ or
  * SERIALIZABLE, it was committed after this transaction's snapshot and is invisible to it).
  *
@@ -42,17 +44,20 @@ export async function insertOnce<T extends ObjectLiteral>(
   const queryRunner = repo.manager.queryRunner;
   const inTransaction = queryRunner !== undefined && (queryRunner.isTransactionActive || beganWithRawSql(queryRunner));
   try {
-    const insert = () => repo.insert(entity as QueryDeepPartialEntity<T>);
-    const result = inTransaction ? await underSavepoint(queryRunner!, insert) : await insert();
+    const values = entity as QueryDeepPartialEntity<T>;
+    // Outside a transaction, the INSERT and its subscribers' writes get one of their own
+    // (TypeORM's useTransaction): a subscriber's write refused by a unique constraint then rolls
+    // the new row back, and is rethrown below (no row to find), never taken for a duplicate.
+    const result = inTransaction
+      ? await underSavepoint(queryRunner!, () => repo.insert(values))
+      : await repo.createQueryBuilder().insert().values(values).useTransaction(true).execute();
     // Database defaults (generated id, created_at, version) come back through RETURNING.
     const generated = result.generatedMaps[0];
     if (generated) repo.merge(entity, generated as DeepPartial<T>);
     return { created: true, entity };
   } catch (error) {
     const violation = uniqueViolationOf(error);
-    // Another table's constraint (a subscriber's or a trigger's write) refused something else:
-    // the row this insert protects may be its own, already committed outside a transaction.
-    if (!violation || (violation.table !== undefined && violation.table !== repo.metadata.tableName)) throw error;
+    if (!violation) throw error;
     const existing = await repo.findOne({ where: findExisting(violation) });
     if (!existing) throw error;
     return { created: false, entity: existing, constraint: violation.constraint };
