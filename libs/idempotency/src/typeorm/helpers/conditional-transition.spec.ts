@@ -5,8 +5,17 @@ import { Column, DataSource, Entity, PrimaryGeneratedColumn, type Repository } f
 import { transition } from './conditional-transition.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
+/** An embedded column group: `where: { channel: {} }` names none of its columns. */
+class Channel {
+  @Column({ type: 'varchar', length: 16, nullable: true })
+  name!: string | null;
+}
+
 @Entity({ name: 'payments' })
 class Payment {
+  @Column(() => Channel)
+  channel!: Channel;
+
   @PrimaryGeneratedColumn('uuid')
   id!: string;
 
@@ -129,6 +138,9 @@ describe('transition (PostgreSQL)', () => {
     ['{}', {}],
     ['[]', []],
     ['{ id: undefined }', { id: undefined }],
+    // Round 3 of the adversaries: a nested empty object (an embedded column group's; a relation's alike).
+    ['{ channel: {} }', { channel: {} }],
+    ['[{ channel: {} }]', [{ channel: {} }]],
   ])('refuses a `where` that names no row (%s) and changes nothing', async (_name, where) => {
     const ids = [await newPayment(), await newPayment()];
     await expect(transition(payments, { where: where as { id: string }, from: ['PENDING'], to: 'PAID' })).rejects.toThrow(

@@ -97,10 +97,20 @@ export async function transition<T extends ObjectLiteral>(
   return { changed: false, reason: 'version_conflict', entity: current };
 }
 
-/** Whether `where` sets a condition: TypeORM takes `{}`, `[]` and only-undefined values for none. */
+/**
+ * Whether `where` sets a condition: TypeORM takes `{}`, `[]`, only-undefined values and nested
+ * empty objects (an embedded column's, a relation's `{}`) for none. A value that is not a plain
+ * object (a string, a number, a `FindOperator`, a Date) is a condition.
+ */
 function namesRow(where: unknown): boolean {
   if (Array.isArray(where)) return where.length > 0 && where.every(namesRow);
-  return typeof where === 'object' && where !== null && Object.values(where).some((value) => value !== undefined);
+  return isPlainObject(where) && Object.values(where).some((value) => value !== undefined && (!isPlainObject(value) || namesRow(value)));
+}
+
+function isPlainObject(value: unknown): value is Record<string, unknown> {
+  if (typeof value !== 'object' || value === null) return false;
+  const prototype: unknown = Object.getPrototypeOf(value);
+  return prototype === Object.prototype || prototype === null;
 }
 
 function columnOf<T extends ObjectLiteral>(repo: Repository<T>, property: string): ColumnMetadata {

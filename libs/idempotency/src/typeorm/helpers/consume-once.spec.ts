@@ -1,6 +1,17 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Pool } from 'pg';
-import { Column, DataSource, Entity, Like, PrimaryGeneratedColumn, type EntityManager } from 'typeorm';
+import { randomUUID } from 'node:crypto';
+import {
+  Column,
+  DataSource,
+  Entity,
+  EventSubscriber,
+  Like,
+  PrimaryGeneratedColumn,
+  type EntityManager,
+  type EntitySubscriberInterface,
+  type TransactionCommitEvent,
+} from 'typeorm';
 import { ConsumeLogEntry } from './consume-log.entity.js';
 import { consumeOnce } from './consume-once.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
@@ -18,6 +29,17 @@ class LedgerLine {
   consumer!: string;
 }
 
+/** Query runners whose commit a subscriber spoils: a failing write it catches (an outbox flush). */
+const failBeforeCommit = new WeakSet<object>();
+
+@EventSubscriber()
+class OutboxFlush implements EntitySubscriberInterface {
+  async beforeTransactionCommit(event: TransactionCommitEvent): Promise<void> {
+    if (!failBeforeCommit.has(event.queryRunner)) return;
+    await event.queryRunner.query('SELECT no_such_column FROM ledger_lines').catch(() => undefined);
+  }
+}
+
 describe('consumeOnce (PostgreSQL)', () => {
   const schema = testSchemaName();
   let dataSource: DataSource;
@@ -28,8 +50,8 @@ describe('consumeOnce (PostgreSQL)', () => {
 
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
-      entities: [ConsumeLogEntry,
-      LedgerLine],
+      entities: [ConsumeLogEntry, LedgerLine],
+      subscribers: [OutboxFlush],
       extra: { max: 30 },
       synchronize: true,
     });
@@ -97,12 +119,38 @@ describe('consumeOnce (PostgreSQL)', () => {
         await manager.query('SELECT no_such_column FROM ledger_lines').catch(() => undefined);
         return 'ok';
       }),
-    ).rejects.toThrow(/aborted/);
+    ).rejects.toThrow(/did not commit/);
     expect(await lines('m-swallow')).toBe(0);
     expect(await logged('m-swallow')).toBe(0);
 
     expect(await consumeOnce(dataSource, message, book('billing', 'm-swallow'))).toMatchObject({ status: 'processed' });
     expect(await lines('m-swallow')).toBe(1);
+  });
+
+  // Round 3 of the adversaries: the same silent rollback from a failure after the work returned,
+  // which a check before the commit cannot see.
+  it.each([
+    ['a beforeTransactionCommit subscriber caught a failed write', async (manager: EntityManager) => {
+      failBeforeCommit.add(manager.queryRunner!);
+    }],
+    ['a save not awaited failed after the work returned', async (manager: EntityManager) => {
+      void manager.query('SELECT no_such_column FROM ledger_lines').catch(() => undefined);
+    }],
+    ['the work rolled the transaction back itself', async (manager: EntityManager) => {
+      await manager.query('ROLLBACK');
+    }],
+  ])('throws when nothing committed: %s', async (_case, spoil) => {
+    const messageId = `m-spoiled-${randomUUID()}`;
+    const message = { consumer: 'billing', messageId };
+    await expect(
+      consumeOnce(dataSource, message, async (manager) => {
+        await book('billing', messageId)(manager);
+        await spoil(manager);
+        return 'ok';
+      }),
+    ).rejects.toThrow(/did not commit/);
+    expect([await lines(messageId), await logged(messageId)]).toEqual([0, 0]);
+    expect(await consumeOnce(dataSource, message, book('billing', messageId))).toMatchObject({ status: 'processed' });
   });
 
   it('lets a delivery waiting on a first one that rolls back process the message', async () => {
@@ -182,10 +230,16 @@ describe('consumeOnce (PostgreSQL)', () => {
 
   // Sent as UTF-8, a lone surrogate becomes U+FFFD: 'x\uD800' and 'x\uDBFF' were logged as one
   // id, and the second message was dropped as a duplicate (an adversarial helper).
-  it('refuses a message id that is not well-formed text (a lone surrogate), before any transaction', async () => {
+  it('refuses a message id or a consumer that is not well-formed text (a lone surrogate), before any transaction', async () => {
     let ran = false;
-    for (const messageId of ['x\uD800', 'x\uDBFF']) {
-      const error = await consumeOnce(dataSource, { consumer: 'billing', messageId }, async () => {
+    const messages = [
+      { consumer: 'billing', messageId: 'x\uD800' },
+      { consumer: 'billing', messageId: 'x\uDBFF' },
+      { consumer: 'q\uD800', messageId: 'x' },
+      { consumer: 'q\uDC00', messageId: 'x' },
+    ];
+    for (const message of messages) {
+      const error = await consumeOnce(dataSource, message, async () => {
         ran = true;
       }).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(RangeError);

@@ -27,8 +27,9 @@ class DuplicateDelivery extends Error {}
  * - Already processed: the log insert hits the primary key, the transaction rolls back and
  *   `work` does not run: `{ status: 'duplicate' }`.
  * - `work` throws: both roll back and the error is rethrown, so a redelivery processes it. So
- *   too when a statement failed inside `work` and `work` caught it: PostgreSQL aborted the
- *   transaction, and consumeOnce throws instead of reporting a message nothing of which committed.
+ *   too when nothing committed without an error reaching consumeOnce (a statement failed and was
+ *   caught, PostgreSQL then rolls back at COMMIT): it throws instead of reporting the message
+ *   processed, having read the log row back after the commit.
  * - Concurrent deliveries: the second log insert waits for the first transaction; if that
  *   commits, the second is a duplicate; if it rolls back, the second processes the message.
  *
@@ -40,7 +41,7 @@ class DuplicateDelivery extends Error {}
  * Throws a `RangeError` at the call, before any transaction, for a message without an id (`''`,
  * `undefined`: every such message would be taken for the first), for an id that is not
  * well-formed text (a lone surrogate, sent as U+FFFD like every other) and for a consumer name the
- * column cannot hold (over 128 characters, a NUL).
+ * column cannot hold (over 128 characters, a NUL, a lone surrogate).
  *
  * Needs `ConsumeLogEntry` in the DataSource's entities (`IDEMPOTENCY_ENTITIES`) and the table
  * (`IDEMPOTENCY_MIGRATIONS`). Runs at the DataSource's isolation level; under SERIALIZABLE a
@@ -52,8 +53,9 @@ export async function consumeOnce<R>(
   work: (manager: EntityManager) => Promise<R>,
 ): Promise<ConsumeOnceResult<R>> {
   const entry = { consumer: checkedConsumer(message.consumer), messageId: loggedMessageId(message.messageId) };
+  let processed: { status: 'processed'; result: R };
   try {
-    return await dataSource.transaction(async (manager) => {
+    processed = await dataSource.transaction(async (manager) => {
       try {
         await manager.insert(ConsumeLogEntry, entry);
       } catch (error) {
@@ -61,39 +63,52 @@ export async function consumeOnce<R>(
         throw error;
       }
       // A unique violation inside `work` is the work's own error, not a duplicate delivery.
-      const result = await work(manager);
-      await throwIfAborted(manager);
-      return { status: 'processed' as const, result };
+      return { status: 'processed' as const, result: await work(manager) };
     });
   } catch (error) {
     if (error instanceof DuplicateDelivery) return { status: 'duplicate' };
     throw error;
   }
+  await confirmCommitted(dataSource, entry);
+  return processed;
 }
 
 /**
- * PostgreSQL aborts a transaction at a failed statement, also one the work caught and went on
- * from, and then answers COMMIT with a rollback and no error: reporting `processed` would have
- * the consumer ack a message nothing of which was committed. One statement before the commit
- * asks (an aborted transaction refuses it, 25P02); one round trip per processed message.
+ * PostgreSQL aborts a transaction at a failed statement, also one caught and gone on from (in
+ * `work`, in a `beforeTransactionCommit` subscriber, a statement not awaited), and then answers
+ * COMMIT with a rollback and no error; `work` may also have ended the transaction itself.
+ * Reporting `processed` would have the consumer ack a message nothing of which was committed.
+ * So the log row is looked for once the transaction is over, on the primary: one round trip
+ * per processed message. A failure of that read throws too: the redelivery finds the row
+ * (a duplicate) or processes the message.
  */
-async function throwIfAborted(manager: EntityManager): Promise<void> {
+async function confirmCommitted(dataSource: DataSource, entry: { consumer: string; messageId: string }): Promise<void> {
+  const runner = dataSource.createQueryRunner('master');
+  let committed: boolean;
   try {
-    await manager.query('SELECT 1');
+    // The keys alone: the insert merged the row's defaults (consumed_at) into `entry`.
+    committed = await runner.manager.existsBy(ConsumeLogEntry, { consumer: entry.consumer, messageId: entry.messageId });
   } catch (error) {
+    throw new IdempotencyError('consumeOnce: could not confirm that the transaction committed; the message is not reported processed.', {
+      cause: error,
+    });
+  } finally {
+    await runner.release();
+  }
+  if (!committed) {
     throw new IdempotencyError(
-      'consumeOnce: the transaction was aborted by a statement that failed inside `work` (caught there, or not awaited); ' +
-        'nothing was committed, so the message is not processed. Let the error reach consumeOnce, or run the statement in a savepoint.',
-      { cause: error },
+      'consumeOnce: the transaction did not commit (a statement failed inside it and was caught: in `work`, in a subscriber, ' +
+        'or not awaited; or `work` ended it); nothing was committed, so the message is not processed. Let the error reach ' +
+        'consumeOnce, or run the statement in a savepoint.',
     );
   }
 }
 
 /** The consumer is the developer's constant: a name the column cannot hold is a mistake to say at once. */
 function checkedConsumer(consumer: unknown): string {
-  if (typeof consumer === 'string' && !consumer.includes('\0') && fits(consumer, CONSUMER_COLUMN_CHARS)) return consumer;
+  if (typeof consumer === 'string' && !/[\0\p{Cs}]/u.test(consumer) && fits(consumer, CONSUMER_COLUMN_CHARS)) return consumer;
   const shown = typeof consumer === 'string' ? `${JSON.stringify(consumer.slice(0, 40))}, ${consumer.length} long` : String(consumer);
-  throw new RangeError(`consumeOnce: \`consumer\` must be a name of at most ${CONSUMER_COLUMN_CHARS} characters without NUL (got ${shown})`);
+  throw new RangeError(`consumeOnce: \`consumer\` must be a name of at most ${CONSUMER_COLUMN_CHARS} characters without NUL or a lone surrogate (got ${shown})`);
 }
 
 /** The `message_id` column's value for a message id: the id itself where it fits, as before. */
