@@ -9,6 +9,8 @@ import {
   PrimaryColumn,
   PrimaryGeneratedColumn,
   QueryFailedError,
+  Repository,
+  type QueryDeepPartialEntity,
   type EntitySubscriberInterface,
   type InsertEvent,
   type QueryRunner,
@@ -58,6 +60,10 @@ class AuditLine {
   ref!: string;
 }
 
+/** What a subscriber reading through the DataSource (another connection) saw of a `seen` booking. */
+const seenElsewhere: Array<string | null> = [];
+let readElsewhere: ((reference: string) => Promise<string | null>) | undefined;
+
 /** Bookings of the guest `audited` write the same audit line: the second one's is refused. */
 @EventSubscriber()
 class AuditTrail implements EntitySubscriberInterface<Booking> {
@@ -66,6 +72,7 @@ class AuditTrail implements EntitySubscriberInterface<Booking> {
   }
   async afterInsert(event: InsertEvent<Booking>): Promise<void> {
     if (event.entity?.guest === 'audited') await event.manager.insert(AuditLine, { ref: 'audit-fixed' });
+    if (event.entity?.guest === 'seen') seenElsewhere.push((await readElsewhere?.(event.entity.reference)) ?? null);
   }
 }
 
@@ -232,6 +239,24 @@ describe('insertOnce (PostgreSQL)', () => {
       const again = await insertOnce(manager.getRepository(RegionalEvent), { region: 'eu', ref: 'E1' }, byRef);
       expect(again).toMatchObject({ created: false, entity: { id: first.entity.id } });
     });
+  });
+
+  // Round 4 of the adversaries, against a fix that gave such an insert a transaction of its
+  // own: a subscriber reading or writing through the DataSource no longer saw the new row, and a
+  // custom repository's insert was skipped. As repo.insert does, outside a transaction.
+  it('outside a transaction: the row is there for a subscriber on another connection, and a custom repository\'s insert runs', async () => {
+    readElsewhere = async (reference) => (await dataSource.getRepository(Booking).findOneBy({ reference }))?.reference ?? null;
+    seenElsewhere.length = 0;
+    await insertOnce(dataSource.getRepository(Booking), { reference: 'R-seen', guest: 'seen' }, byReference('R-seen'));
+    expect(seenElsewhere).toEqual(['R-seen']);
+    const custom = dataSource.getRepository(Booking).extend({
+      insert(this: Repository<Booking>, values: QueryDeepPartialEntity<Booking>) {
+        return Repository.prototype.insert.call(this, { ...values, guest: 'set by the repository' });
+      },
+    });
+    const made = await insertOnce(custom, { reference: 'R-custom', guest: 'caller' }, byReference('R-custom'));
+    expect(made.created).toBe(true);
+    expect(await dataSource.getRepository(Booking).findOneByOrFail({ reference: 'R-custom' })).toMatchObject({ guest: 'set by the repository' });
   });
 
   it('rethrows other errors without looking for an existing row', async () => {

@@ -25,8 +25,10 @@ export type InsertOnceResult<T> =
  * other work. The savepoint fires no transaction event (`afterTransactionCommit` and the like):
  * those stay the caller's transaction's own.
  *
- * Outside a transaction the INSERT runs in one of its own, with what its subscribers write (a
- * unique violation of theirs rolls the new row back: it is no duplicate, and is rethrown).
+ * A unique violation raised after the INSERT went through (an `afterInsert` subscriber's write
+ * to another table) is rethrown, not taken for a duplicate: told by the generated columns (an
+ * id, a default) the INSERT's answer set on the entity. An entity without any cannot tell them
+ * apart: outside a transaction, such a subscriber's refused write looks like a duplicate there.
  *
  * Rethrows the original error when it is not a unique violation, and when no row matches
  * `findExisting` after one (the other row was deleted meanwhile, or, under REPEATABLE READ or
@@ -41,16 +43,14 @@ export async function insertOnce<T extends ObjectLiteral>(
   findExisting: (violation: UniqueViolation) => FindOptionsWhere<T> | FindOptionsWhere<T>[],
 ): Promise<InsertOnceResult<T>> {
   const entity = repo.create(values);
+  // Generated columns (an id, a default) the values leave unset: TypeORM sets them on `entity`
+  // from the INSERT's answer, before its afterInsert subscribers run.
+  const unsetGenerated = repo.metadata.generatedColumns.filter((column) => column.getEntityValue(entity) === undefined);
   const queryRunner = repo.manager.queryRunner;
   const inTransaction = queryRunner !== undefined && (queryRunner.isTransactionActive || beganWithRawSql(queryRunner));
   try {
-    const values = entity as QueryDeepPartialEntity<T>;
-    // Outside a transaction, the INSERT and its subscribers' writes get one of their own
-    // (TypeORM's useTransaction): a subscriber's write refused by a unique constraint then rolls
-    // the new row back, and is rethrown below (no row to find), never taken for a duplicate.
-    const result = inTransaction
-      ? await underSavepoint(queryRunner!, () => repo.insert(values))
-      : await repo.createQueryBuilder().insert().values(values).useTransaction(true).execute();
+    const insert = () => repo.insert(entity as QueryDeepPartialEntity<T>);
+    const result = inTransaction ? await underSavepoint(queryRunner!, insert) : await insert();
     // Database defaults (generated id, created_at, version) come back through RETURNING.
     const generated = result.generatedMaps[0];
     if (generated) repo.merge(entity, generated as DeepPartial<T>);
@@ -58,6 +58,9 @@ export async function insertOnce<T extends ObjectLiteral>(
   } catch (error) {
     const violation = uniqueViolationOf(error);
     if (!violation) throw error;
+    // The INSERT itself went through (its generated values came back): a subscriber's write was
+    // refused after it, which is no duplicate (outside a transaction the new row is committed).
+    if (unsetGenerated.some((column) => column.getEntityValue(entity) !== undefined)) throw error;
     const existing = await repo.findOne({ where: findExisting(violation) });
     if (!existing) throw error;
     return { created: false, entity: existing, constraint: violation.constraint };
