@@ -153,6 +153,32 @@ describe('consumeOnce (PostgreSQL)', () => {
     expect(await consumeOnce(dataSource, message, book('billing', messageId))).toMatchObject({ status: 'processed' });
   });
 
+  // Round 4 of the adversaries: the aborted transaction let go of the log row's lock at once, a
+  // redelivery committed its own row meanwhile, and the first delivery's read-back found that
+  // row: both reported processed, with only the second's effect committed.
+  it("throws for an aborted delivery even when a concurrent redelivery committed the message's log row first", async () => {
+    const messageId = `m-raced-${randomUUID()}`;
+    const message = { consumer: 'billing', messageId };
+    const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+    const aborted = consumeOnce(dataSource, message, async (manager) => {
+      await manager.insert(LedgerLine, { consumer: 'A', messageId });
+      await manager.query('SELECT no_such_column FROM ledger_lines').catch(() => undefined);
+      await sleep(300);
+      return 'A';
+    });
+    await sleep(50);
+    const redelivered = consumeOnce(dataSource, message, async (manager) => {
+      await manager.insert(LedgerLine, { consumer: 'B', messageId });
+      await sleep(100);
+      return 'B';
+    });
+    const [a, b] = await Promise.allSettled([aborted, redelivered]);
+    expect(a.status === 'rejected' && String(a.reason)).toMatch(/did not commit/);
+    expect(b).toEqual({ status: 'fulfilled', value: { status: 'processed', result: 'B' } });
+    const consumers = (await dataSource.getRepository(LedgerLine).findBy({ messageId })).map((line) => line.consumer);
+    expect(consumers).toEqual(['B']);
+  });
+
   it('lets a delivery waiting on a first one that rolls back process the message', async () => {
     const message = { consumer: 'billing', messageId: 'm-wait' };
     let logRowHeld!: () => void;

@@ -54,10 +54,11 @@ export async function consumeOnce<R>(
 ): Promise<ConsumeOnceResult<R>> {
   const entry = { consumer: checkedConsumer(message.consumer), messageId: loggedMessageId(message.messageId) };
   let processed: { status: 'processed'; result: R };
+  let xid: string | undefined;
   try {
     processed = await dataSource.transaction(async (manager) => {
       try {
-        await manager.insert(ConsumeLogEntry, entry);
+        xid = await insertLogRow(manager, entry);
       } catch (error) {
         if (uniqueViolationOf(error)) throw new DuplicateDelivery();
         throw error;
@@ -69,8 +70,24 @@ export async function consumeOnce<R>(
     if (error instanceof DuplicateDelivery) return { status: 'duplicate' };
     throw error;
   }
-  await confirmCommitted(dataSource, entry);
+  await confirmCommitted(dataSource, entry, xid);
   return processed;
+}
+
+type LogKey = { consumer: string; messageId: string };
+
+/**
+ * Inserts the log row; on PostgreSQL returns the id of the transaction that wrote it (`xmin`),
+ * so the read-back can tell this delivery's row from another's: a transaction aborted early
+ * releases its lock at once, and a concurrent redelivery's row may be the one found.
+ */
+async function insertLogRow(manager: EntityManager, entry: LogKey): Promise<string | undefined> {
+  if (manager.connection.driver.options.type !== 'postgres') {
+    await manager.insert(ConsumeLogEntry, { ...entry });
+    return undefined;
+  }
+  const inserted = await manager.createQueryBuilder().insert().into(ConsumeLogEntry).values({ ...entry }).returning('xmin').updateEntity(false).execute();
+  return String((inserted.raw as Array<{ xmin: unknown }>)[0].xmin);
 }
 
 /**
@@ -78,16 +95,20 @@ export async function consumeOnce<R>(
  * `work`, in a `beforeTransactionCommit` subscriber, a statement not awaited), and then answers
  * COMMIT with a rollback and no error; `work` may also have ended the transaction itself.
  * Reporting `processed` would have the consumer ack a message nothing of which was committed.
- * So the log row is looked for once the transaction is over, on the primary: one round trip
- * per processed message. A failure of that read throws too: the redelivery finds the row
- * (a duplicate) or processes the message.
+ * So the log row is looked for once the transaction is over, on the primary, and on PostgreSQL
+ * it must be this transaction's (`xmin`): one round trip per processed message. A failure of
+ * that read throws too: the redelivery finds the row (a duplicate) or processes the message.
  */
-async function confirmCommitted(dataSource: DataSource, entry: { consumer: string; messageId: string }): Promise<void> {
+async function confirmCommitted(dataSource: DataSource, entry: LogKey, xid: string | undefined): Promise<void> {
   const runner = dataSource.createQueryRunner('master');
   let committed: boolean;
   try {
-    // The keys alone: the insert merged the row's defaults (consumed_at) into `entry`.
-    committed = await runner.manager.existsBy(ConsumeLogEntry, { consumer: entry.consumer, messageId: entry.messageId });
+    const row = (await runner.manager
+      .createQueryBuilder(ConsumeLogEntry, 'log')
+      .select(xid === undefined ? '1' : 'log.xmin', 'xmin')
+      .where({ consumer: entry.consumer, messageId: entry.messageId })
+      .getRawOne()) as { xmin: unknown } | undefined;
+    committed = row !== undefined && (xid === undefined || String(row.xmin) === xid);
   } catch (error) {
     throw new IdempotencyError('consumeOnce: could not confirm that the transaction committed; the message is not reported processed.', {
       cause: error,
