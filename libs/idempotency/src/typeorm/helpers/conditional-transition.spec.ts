@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
-import { Column, DataSource, Entity, PrimaryGeneratedColumn, type Repository } from 'typeorm';
+import { Column, DataSource, Entity, In, PrimaryGeneratedColumn, type FindOptionsWhere, type Repository } from 'typeorm';
 import { transition } from './conditional-transition.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
@@ -147,5 +147,18 @@ describe('transition (PostgreSQL)', () => {
       /`where` names no row/,
     );
     for (const id of ids) expect(await payments.findOneByOrFail({ id })).toMatchObject({ status: 'PENDING', version: 1 });
+  });
+
+  // Round 4 of the adversaries: the check above refused an entity (a class instance) as `where`,
+  // which TypeORM takes; operators and nested values that name a column are conditions too.
+  it('takes an entity, an operator and a nested value as a `where` that names a row', async () => {
+    const id = await newPayment();
+    const other = await newPayment();
+    const entity = Object.assign(new Payment(), { id });
+    expect(await transition(payments, { where: entity as FindOptionsWhere<Payment>, from: ['PENDING'], to: 'PAID' })).toMatchObject({ changed: true });
+    expect(await transition(payments, { where: { id: In([id]) }, from: ['PAID'], to: 'SETTLED' })).toMatchObject({ changed: true });
+    await payments.update({ id }, { channel: { name: 'web' } });
+    expect(await transition(payments, { where: { id, channel: { name: 'web' } }, from: ['SETTLED'], to: 'CLOSED' })).toMatchObject({ changed: true });
+    expect(await payments.findOneByOrFail({ id: other })).toMatchObject({ status: 'PENDING', version: 1 });
   });
 });

@@ -99,18 +99,21 @@ export async function transition<T extends ObjectLiteral>(
 
 /**
  * Whether `where` sets a condition: TypeORM takes `{}`, `[]`, only-undefined values and nested
- * empty objects (an embedded column's, a relation's `{}`) for none. A value that is not a plain
- * object (a string, a number, a `FindOperator`, a Date) is a condition.
+ * objects naming no column (an embedded column group's, a relation's `{}`) for none. An entity
+ * (a class instance) is a `where` too. A primitive, null, a Date, a Buffer, an array or a
+ * `FindOperator` is a condition; another object is one if it names one.
  */
 function namesRow(where: unknown): boolean {
   if (Array.isArray(where)) return where.length > 0 && where.every(namesRow);
-  return isPlainObject(where) && Object.values(where).some((value) => value !== undefined && (!isPlainObject(value) || namesRow(value)));
+  return typeof where === 'object' && where !== null && Object.values(where).some(isCondition);
 }
 
-function isPlainObject(value: unknown): value is Record<string, unknown> {
-  if (typeof value !== 'object' || value === null) return false;
-  const prototype: unknown = Object.getPrototypeOf(value);
-  return prototype === Object.prototype || prototype === null;
+function isCondition(value: unknown): boolean {
+  if (value === undefined) return false;
+  if (typeof value !== 'object' || value === null || value instanceof Date || ArrayBuffer.isView(value) || Array.isArray(value)) return true;
+  // TypeORM marks its operators (Not, In, Raw...) so across copies of the package (InstanceChecker).
+  if ((value as Record<string, unknown>)['@instanceof'] === Symbol.for('FindOperator')) return true;
+  return namesRow(value);
 }
 
 function columnOf<T extends ObjectLiteral>(repo: Repository<T>, property: string): ColumnMetadata {
