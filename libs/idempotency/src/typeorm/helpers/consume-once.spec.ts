@@ -179,6 +179,19 @@ describe('consumeOnce (PostgreSQL)', () => {
     expect(consumers).toEqual(['B']);
   });
 
+  // Round 5 of the adversaries: a read-back by the row's xmin said "did not commit" for a row
+  // updated in a savepoint (its xmin is the subtransaction's): both had committed.
+  it('reports processed when the work touched its log row in a savepoint', async () => {
+    const messageId = `m-savepoint-${randomUUID()}`;
+    const result = await consumeOnce(dataSource, { consumer: 'billing', messageId }, async (manager) => {
+      await book('billing', messageId)(manager);
+      await manager.transaction((inner) => inner.getRepository(ConsumeLogEntry).update({ consumer: 'billing', messageId }, { consumedAt: () => 'now()' }));
+      return 'ok';
+    });
+    expect(result).toEqual({ status: 'processed', result: 'ok' });
+    expect([await lines(messageId), await logged(messageId)]).toEqual([1, 1]);
+  });
+
   it('lets a delivery waiting on a first one that rolls back process the message', async () => {
     const message = { consumer: 'billing', messageId: 'm-wait' };
     let logRowHeld!: () => void;

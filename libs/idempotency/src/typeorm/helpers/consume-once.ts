@@ -54,11 +54,11 @@ export async function consumeOnce<R>(
 ): Promise<ConsumeOnceResult<R>> {
   const entry = { consumer: checkedConsumer(message.consumer), messageId: loggedMessageId(message.messageId) };
   let processed: { status: 'processed'; result: R };
-  let xid: string | undefined;
+  let stamp: string | undefined;
   try {
     processed = await dataSource.transaction(async (manager) => {
       try {
-        xid = await insertLogRow(manager, entry);
+        stamp = await insertLogRow(manager, entry);
       } catch (error) {
         if (uniqueViolationOf(error)) throw new DuplicateDelivery();
         throw error;
@@ -70,25 +70,35 @@ export async function consumeOnce<R>(
     if (error instanceof DuplicateDelivery) return { status: 'duplicate' };
     throw error;
   }
-  await confirmCommitted(dataSource, entry, xid);
+  await confirmCommitted(dataSource, entry, stamp);
   return processed;
 }
 
 type LogKey = { consumer: string; messageId: string };
 
 /**
- * Inserts the log row; on PostgreSQL returns the id of the transaction that wrote it (`xmin`),
- * so the read-back can tell this delivery's row from another's: a transaction aborted early
- * releases its lock at once, and a concurrent redelivery's row may be the one found.
+ * Inserts the log row; on PostgreSQL returns its `consumed_at` to the microsecond (the
+ * transaction's start, `now()`), so that the read-back tells this delivery's row from another's:
+ * a transaction aborted early releases its lock at once, and a concurrent redelivery's row may
+ * be the one found. (Not `xmin`: an update of the row in a savepoint or by a trigger changes it.)
  */
 async function insertLogRow(manager: EntityManager, entry: LogKey): Promise<string | undefined> {
   if (manager.connection.driver.options.type !== 'postgres') {
     await manager.insert(ConsumeLogEntry, { ...entry });
     return undefined;
   }
-  const inserted = await manager.createQueryBuilder().insert().into(ConsumeLogEntry).values({ ...entry }).returning('xmin').updateEntity(false).execute();
-  return String((inserted.raw as Array<{ xmin: unknown }>)[0].xmin);
+  const inserted = await manager
+    .createQueryBuilder()
+    .insert()
+    .into(ConsumeLogEntry)
+    .values({ ...entry })
+    .returning(`${CONSUMED_AT}::text AS stamp`)
+    .updateEntity(false)
+    .execute();
+  return String((inserted.raw as Array<{ stamp: unknown }>)[0].stamp);
 }
+
+const CONSUMED_AT = 'consumed_at';
 
 /**
  * PostgreSQL aborts a transaction at a failed statement, also one caught and gone on from (in
@@ -96,19 +106,19 @@ async function insertLogRow(manager: EntityManager, entry: LogKey): Promise<stri
  * COMMIT with a rollback and no error; `work` may also have ended the transaction itself.
  * Reporting `processed` would have the consumer ack a message nothing of which was committed.
  * So the log row is looked for once the transaction is over, on the primary, and on PostgreSQL
- * it must be this transaction's (`xmin`): one round trip per processed message. A failure of
+ * it must be this transaction's (its `consumed_at`): one round trip per processed message. A failure of
  * that read throws too: the redelivery finds the row (a duplicate) or processes the message.
  */
-async function confirmCommitted(dataSource: DataSource, entry: LogKey, xid: string | undefined): Promise<void> {
+async function confirmCommitted(dataSource: DataSource, entry: LogKey, stamp: string | undefined): Promise<void> {
   const runner = dataSource.createQueryRunner('master');
   let committed: boolean;
   try {
     const row = (await runner.manager
       .createQueryBuilder(ConsumeLogEntry, 'log')
-      .select(xid === undefined ? '1' : 'log.xmin', 'xmin')
+      .select(stamp === undefined ? '1' : `log.${CONSUMED_AT}::text`, 'stamp')
       .where({ consumer: entry.consumer, messageId: entry.messageId })
-      .getRawOne()) as { xmin: unknown } | undefined;
-    committed = row !== undefined && (xid === undefined || String(row.xmin) === xid);
+      .getRawOne()) as { stamp: unknown } | undefined;
+    committed = row !== undefined && (stamp === undefined || String(row.stamp) === stamp);
   } catch (error) {
     throw new IdempotencyError('consumeOnce: could not confirm that the transaction committed; the message is not reported processed.', {
       cause: error,
@@ -119,8 +129,8 @@ async function confirmCommitted(dataSource: DataSource, entry: LogKey, xid: stri
   if (!committed) {
     throw new IdempotencyError(
       'consumeOnce: the transaction did not commit (a statement failed inside it and was caught: in `work`, in a subscriber, ' +
-        'or not awaited; or `work` ended it); nothing was committed, so the message is not processed. Let the error reach ' +
-        'consumeOnce, or run the statement in a savepoint.',
+        'or not awaited; or `work` ended it, and only what it wrote after that may have committed); the message is not ' +
+        'logged as processed. Let the error reach consumeOnce, or run the statement in a savepoint.',
     );
   }
 }
