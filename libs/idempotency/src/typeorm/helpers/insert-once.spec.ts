@@ -1,11 +1,14 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import type { Pool } from 'pg';
+import { randomUUID } from 'node:crypto';
 import {
   Column,
   DataSource,
   Entity,
   EventSubscriber,
   Index,
+  BeforeInsert,
+  CreateDateColumn,
   PrimaryColumn,
   PrimaryGeneratedColumn,
   QueryFailedError,
@@ -60,6 +63,42 @@ class AuditLine {
   ref!: string;
 }
 
+/** Its id set in JS before the INSERT (`@BeforeInsert`, as uuidv7 or ULID ids are), its code unique. */
+@Entity({ name: 'passes' })
+@Index('uq_passes_code', ['code'], { unique: true })
+class Pass {
+  @PrimaryColumn({ type: 'uuid' })
+  id!: string;
+
+  @Column({ type: 'varchar', length: 64 })
+  code!: string;
+
+  @BeforeInsert()
+  setId() {
+    this.id ??= randomUUID();
+  }
+}
+
+/** A natural key and no generated column; codes `audited-*` write the same audit line. */
+@Entity({ name: 'vouchers' })
+class Voucher {
+  @PrimaryColumn({ type: 'varchar', length: 64 })
+  code!: string;
+
+  @CreateDateColumn({ name: 'created_at', type: 'timestamptz' })
+  createdAt!: Date;
+}
+
+@EventSubscriber()
+class VoucherAudit implements EntitySubscriberInterface<Voucher> {
+  listenTo() {
+    return Voucher;
+  }
+  async afterInsert(event: InsertEvent<Voucher>): Promise<void> {
+    if (event.entity?.code.startsWith('audited')) await event.manager.insert(AuditLine, { ref: 'voucher-fixed' });
+  }
+}
+
 /** What a subscriber reading through the DataSource (another connection) saw of a `seen` booking. */
 const seenElsewhere: Array<string | null> = [];
 let readElsewhere: ((reference: string) => Promise<string | null>) | undefined;
@@ -108,8 +147,8 @@ describe('insertOnce (PostgreSQL)', () => {
 
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
-      entities: [Booking, AuditLine, RegionalEvent],
-      subscribers: [DomainEvents, AuditTrail],
+      entities: [Booking, AuditLine, RegionalEvent, Pass, Voucher],
+      subscribers: [DomainEvents, AuditTrail, VoucherAudit],
       extra: { max: 30 },
       synchronize: true,
     });
@@ -257,6 +296,19 @@ describe('insertOnce (PostgreSQL)', () => {
     const made = await insertOnce(custom, { reference: 'R-custom', guest: 'caller' }, byReference('R-custom'));
     expect(made.created).toBe(true);
     expect(await dataSource.getRepository(Booking).findOneByOrFail({ reference: 'R-custom' })).toMatchObject({ guest: 'set by the repository' });
+  });
+
+  // Round 5 of the adversaries, against a check by the generated values the INSERT set: an id
+  // set before the INSERT rethrew every real duplicate; a natural key let a subscriber's refused
+  // write pass for a duplicate.
+  it('answers a real duplicate of an entity whose id is set before the INSERT, and rethrows a subscriber\'s violation on a natural key', async () => {
+    const passes = dataSource.getRepository(Pass);
+    const first = await insertOnce(passes, { code: 'P-1' }, () => ({ code: 'P-1' }));
+    expect(await insertOnce(passes, { code: 'P-1' }, () => ({ code: 'P-1' }))).toMatchObject({ created: false, entity: { id: first.entity.id } });
+    const vouchers = dataSource.getRepository(Voucher);
+    expect(await insertOnce(vouchers, { code: 'audited-1' }, () => ({ code: 'audited-1' }))).toMatchObject({ created: true });
+    const error = await insertOnce(vouchers, { code: 'audited-2' }, () => ({ code: 'audited-2' })).catch((e: unknown) => e);
+    expect((error as QueryFailedError<Error & { constraint: string }>).driverError?.constraint).toBe('uq_audit_lines_ref');
   });
 
   it('rethrows other errors without looking for an existing row', async () => {

@@ -25,10 +25,10 @@ export type InsertOnceResult<T> =
  * other work. The savepoint fires no transaction event (`afterTransactionCommit` and the like):
  * those stay the caller's transaction's own.
  *
- * A unique violation raised after the INSERT went through (an `afterInsert` subscriber's write
- * to another table) is rethrown, not taken for a duplicate: told by the generated columns (an
- * id, a default) the INSERT's answer set on the entity. An entity without any cannot tell them
- * apart: outside a transaction, such a subscriber's refused write looks like a duplicate there.
+ * A unique violation of another statement (an `afterInsert` subscriber's write to another
+ * table, after the INSERT went through) is rethrown, not taken for a duplicate: TypeORM names the
+ * failing statement, and only one that inserts into the entity's table is this call's. (A
+ * subscriber's INSERT into the same table cannot be told apart.)
  *
  * Rethrows the original error when it is not a unique violation, and when no row matches
  * `findExisting` after one (the other row was deleted meanwhile, or, under REPEATABLE READ or
@@ -43,9 +43,6 @@ export async function insertOnce<T extends ObjectLiteral>(
   findExisting: (violation: UniqueViolation) => FindOptionsWhere<T> | FindOptionsWhere<T>[],
 ): Promise<InsertOnceResult<T>> {
   const entity = repo.create(values);
-  // Generated columns (an id, a default) the values leave unset: TypeORM sets them on `entity`
-  // from the INSERT's answer, before its afterInsert subscribers run.
-  const unsetGenerated = repo.metadata.generatedColumns.filter((column) => column.getEntityValue(entity) === undefined);
   const queryRunner = repo.manager.queryRunner;
   const inTransaction = queryRunner !== undefined && (queryRunner.isTransactionActive || beganWithRawSql(queryRunner));
   try {
@@ -58,13 +55,28 @@ export async function insertOnce<T extends ObjectLiteral>(
   } catch (error) {
     const violation = uniqueViolationOf(error);
     if (!violation) throw error;
-    // The INSERT itself went through (its generated values came back): a subscriber's write was
-    // refused after it, which is no duplicate (outside a transaction the new row is committed).
-    if (unsetGenerated.some((column) => column.getEntityValue(entity) !== undefined)) throw error;
+    if (!isOwnInsert(repo, error)) throw error;
     const existing = await repo.findOne({ where: findExisting(violation) });
     if (!existing) throw error;
     return { created: false, entity: existing, constraint: violation.constraint };
   }
+}
+
+/**
+ * Whether a unique violation is this call's INSERT's, as TypeORM's `QueryFailedError` names the
+ * statement: an INSERT into the entity's table (by the path TypeORM writes: a view or a
+ * partitioned table's parent, whatever table or partition PostgreSQL then names). An error
+ * without its statement (a raw driver error) is taken for it, as before.
+ */
+function isOwnInsert(repo: Repository<ObjectLiteral>, error: unknown): boolean {
+  const query = (error as { query?: unknown }).query;
+  if (typeof query !== 'string') return true;
+  const driver = repo.manager.connection.driver;
+  const table = repo.metadata.tablePath
+    .split('.')
+    .map((part) => (part === '' ? part : driver.escape(part)))
+    .join('.');
+  return query.startsWith(`INSERT INTO ${table}`);
 }
 
 /** Savepoint names, unique in the process: insertOnce calls on one connection never share one. */
