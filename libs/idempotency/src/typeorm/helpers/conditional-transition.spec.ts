@@ -16,6 +16,9 @@ class Payment {
   @Column(() => Channel)
   channel!: Channel;
 
+  @Column({ type: 'jsonb', nullable: true })
+  tags!: Record<string, unknown> | null;
+
   @PrimaryGeneratedColumn('uuid')
   id!: string;
 
@@ -141,10 +144,13 @@ describe('transition (PostgreSQL)', () => {
     // Round 3 of the adversaries: a nested empty object (an embedded column group's; a relation's alike).
     ['{ channel: {} }', { channel: {} }],
     ['[{ channel: {} }]', [{ channel: {} }]],
+    // Round 5: a Date (an array, a Buffer) given for an embedded column group names none of it.
+    ['{ channel: new Date() }', { channel: new Date() }],
   ])('refuses a `where` that names no row (%s) and changes nothing', async (_name, where) => {
     const ids = [await newPayment(), await newPayment()];
+    // Refused by transition, or by TypeORM itself (an undefined value, under its default).
     await expect(transition(payments, { where: where as { id: string }, from: ['PENDING'], to: 'PAID' })).rejects.toThrow(
-      /`where` names no row/,
+      /`where` names no row|Undefined value encountered/,
     );
     for (const id of ids) expect(await payments.findOneByOrFail({ id })).toMatchObject({ status: 'PENDING', version: 1 });
   });
@@ -159,6 +165,11 @@ describe('transition (PostgreSQL)', () => {
     expect(await transition(payments, { where: { id: In([id]) }, from: ['PAID'], to: 'SETTLED' })).toMatchObject({ changed: true });
     await payments.update({ id }, { channel: { name: 'web' } });
     expect(await transition(payments, { where: { id, channel: { name: 'web' } }, from: ['SETTLED'], to: 'CLOSED' })).toMatchObject({ changed: true });
+    expect(await payments.findOneByOrFail({ id: other })).toMatchObject({ status: 'PENDING', version: 1 });
+    // Round 5: an empty object is a value of a jsonb column (TypeORM compares it), not "no row".
+    const tagged = await newPayment();
+    await payments.update({ id: tagged }, { tags: {} });
+    expect(await transition(payments, { where: { tags: {} }, from: ['PENDING'], to: 'PAID' })).toMatchObject({ changed: true, entity: { id: tagged } });
     expect(await payments.findOneByOrFail({ id: other })).toMatchObject({ status: 'PENDING', version: 1 });
   });
 });

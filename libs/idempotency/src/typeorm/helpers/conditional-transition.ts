@@ -52,7 +52,7 @@ export async function transition<T extends ObjectLiteral>(
   const statusProperty = spec.statusProperty ?? 'status';
   const versionProperty = spec.versionProperty ?? 'version';
   if (spec.from.length === 0) throw new RangeError('transition: `from` names no state');
-  if (!namesRow(spec.where)) {
+  if (!namesRow(repo, spec.where)) {
     throw new RangeError(`transition: \`where\` names no row (${JSON.stringify(spec.where) ?? String(spec.where)}); it would change every row in a \`from\` state`);
   }
   if (spec.from.includes(spec.to)) {
@@ -98,22 +98,15 @@ export async function transition<T extends ObjectLiteral>(
 }
 
 /**
- * Whether `where` sets a condition: TypeORM takes `{}`, `[]`, only-undefined values and nested
- * objects naming no column (an embedded column group's, a relation's `{}`) for none. An entity
- * (a class instance) is a `where` too. A primitive, null, a Date, a Buffer, an array or a
- * `FindOperator` is a condition; another object is one if it names one.
+ * Whether TypeORM makes a condition of `where`: it takes `{}`, `[]` and objects naming no column
+ * (an embedded column group's or a relation's `{}`, a Date given for one) for none, while a
+ * value object under a transformer or a jsonb `{}` are conditions. So TypeORM is asked: the
+ * SELECT it builds for `where` (no round trip) has a WHERE clause or not. Its own refusals
+ * (an `undefined` value, by default) are thrown as they are.
  */
-function namesRow(where: unknown): boolean {
-  if (Array.isArray(where)) return where.length > 0 && where.every(namesRow);
-  return typeof where === 'object' && where !== null && Object.values(where).some(isCondition);
-}
-
-function isCondition(value: unknown): boolean {
-  if (value === undefined) return false;
-  if (typeof value !== 'object' || value === null || value instanceof Date || ArrayBuffer.isView(value) || Array.isArray(value)) return true;
-  // TypeORM marks its operators (Not, In, Raw...) so across copies of the package (InstanceChecker).
-  if ((value as Record<string, unknown>)['@instanceof'] === Symbol.for('FindOperator')) return true;
-  return namesRow(value);
+function namesRow<T extends ObjectLiteral>(repo: Repository<T>, where: FindOptionsWhere<T> | FindOptionsWhere<T>[]): boolean {
+  if (typeof where !== 'object' || where === null) return false;
+  return / WHERE /.test(repo.createQueryBuilder('transition_probe').select('1').where(where).getQuery());
 }
 
 function columnOf<T extends ObjectLiteral>(repo: Repository<T>, property: string): ColumnMetadata {
