@@ -92,13 +92,15 @@ async function insertLogRow(manager: EntityManager, entry: LogKey): Promise<stri
     .insert()
     .into(ConsumeLogEntry)
     .values({ ...entry })
-    .returning(`${CONSUMED_AT}::text AS stamp`)
+    .returning(`${stampOf(CONSUMED_AT)} AS stamp`)
     .updateEntity(false)
     .execute();
   return String((inserted.raw as Array<{ stamp: unknown }>)[0].stamp);
 }
 
 const CONSUMED_AT = 'consumed_at';
+/** A timestamp as text to the microsecond, whatever the session's TimeZone and DateStyle. */
+const stampOf = (column: string) => `to_char(${column} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')`;
 
 /**
  * PostgreSQL aborts a transaction at a failed statement, also one caught and gone on from (in
@@ -115,7 +117,7 @@ async function confirmCommitted(dataSource: DataSource, entry: LogKey, stamp: st
   try {
     const row = (await runner.manager
       .createQueryBuilder(ConsumeLogEntry, 'log')
-      .select(stamp === undefined ? '1' : `log.${CONSUMED_AT}::text`, 'stamp')
+      .select(stamp === undefined ? '1' : stampOf(`log.${CONSUMED_AT}`), 'stamp')
       .where({ consumer: entry.consumer, messageId: entry.messageId })
       .getRawOne()) as { stamp: unknown } | undefined;
     committed = row !== undefined && (stamp === undefined || String(row.stamp) === stamp);
