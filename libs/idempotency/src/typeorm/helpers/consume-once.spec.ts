@@ -192,6 +192,34 @@ describe('consumeOnce (PostgreSQL)', () => {
     expect([await lines(messageId), await logged(messageId)]).toEqual([1, 1]);
   });
 
+  // Round 6 of the adversaries, against a read-back by the row's consumed_at as text: a session
+  // time zone set by the work, and a trigger updating consumed_at, read as "did not commit".
+  it('reports processed whatever the work does to its session settings or a trigger to the log row', async () => {
+    const zoned = `m-zone-${randomUUID()}`;
+    expect(
+      await consumeOnce(dataSource, { consumer: 'billing', messageId: zoned }, async (manager) => {
+        await book('billing', zoned)(manager);
+        await manager.query("SET TIME ZONE 'Asia/Kolkata'");
+        await manager.query("SET DateStyle = 'SQL, DMY'");
+        return 'ok';
+      }),
+    ).toEqual({ status: 'processed', result: 'ok' });
+    const table = `"${schema}".idempotency_consume_log`;
+    await dataSource.query(
+      `CREATE FUNCTION "${schema}".restamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN ` +
+        `UPDATE ${table} SET consumed_at = clock_timestamp() WHERE consumer = NEW.consumer AND message_id = NEW.message_id; RETURN NULL; END $$`,
+    );
+    await dataSource.query(`CREATE TRIGGER restamp AFTER INSERT ON ${table} FOR EACH ROW EXECUTE FUNCTION "${schema}".restamp()`);
+    try {
+      const restamped = `m-trigger-${randomUUID()}`;
+      expect(await consumeOnce(dataSource, { consumer: 'billing', messageId: restamped }, book('billing', restamped))).toMatchObject({
+        status: 'processed',
+      });
+    } finally {
+      await dataSource.query(`DROP TRIGGER restamp ON ${table}`);
+    }
+  });
+
   it('lets a delivery waiting on a first one that rolls back process the message', async () => {
     const message = { consumer: 'billing', messageId: 'm-wait' };
     let logRowHeld!: () => void;

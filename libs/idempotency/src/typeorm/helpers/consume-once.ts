@@ -54,11 +54,11 @@ export async function consumeOnce<R>(
 ): Promise<ConsumeOnceResult<R>> {
   const entry = { consumer: checkedConsumer(message.consumer), messageId: loggedMessageId(message.messageId) };
   let processed: { status: 'processed'; result: R };
-  let stamp: string | undefined;
+  let txid: string | undefined;
   try {
     processed = await dataSource.transaction(async (manager) => {
       try {
-        stamp = await insertLogRow(manager, entry);
+        txid = await insertLogRow(manager, entry);
       } catch (error) {
         if (uniqueViolationOf(error)) throw new DuplicateDelivery();
         throw error;
@@ -70,17 +70,15 @@ export async function consumeOnce<R>(
     if (error instanceof DuplicateDelivery) return { status: 'duplicate' };
     throw error;
   }
-  await confirmCommitted(dataSource, entry, stamp);
+  await confirmCommitted(dataSource, entry, txid);
   return processed;
 }
 
 type LogKey = { consumer: string; messageId: string };
 
 /**
- * Inserts the log row; on PostgreSQL returns its `consumed_at` to the microsecond (the
- * transaction's start, `now()`), so that the read-back tells this delivery's row from another's:
- * a transaction aborted early releases its lock at once, and a concurrent redelivery's row may
- * be the one found. (Not `xmin`: an update of the row in a savepoint or by a trigger changes it.)
+ * Inserts the log row; on PostgreSQL returns the id of the transaction that wrote it
+ * (`txid_current()`, 64 bits), whose fate the read-back asks for.
  */
 async function insertLogRow(manager: EntityManager, entry: LogKey): Promise<string | undefined> {
   if (manager.connection.driver.options.type !== 'postgres') {
@@ -92,35 +90,34 @@ async function insertLogRow(manager: EntityManager, entry: LogKey): Promise<stri
     .insert()
     .into(ConsumeLogEntry)
     .values({ ...entry })
-    .returning(`${stampOf(CONSUMED_AT)} AS stamp`)
+    .returning('txid_current()::text AS txid')
     .updateEntity(false)
     .execute();
-  return String((inserted.raw as Array<{ stamp: unknown }>)[0].stamp);
+  return String((inserted.raw as Array<{ txid: unknown }>)[0].txid);
 }
-
-const CONSUMED_AT = 'consumed_at';
-/** A timestamp as text to the microsecond, whatever the session's TimeZone and DateStyle. */
-const stampOf = (column: string) => `to_char(${column} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')`;
 
 /**
  * PostgreSQL aborts a transaction at a failed statement, also one caught and gone on from (in
  * `work`, in a `beforeTransactionCommit` subscriber, a statement not awaited), and then answers
  * COMMIT with a rollback and no error; `work` may also have ended the transaction itself.
- * Reporting `processed` would have the consumer ack a message nothing of which was committed.
- * So the log row is looked for once the transaction is over, on the primary, and on PostgreSQL
- * it must be this transaction's (its `consumed_at`): one round trip per processed message. A failure of
- * that read throws too: the redelivery finds the row (a duplicate) or processes the message.
+ * Reporting `processed` would have the consumer ack a message whose log row never committed.
+ * So once the transaction is over, the primary is asked whether the transaction that inserted
+ * the log row committed (`txid_status`): not whether some row is there (a concurrent
+ * redelivery's may be, as an aborted transaction lets go of its locks at once), nor by the row's
+ * own values (an update in a savepoint or by a trigger changes them). One round trip per
+ * processed message; elsewhere than on PostgreSQL, the row is looked for. A failure of that read
+ * throws too: the redelivery finds the row (a duplicate) or processes the message.
  */
-async function confirmCommitted(dataSource: DataSource, entry: LogKey, stamp: string | undefined): Promise<void> {
+async function confirmCommitted(dataSource: DataSource, entry: LogKey, txid: string | undefined): Promise<void> {
   const runner = dataSource.createQueryRunner('master');
   let committed: boolean;
   try {
-    const row = (await runner.manager
-      .createQueryBuilder(ConsumeLogEntry, 'log')
-      .select(stamp === undefined ? '1' : stampOf(`log.${CONSUMED_AT}`), 'stamp')
-      .where({ consumer: entry.consumer, messageId: entry.messageId })
-      .getRawOne()) as { stamp: unknown } | undefined;
-    committed = row !== undefined && (stamp === undefined || String(row.stamp) === stamp);
+    if (txid === undefined) {
+      committed = await runner.manager.existsBy(ConsumeLogEntry, { consumer: entry.consumer, messageId: entry.messageId });
+    } else {
+      const [row] = (await runner.query('SELECT txid_status($1::bigint) AS status', [txid])) as Array<{ status: string | null }>;
+      committed = row?.status === 'committed';
+    }
   } catch (error) {
     throw new IdempotencyError('consumeOnce: could not confirm that the transaction committed; the message is not reported processed.', {
       cause: error,
