@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
-import { Column, DataSource, Entity, In, PrimaryGeneratedColumn, type FindOptionsWhere, type Repository } from 'typeorm';
+import { Column, DataSource, DeleteDateColumn, Entity, In, PrimaryGeneratedColumn, type FindOptionsWhere, type Repository } from 'typeorm';
 import { transition } from './conditional-transition.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
@@ -15,6 +15,10 @@ class Channel {
 class Payment {
   @Column(() => Channel)
   channel!: Channel;
+
+  /** Soft delete: TypeORM adds its own condition on it to every SELECT, none to an UPDATE. */
+  @DeleteDateColumn({ name: 'deleted_at', type: 'timestamptz', nullable: true })
+  deletedAt!: Date | null;
 
   @Column({ type: 'jsonb', nullable: true })
   tags!: Record<string, unknown> | null;
@@ -146,6 +150,8 @@ describe('transition (PostgreSQL)', () => {
     ['[{ channel: {} }]', [{ channel: {} }]],
     // Round 5: a Date (an array, a Buffer) given for an embedded column group names none of it.
     ['{ channel: new Date() }', { channel: new Date() }],
+    // Round 6: an element naming no row ORed with one that does.
+    ['[{}, { id }]', [{}, { id: '00000000-0000-4000-8000-000000000000' }]],
   ])('refuses a `where` that names no row (%s) and changes nothing', async (_name, where) => {
     const ids = [await newPayment(), await newPayment()];
     // Refused by transition, or by TypeORM itself (an undefined value, under its default).

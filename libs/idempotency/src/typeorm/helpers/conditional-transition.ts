@@ -98,15 +98,29 @@ export async function transition<T extends ObjectLiteral>(
 }
 
 /**
- * Whether TypeORM makes a condition of `where`: it takes `{}`, `[]` and objects naming no column
- * (an embedded column group's or a relation's `{}`, a Date given for one) for none, while a
- * value object under a transformer or a jsonb `{}` are conditions. So TypeORM is asked: the
- * SELECT it builds for `where` (no round trip) has a WHERE clause or not. Its own refusals
+ * Whether `where` names a row. TypeORM takes `{}`, `[]` and objects naming no column (an
+ * embedded column group's or a relation's `{}`, a Date given for one) for none, while a value
+ * object under a transformer or a jsonb `{}` are conditions: so TypeORM is asked, by the SELECT
+ * it builds for `where` (no round trip), against the one it builds for `{}` (its own conditions:
+ * a soft-delete column, an inheritance discriminator). Each element of an array must name a row
+ * (`[{}, { id }]` is `1=1 OR ...`), and an element whose values are all `undefined` names none
+ * (TypeORM's `invalidWhereValuesBehavior: 'ignore'` makes `= NULL` of them). Its own refusals
  * (an `undefined` value, by default) are thrown as they are.
  */
 function namesRow<T extends ObjectLiteral>(repo: Repository<T>, where: FindOptionsWhere<T> | FindOptionsWhere<T>[]): boolean {
-  if (typeof where !== 'object' || where === null) return false;
-  return / WHERE /.test(repo.createQueryBuilder('transition_probe').select('1').where(where).getQuery());
+  const elements: unknown[] = Array.isArray(where) ? where : [where];
+  if (elements.length === 0) return false;
+  const probe = (condition: unknown) =>
+    repo
+      .createQueryBuilder('transition_probe')
+      .select('1')
+      .where(condition as FindOptionsWhere<T>)
+      .getQuery();
+  const none = probe({});
+  return elements.every(
+    (element) =>
+      typeof element === 'object' && element !== null && Object.values(element).some((value) => value !== undefined) && probe(element) !== none,
+  );
 }
 
 function columnOf<T extends ObjectLiteral>(repo: Repository<T>, property: string): ColumnMetadata {
