@@ -311,6 +311,21 @@ describe('insertOnce (PostgreSQL)', () => {
     expect((error as QueryFailedError<Error & { constraint: string }>).driverError?.constraint).toBe('uq_audit_lines_ref');
   });
 
+  // Round 6 of the adversaries: a repository whose INSERT starts with a comment (or is written
+  // in lower case) had its real duplicates rethrown by a check of the statement's first words.
+  it("answers a real duplicate through a repository whose INSERT carries a comment", async () => {
+    const commented = dataSource.getRepository(Pass).extend({
+      insert(this: Repository<Pass>, values: QueryDeepPartialEntity<Pass>) {
+        return this.createQueryBuilder().insert().values(values).comment('svc=passes').execute();
+      },
+    });
+    const first = await insertOnce(commented, { code: 'P-comment' }, () => ({ code: 'P-comment' }));
+    expect(await insertOnce(commented, { code: 'P-comment' }, () => ({ code: 'P-comment' }))).toMatchObject({
+      created: false,
+      entity: { id: first.entity.id },
+    });
+  });
+
   it('rethrows other errors without looking for an existing row', async () => {
     let looked = false;
     const error = await insertOnce(dataSource.getRepository(Booking), { reference: 'R-bad', guest: 'x'.repeat(65) }, () => {

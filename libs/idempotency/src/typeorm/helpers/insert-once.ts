@@ -64,20 +64,24 @@ export async function insertOnce<T extends ObjectLiteral>(
 
 /**
  * Whether a unique violation is this call's INSERT's, as TypeORM's `QueryFailedError` names the
- * statement: an INSERT into the entity's table (by the path TypeORM writes: a view or a
- * partitioned table's parent, whatever table or partition PostgreSQL then names). An error
- * without its statement (a raw driver error) is taken for it, as before.
+ * statement. Only a statement that plainly writes elsewhere is another's: an UPDATE or a DELETE,
+ * or an INSERT into another table than the entity's (compared without quotes, by the path
+ * TypeORM writes: a view or a partitioned table's parent, whatever PostgreSQL then names). A
+ * statement it cannot read (a raw driver error, a CTE) is taken for this call's, as before.
  */
 function isOwnInsert(repo: Repository<ObjectLiteral>, error: unknown): boolean {
   const query = (error as { query?: unknown }).query;
   if (typeof query !== 'string') return true;
-  const driver = repo.manager.connection.driver;
-  const table = repo.metadata.tablePath
-    .split('.')
-    .map((part) => (part === '' ? part : driver.escape(part)))
-    .join('.');
-  return query.startsWith(`INSERT INTO ${table}`);
+  const statement = STATEMENT.exec(query);
+  if (!statement) return true;
+  const [, verb, target] = statement;
+  return /^insert/i.test(verb) && unquoted(target) === unquoted(repo.metadata.tablePath);
 }
+
+/** A statement's verb and target, after leading comments (TypeORM's `.comment()`). */
+const STATEMENT = /^\s*(?:\/\*[\s\S]*?\*\/\s*)*(insert\s+into|update|delete\s+from)\s+([^\s(]+)/i;
+
+const unquoted = (path: string) => path.replace(/["`[\]]/g, '');
 
 /** Savepoint names, unique in the process: insertOnce calls on one connection never share one. */
 let savepoints = 0;
