@@ -99,7 +99,9 @@ async function insertLogRow(manager: EntityManager, entry: LogKey): Promise<stri
 /**
  * PostgreSQL aborts a transaction at a failed statement, also one caught and gone on from (in
  * `work`, in a `beforeTransactionCommit` subscriber, a statement not awaited), and then answers
- * COMMIT with a rollback and no error; `work` may also have ended the transaction itself.
+ * COMMIT with a rollback and no error; `work` may also have rolled the transaction back itself.
+ * (A `work` that commits it and goes on in another is outside the guarantee: the log row has
+ * committed with the first, whatever becomes of the rest; see the README.)
  * Reporting `processed` would have the consumer ack a message whose log row never committed.
  * So once the transaction is over, the primary is asked whether the transaction that inserted
  * the log row committed (`txid_status`): not whether some row is there (a concurrent
@@ -128,8 +130,8 @@ async function confirmCommitted(dataSource: DataSource, entry: LogKey, txid: str
   if (!committed) {
     throw new IdempotencyError(
       'consumeOnce: the transaction did not commit (a statement failed inside it and was caught: in `work`, in a subscriber, ' +
-        'or not awaited; or `work` ended it, and only what it wrote after that may have committed); the message is not ' +
-        'logged as processed. Let the error reach consumeOnce, or run the statement in a savepoint.',
+        'or not awaited; or `work` rolled it back); the message is not logged as processed. Let the error reach consumeOnce, ' +
+        'or run the statement in a savepoint.',
     );
   }
 }

@@ -96,7 +96,23 @@ class VoucherAudit implements EntitySubscriberInterface<Voucher> {
   }
   async afterInsert(event: InsertEvent<Voucher>): Promise<void> {
     if (event.entity?.code.startsWith('audited')) await event.manager.insert(AuditLine, { ref: 'voucher-fixed' });
+    if (event.entity?.code.startsWith('raw-audited')) {
+      // Raw SQL that starts with a comment, and one with a comment inside (round 7).
+      const table = event.connection.getMetadata(AuditLine).tablePath.split('.').map((part) => `"${part}"`).join('.');
+      await event.manager.query(`-- audit trail\nINSERT /* raw */ INTO ${table} (ref) VALUES ('voucher-raw')`);
+    }
   }
+}
+
+/** A table name with a space in it. */
+@Entity({ name: 'gift cards' })
+@Index('uq_gift_cards_code', ['code'], { unique: true })
+class GiftCard {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @Column({ type: 'varchar', length: 64 })
+  code!: string;
 }
 
 /** What a subscriber reading through the DataSource (another connection) saw of a `seen` booking. */
@@ -147,7 +163,7 @@ describe('insertOnce (PostgreSQL)', () => {
 
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
-      entities: [Booking, AuditLine, RegionalEvent, Pass, Voucher],
+      entities: [Booking, AuditLine, RegionalEvent, Pass, Voucher, GiftCard],
       subscribers: [DomainEvents, AuditTrail, VoucherAudit],
       extra: { max: 30 },
       synchronize: true,
@@ -324,6 +340,19 @@ describe('insertOnce (PostgreSQL)', () => {
       created: false,
       entity: { id: first.entity.id },
     });
+  });
+
+  // Round 7 of the adversaries: a table name with a space was read as another table (its real
+  // duplicates rethrown), and raw SQL with comments as unreadable (a subscriber's violation taken
+  // for a duplicate).
+  it('answers a duplicate in a table named with a space, and rethrows a subscriber\'s commented raw INSERT', async () => {
+    const cards = dataSource.getRepository(GiftCard);
+    const first = await insertOnce(cards, { code: 'G-1' }, () => ({ code: 'G-1' }));
+    expect(await insertOnce(cards, { code: 'G-1' }, () => ({ code: 'G-1' }))).toMatchObject({ created: false, entity: { id: first.entity.id } });
+    const vouchers = dataSource.getRepository(Voucher);
+    expect(await insertOnce(vouchers, { code: 'raw-audited-1' }, () => ({ code: 'raw-audited-1' }))).toMatchObject({ created: true });
+    const error = await insertOnce(vouchers, { code: 'raw-audited-2' }, () => ({ code: 'raw-audited-2' })).catch((e: unknown) => e);
+    expect((error as QueryFailedError<Error & { constraint: string }>).driverError?.constraint).toBe('uq_audit_lines_ref');
   });
 
   it('rethrows other errors without looking for an existing row', async () => {

@@ -64,22 +64,26 @@ export async function insertOnce<T extends ObjectLiteral>(
 
 /**
  * Whether a unique violation is this call's INSERT's, as TypeORM's `QueryFailedError` names the
- * statement. Only a statement that plainly writes elsewhere is another's: an UPDATE or a DELETE,
- * or an INSERT into another table than the entity's (compared without quotes, by the path
- * TypeORM writes: a view or a partitioned table's parent, whatever PostgreSQL then names). A
- * statement it cannot read (a raw driver error, a CTE) is taken for this call's, as before.
+ * statement (comments left out). Only a statement that plainly is another is another's: an
+ * UPDATE, a DELETE, a SELECT or a CALL (a function or a procedure that writes), or an INSERT into
+ * another table than the entity's (compared without quotes, by the path TypeORM writes: a view
+ * or a partitioned table's parent, whatever PostgreSQL then names). A statement it cannot read
+ * (a raw driver error, a CTE) is taken for this call's, as before.
  */
 function isOwnInsert(repo: Repository<ObjectLiteral>, error: unknown): boolean {
   const query = (error as { query?: unknown }).query;
   if (typeof query !== 'string') return true;
-  const statement = STATEMENT.exec(query);
-  if (!statement) return true;
-  const [, verb, target] = statement;
-  return /^insert/i.test(verb) && unquoted(target) === unquoted(repo.metadata.tablePath);
+  const statement = query.replace(COMMENTS, ' ').trim();
+  if (OTHER_STATEMENT.test(statement)) return false;
+  const insert = INSERT_INTO.exec(statement);
+  return !insert || unquoted(insert[1]) === unquoted(repo.metadata.tablePath);
 }
 
-/** A statement's verb and target, after leading comments (TypeORM's `.comment()`). */
-const STATEMENT = /^\s*(?:\/\*[\s\S]*?\*\/\s*)*(insert\s+into|update|delete\s+from)\s+([^\s(]+)/i;
+/** SQL comments: `/* ... *\/` and `-- ...` to the end of the line. */
+const COMMENTS = /\/\*[\s\S]*?\*\/|--[^\n]*/g;
+const OTHER_STATEMENT = /^(?:update|delete|select|call)\b/i;
+/** An INSERT's target: identifiers, quoted (spaces allowed) or not, joined by dots. */
+const INSERT_INTO = /^insert\s+into\s+((?:"[^"]*"|`[^`]*`|\[[^\]]*\]|[^\s(."`[]+)(?:\.(?:"[^"]*"|`[^`]*`|\[[^\]]*\]|[^\s(."`[]+))*)/i;
 
 const unquoted = (path: string) => path.replace(/["`[\]]/g, '');
 
