@@ -53,7 +53,7 @@ export async function transition<T extends ObjectLiteral>(
   const versionProperty = spec.versionProperty ?? 'version';
   if (spec.from.length === 0) throw new RangeError('transition: `from` names no state');
   if (!namesRow(repo, spec.where)) {
-    throw new RangeError(`transition: \`where\` names no row (${JSON.stringify(spec.where) ?? String(spec.where)}); it would change every row in a \`from\` state`);
+    throw new RangeError(`transition: \`where\` names no row (${shown(spec.where)}); it would change every row in a \`from\` state`);
   }
   if (spec.from.includes(spec.to)) {
     throw new RangeError(`transition: \`from\` includes \`to\` (${spec.to}); a repeat would apply again`);
@@ -121,6 +121,15 @@ function namesRow<T extends ObjectLiteral>(repo: Repository<T>, where: FindOptio
     (element) =>
       typeof element === 'object' && element !== null && Object.values(element).some((value) => value !== undefined) && probe(element) !== none,
   );
+}
+
+/** A `where` as the error shows it (JSON, or its text where JSON cannot hold it: a BigInt, a cycle). */
+function shown(where: unknown): string {
+  try {
+    return JSON.stringify(where) ?? String(where);
+  } catch {
+    return String(where);
+  }
 }
 
 function columnOf<T extends ObjectLiteral>(repo: Repository<T>, property: string): ColumnMetadata {

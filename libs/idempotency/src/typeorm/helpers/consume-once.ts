@@ -29,7 +29,7 @@ class DuplicateDelivery extends Error {}
  * - `work` throws: both roll back and the error is rethrown, so a redelivery processes it. So
  *   too when nothing committed without an error reaching consumeOnce (a statement failed and was
  *   caught, PostgreSQL then rolls back at COMMIT): it throws instead of reporting the message
- *   processed, having read the log row back after the commit.
+ *   processed, having asked after the commit whether its transaction committed.
  * - Concurrent deliveries: the second log insert waits for the first transaction; if that
  *   commits, the second is a duplicate; if it rolls back, the second processes the message.
  *
