@@ -17,6 +17,7 @@ import {
 import { PROBLEM_JSON_CONTENT_TYPE } from '../errors/problem-details.js';
 import type { FingerprintInput } from '../keys/fingerprint.js';
 import type { SavedResponse, UnreplayableReason } from '../stores/idempotency-store.js';
+import { notModifiedFits } from './conditional-replay.js';
 import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
 import { watchHandler } from './handler-start.js';
 import { runHeld } from './held-run.js';
@@ -36,6 +37,9 @@ const NOT_REPLAYABLE: Record<UnreplayableReason, string> = {
   not_delivered: 'the first request was answered before its handler finished, e.g. by a timeout',
   server_error: 'the server failed while answering the first request',
 };
+/** What a duplicate is told when the first answer was a 304 that does not fit it (`notModifiedFits`). */
+const NOT_MODIFIED_ELSEWHERE =
+  "the first request was conditional and was answered 304 Not Modified, without a body; this request's validators do not match it";
 
 const logger = new Logger('Idempotency');
 
@@ -170,6 +174,9 @@ export class HttpExchange implements GuardExchange {
   replay(saved: SavedResponse): Observable<unknown> {
     clearRefusalHeaders(this.res, this.raw);
     if (saved.unreplayable) throw this.withHeaders(responseNotReplayable(NOT_REPLAYABLE[saved.unreplayable], this.route.errorFormat));
+    if (saved.statusCode === 304 && !notModifiedFits(saved, this.req)) {
+      throw this.withHeaders(responseNotReplayable(NOT_MODIFIED_ELSEWHERE, this.route.errorFormat));
+    }
     if (this.route.sendsOwnResponse) {
       sendNow(this.raw, saved, this.replayHeaders);
       return of(undefined);

@@ -1,0 +1,79 @@
+// A guarded GET on Express, whose res.json() answers a conditional request (If-None-Match that
+// matches the body's ETag) 304 Not Modified, without a body. That 304 is the answer saved. A
+// retry of the key from a client without the representation (no validator, or another one) was
+// replayed the empty 304 (found by an adversarial helper in session 14, run in session 15): it
+// now gets 409 RESPONSE_NOT_REPLAYABLE, and a retry whose validators match still gets the 304.
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Controller, Get } from '@nestjs/common';
+import { randomUUID } from 'node:crypto';
+import { IdempotencyErrorCode, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { codeOf, makeApp, replayed, send, type EdgeApp } from './support/edge-app.js';
+
+let runs = 0;
+const REPORT = '{"total":42}';
+
+@Controller()
+class ReportsController {
+  @Get('report')
+  @NoRepeatSubmit()
+  report() {
+    runs++;
+    return { total: 42 };
+  }
+}
+
+describe('a guarded GET answered 304 Not Modified (express)', () => {
+  let edge: EdgeApp;
+  let etag: string;
+  beforeAll(async () => {
+    edge = await makeApp('express', [ReportsController], { keyPrefix: `conditional-${randomUUID()}` });
+    etag = String((await send(edge.url, '/report', { method: 'GET', key: randomUUID() })).headers.etag);
+  });
+  afterAll(async () => edge?.close());
+
+  /** A first request with a key whose validator matches: Express answers 304. */
+  async function notModifiedFirst(): Promise<string> {
+    runs = 0;
+    const key = randomUUID();
+    const first = await send(edge.url, '/report', { method: 'GET', key, headers: { 'if-none-match': etag } });
+    expect({ status: first.status, text: first.text, runs }).toEqual({ status: 304, text: '', runs: 1 });
+    return key;
+  }
+
+  it.each([
+    ['no validator', {}],
+    ['another entity tag', { 'if-none-match': '"other"' }],
+    ['an If-Modified-Since only', { 'if-modified-since': new Date().toUTCString() }],
+  ])('refuses the saved 304 to a retry with %s, and the handler ran once', async (_what, headers: Record<string, string>) => {
+    const key = await notModifiedFirst();
+    const retry = await send(edge.url, '/report', { method: 'GET', key, headers });
+    expect({ status: retry.status, code: codeOf(retry), runs }).toEqual({
+      status: 409,
+      code: IdempotencyErrorCode.RESPONSE_NOT_REPLAYABLE,
+      runs: 1,
+    });
+  });
+
+  it.each([
+    ['the same entity tag', () => etag],
+    ['the tag compared weakly, in a list', () => `"x", ${etag.replace(/^W\//, '')}`],
+    ['*', () => '*'],
+  ])('replays the saved 304 to a retry with %s', async (_what, validator) => {
+    const key = await notModifiedFirst();
+    const retry = await send(edge.url, '/report', { method: 'GET', key, headers: { 'if-none-match': validator() } });
+    expect({ status: retry.status, replayed: replayed(retry), text: retry.text, runs }).toEqual({
+      status: 304,
+      replayed: true,
+      text: '',
+      runs: 1,
+    });
+  });
+
+  it('replays a saved 200 with its body to a conditional retry', async () => {
+    runs = 0;
+    const key = randomUUID();
+    const first = await send(edge.url, '/report', { method: 'GET', key });
+    const retry = await send(edge.url, '/report', { method: 'GET', key, headers: { 'if-none-match': etag } });
+    expect([first.status, first.text, retry.status, replayed(retry), retry.text, runs]).toEqual([200, REPORT, 200, true, REPORT, 1]);
+  });
+});
