@@ -1,5 +1,6 @@
 import type { FindOptionsWhere, ObjectLiteral, QueryDeepPartialEntity, Repository } from 'typeorm';
 import type { ColumnMetadata } from 'typeorm/metadata/ColumnMetadata.js';
+import { findOnPrimary } from './find-on-primary.js';
 
 /** A state change `transition` applies only from the states it names. */
 export interface TransitionSpec<T> {
@@ -34,8 +35,9 @@ export type TransitionResult<T> =
  * one changes the row, and fields the winner set (a payment id, a timestamp) are never
  * overwritten by a repeat, because the row no longer matches `status IN (:from)`.
  *
- * When nothing changed, reads the row once to say why: absent → `not_found`; already in `to` →
- * `already_done`; in a state outside `from` → `not_allowed`; otherwise `version_conflict`.
+ * When nothing changed, reads the row once to say why (on the primary, with read replicas):
+ * absent → `not_found`; already in `to` → `already_done`; in a state outside `from` →
+ * `not_allowed`; otherwise `version_conflict`.
  * On drivers with `UPDATE ... RETURNING` (PostgreSQL, SQLite, MariaDB) the changed row comes
  * back with the statement; elsewhere it is read after it.
  *
@@ -83,11 +85,11 @@ export async function transition<T extends ObjectLiteral>(
 
   if ((result.affected ?? 0) > 0) {
     const rows = result.raw as ObjectLiteral[];
-    const entity = returning && rows[0] ? hydrate(repo, rows[0]) : await repo.findOne({ where: spec.where });
+    const entity = returning && rows[0] ? hydrate(repo, rows[0]) : await findOnPrimary(repo, spec.where);
     // Only a delete between the UPDATE and the read (no RETURNING) leaves nothing to show.
     if (entity) return { changed: true, entity };
   }
-  const current = await repo.findOne({ where: spec.where });
+  const current = await findOnPrimary(repo, spec.where);
   if (!current) return { changed: false, reason: 'not_found' };
   const status = statusColumn.getEntityValue(current) as string;
   if (status === spec.to) return { changed: false, reason: 'already_done', entity: current };

@@ -6,6 +6,7 @@ import type {
   QueryRunner,
   Repository,
 } from 'typeorm';
+import { findOnPrimary } from './find-on-primary.js';
 import { uniqueViolationOf, type UniqueViolation } from './unique-violation.js';
 
 /** What `insertOnce` did: inserted the row, or found the one a unique constraint protects. */
@@ -29,6 +30,9 @@ export type InsertOnceResult<T> =
  * table, after the INSERT went through) is rethrown, not taken for a duplicate: TypeORM names the
  * failing statement, and only one that inserts into the entity's table is this call's. (A
  * subscriber's INSERT into the same table cannot be told apart.)
+ *
+ * The existing row is read on the primary when the DataSource has read replicas (a replica may
+ * not have it yet).
  *
  * Rethrows the original error when it is not a unique violation, and when no row matches
  * `findExisting` after one (the other row was deleted meanwhile, or, under REPEATABLE READ or
@@ -56,7 +60,7 @@ export async function insertOnce<T extends ObjectLiteral>(
     const violation = uniqueViolationOf(error);
     if (!violation) throw error;
     if (!isOwnInsert(repo, error)) throw error;
-    const existing = await repo.findOne({ where: findExisting(violation) });
+    const existing = await findOnPrimary(repo, findExisting(violation));
     if (!existing) throw error;
     return { created: false, entity: existing, constraint: violation.constraint };
   }
