@@ -178,4 +178,17 @@ describe('transition (PostgreSQL)', () => {
     expect(await transition(payments, { where: { tags: {} }, from: ['PENDING'], to: 'PAID' })).toMatchObject({ changed: true, entity: { id: tagged } });
     expect(await payments.findOneByOrFail({ id: other })).toMatchObject({ status: 'PENDING', version: 1 });
   });
+
+  // Session 14's adversaries: TypeORM's UPDATE adds no soft-delete condition, so a soft-deleted
+  // row was moved (changed: true), while TypeORM's finds, and transition's own read after a
+  // refusal, take it for absent.
+  it('takes a soft-deleted row for absent: not_found, and nothing changes', async () => {
+    const id = await newPayment();
+    await payments.softDelete({ id });
+    expect(await pay(id, 'tx-deleted')).toEqual({ changed: false, reason: 'not_found' });
+    const row = await payments.findOneOrFail({ where: { id }, withDeleted: true });
+    expect(row).toMatchObject({ status: 'PENDING', transactionId: null, version: 1 });
+    await payments.restore({ id });
+    expect(await pay(id, 'tx-restored')).toMatchObject({ changed: true, entity: { status: 'PAID', transactionId: 'tx-restored' } });
+  });
 });

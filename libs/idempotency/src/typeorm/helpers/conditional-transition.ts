@@ -35,6 +35,8 @@ export type TransitionResult<T> =
  * one changes the row, and fields the winner set (a payment id, a timestamp) are never
  * overwritten by a repeat, because the row no longer matches `status IN (:from)`.
  *
+ * A soft-deleted row (an entity with a `@DeleteDateColumn`) is absent, as TypeORM's finds take it.
+ *
  * When nothing changed, reads the row once to say why (on the primary, with read replicas):
  * absent → `not_found`; already in `to` → `already_done`; in a state outside `from` →
  * `not_allowed`; otherwise `version_conflict`.
@@ -76,6 +78,9 @@ export async function transition<T extends ObjectLiteral>(
     .set(patch as QueryDeepPartialEntity<T>)
     .where(spec.where)
     .andWhere(`${quoted(statusColumn)} IN (:...transitionFrom)`, { transitionFrom: [...spec.from] });
+  // A soft-deleted row is absent, as TypeORM's finds (and the read below) take it: its UPDATE adds no such condition.
+  const deleteDateColumn = repo.metadata.deleteDateColumn;
+  if (deleteDateColumn) update.andWhere(`${quoted(deleteDateColumn)} IS NULL`);
   if (versionColumn && spec.expectedVersion !== undefined) {
     update.andWhere(`${quoted(versionColumn)} = :transitionVersion`, { transitionVersion: spec.expectedVersion });
   }
