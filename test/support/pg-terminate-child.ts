@@ -1,14 +1,21 @@
 // A process for `test/postgres-terminated.e2e-spec.ts`, run from the sources:
 //   node --import ./test/support/ts-register.mjs test/support/pg-terminate-child.ts
-// It claims keys on the PostgreSQL store in rounds of 20 at once, each round behind 30 ms of
-// synchronous work (a loaded app: a connection's "ready" and the server's "terminating" then
-// arrive in one socket read), while the parent terminates its connections. It prints
-// `survived <store errors>` when its rounds are done; a crash ends it with no such line.
+// It makes calls of one kind (MODE: `store` claims keys on the PostgreSQL store, `transactions`
+// runs IdempotentTransactions, `consume` runs consumeOnce) in rounds of 20 at once, each round
+// behind 30 ms of synchronous work (a loaded app: a connection's "ready" and the server's
+// "terminating" then arrive in one socket read), while the parent terminates its connections. It
+// prints `survived <errors>` when its rounds are done; a crash ends it with no such line.
 //
-// Env: DATABASE_URL, PG_SCHEMA (with the store's table), PG_APP (application_name), ROUNDS.
+// Env: DATABASE_URL, PG_SCHEMA (with the tables of IDEMPOTENCY_MIGRATIONS), PG_APP
+// (application_name), ROUNDS, MODE.
 import { randomUUID } from 'node:crypto';
 import { DataSource } from 'typeorm';
-import { PostgresIdempotencyStore } from '../../libs/idempotency/src/typeorm/index.js';
+import {
+  IDEMPOTENCY_ENTITIES,
+  IdempotentTransactions,
+  PostgresIdempotencyStore,
+  consumeOnce,
+} from '../../libs/idempotency/src/typeorm/index.js';
 
 const env = (name: string) => process.env[name] ?? '';
 setTimeout(() => process.exit(1), 60_000).unref();
@@ -17,17 +24,23 @@ const dataSource = new DataSource({
   type: 'postgres',
   url: env('DATABASE_URL'),
   schema: env('PG_SCHEMA'),
+  entities: [...IDEMPOTENCY_ENTITIES],
   extra: { max: 20, application_name: env('PG_APP') },
 });
 await dataSource.initialize();
 const store = new PostgresIdempotencyStore(dataSource);
+const transactions = new IdempotentTransactions(dataSource);
+const calls: Record<string, () => Promise<unknown>> = {
+  store: () => store.claim({ key: `terminated:${randomUUID()}`, fingerprint: 'f', token: randomUUID(), leaseMs: 1000 }),
+  transactions: () => transactions.run({ key: `terminated:${randomUUID()}` }, async (manager) => ({ body: await manager.query('SELECT 1') })),
+  consume: () => consumeOnce(dataSource, { consumer: 'terminated', messageId: randomUUID() }, (manager) => manager.query('SELECT 1')),
+};
+const call = calls[env('MODE')];
 process.stdout.write('ready\n');
 
 let errors = 0;
 for (let round = 0; round < Number(env('ROUNDS')); round++) {
-  const claims = Array.from({ length: 20 }, () =>
-    store.claim({ key: `terminated:${randomUUID()}`, fingerprint: 'f', token: randomUUID(), leaseMs: 1000 }).catch(() => errors++),
-  );
+  const claims = Array.from({ length: 20 }, () => call().catch(() => errors++));
   const busyUntil = Date.now() + 30;
   while (Date.now() < busyUntil);
   await Promise.all(claims);

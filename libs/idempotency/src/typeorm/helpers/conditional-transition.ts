@@ -1,5 +1,6 @@
 import type { FindOptionsWhere, ObjectLiteral, QueryDeepPartialEntity, Repository } from 'typeorm';
 import type { ColumnMetadata } from 'typeorm/metadata/ColumnMetadata.js';
+import { coverNewConnections } from '../postgres/new-connections.js';
 import { findOnPrimary } from './find-on-primary.js';
 
 /** A state change `transition` applies only from the states it names. */
@@ -65,6 +66,7 @@ export async function transition<T extends ObjectLiteral>(
   if (spec.expectedVersion !== undefined && versionProperty === false) {
     throw new RangeError('transition: `expectedVersion` needs a `versionProperty`');
   }
+  coverNewConnections(repo.manager.connection);
   const statusColumn = columnOf(repo, statusProperty);
   const versionColumn = versionProperty === false ? undefined : columnOf(repo, versionProperty);
   const driver = repo.manager.connection.driver;

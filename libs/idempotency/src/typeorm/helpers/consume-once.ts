@@ -2,6 +2,7 @@ import type { DataSource, EntityManager } from 'typeorm';
 import { CONSUMER_COLUMN_CHARS, ConsumeLogEntry, MESSAGE_ID_COLUMN_CHARS } from './consume-log.entity.js';
 import { uniqueViolationOf } from './unique-violation.js';
 import { IdempotencyError } from '../../index.js';
+import { coverNewConnections } from '../postgres/new-connections.js';
 import { DIGEST_BYTES, digestForm } from '../store/record-key.js';
 
 /** A delivered message, named by who consumes it and its id. */
@@ -55,6 +56,7 @@ export async function consumeOnce<R>(
   const entry = { consumer: checkedConsumer(message.consumer), messageId: loggedMessageId(message.messageId) };
   let processed: { status: 'processed'; result: R };
   let txid: string | undefined;
+  coverNewConnections(dataSource);
   try {
     processed = await dataSource.transaction(async (manager) => {
       try {

@@ -6,6 +6,7 @@ import type {
   QueryRunner,
   Repository,
 } from 'typeorm';
+import { coverNewConnections } from '../postgres/new-connections.js';
 import { findOnPrimary } from './find-on-primary.js';
 import { uniqueViolationOf, type UniqueViolation } from './unique-violation.js';
 
@@ -46,6 +47,7 @@ export async function insertOnce<T extends ObjectLiteral>(
   values: DeepPartial<T>,
   findExisting: (violation: UniqueViolation) => FindOptionsWhere<T> | FindOptionsWhere<T>[],
 ): Promise<InsertOnceResult<T>> {
+  coverNewConnections(repo.manager.connection);
   const entity = repo.create(values);
   const queryRunner = repo.manager.queryRunner;
   const inTransaction = queryRunner !== undefined && (queryRunner.isTransactionActive || beganWithRawSql(queryRunner));

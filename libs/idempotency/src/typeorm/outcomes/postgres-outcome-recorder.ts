@@ -15,6 +15,7 @@ import {
   type RecordedOutcome,
 } from './outcome-claim.js';
 import { claimSql, finishSql, getSql, lockSql, renewSql } from './postgres-outcome-recorder.sql.js';
+import { coverNewConnections } from '../postgres/new-connections.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
@@ -164,6 +165,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
     held: HeldOutcome,
     work: (manager: EntityManager) => Promise<RecordedOutcome>,
   ): Promise<{ recorded: true; outcome: RecordedOutcome } | { recorded: false }> {
+    coverNewConnections(this.dataSource);
     return this.dataSource.transaction(async (manager) => {
       const runner = manager.queryRunner!;
       const locked = await this.run(this.sql.lock, [held.recordId, held.token], runner);

@@ -18,6 +18,7 @@ import { DataSource, type EntityManager, type QueryRunner } from 'typeorm';
 import { IDEMPOTENCY_DEFAULTS, IdempotencyKeyError, IdempotencyStoreError } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from '../store/idempotency-record.entity.js';
 import { recordKey } from '../store/record-key.js';
+import { coverNewConnections } from '../postgres/new-connections.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
@@ -117,6 +118,7 @@ export class IdempotentTransactions {
     if (input.key.includes('\0')) throw new IdempotencyKeyError('it contains a NUL');
     const key = recordKey(input.key);
     const token = randomUUID();
+    coverNewConnections(this.dataSource);
     const runner = this.dataSource.createQueryRunner();
     try {
       await database('START TRANSACTION', () => runner.startTransaction('READ COMMITTED'));
