@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
-import { Column, Entity, PrimaryGeneratedColumn, type DataSource, type EntityManager } from 'typeorm';
+import { Column, DataSource, Entity, PrimaryGeneratedColumn, type DataSourceOptions, type EntityManager } from 'typeorm';
 import { IdempotencyConfigError, IdempotencyKeyError } from '../../index.js';
 import { IDEMPOTENCY_ENTITIES } from '../entities.js';
 import { IDEMPOTENCY_MIGRATIONS } from '../migrations.js';
@@ -270,6 +270,24 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
       });
       expect(workTimeout).toBe((await sql(`SELECT current_setting('lock_timeout') AS t`))[0].t);
       expect(await payments(key)).toBe(1);
+    });
+
+    // Session 14's adversaries: the app's own statement_timeout below lockTimeoutMs cancelled the
+    // wait (57014), and the duplicate was answered an IdempotencyStoreError (a 500), not in_progress.
+    it("answers in_progress when the app's statement_timeout ends the wait before lockTimeoutMs", async () => {
+      const key = `wait-statement-timeout:${randomUUID()}`;
+      const bounded = new DataSource({ ...dataSource.options, migrationsRun: false, extra: { max: 2, statement_timeout: 150 } } as DataSourceOptions);
+      await bounded.initialize();
+      const { first, release } = await holdFirst(key, 'commit');
+      try {
+        const refused = await new IdempotentTransactions(bounded).run({ key }, pay(key, 2)).finally(release);
+        expect(refused).toEqual({ status: 'in_progress', retryAfterMs: 3000 });
+        await first;
+        expect(await new IdempotentTransactions(bounded).run({ key }, pay(key, 2))).toMatchObject({ status: 'replayed', body: { amount: 1 } });
+        expect(await payments(key)).toBe(1);
+      } finally {
+        await bounded.destroy();
+      }
     });
 
     it("makes the guard store's claim of the key wait, then see the answer", async () => {

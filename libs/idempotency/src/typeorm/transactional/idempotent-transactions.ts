@@ -30,7 +30,8 @@ export interface IdempotentTransactionsOptions {
   retentionMs?: number;
   /**
    * How long a duplicate waits for the transaction that holds its key, in milliseconds, before
-   * it answers `in_progress`. The waiting duplicate holds a pooled connection meanwhile. Default 3000.
+   * it answers `in_progress` (sooner when the app's `statement_timeout` is shorter). The waiting
+   * duplicate holds a pooled connection meanwhile. Default 3000.
    */
   lockTimeoutMs?: number;
   /** Table, `name` or `schema.name`. Default `idempotency_records` (the store's) in the DataSource's `schema`. */
@@ -54,6 +55,8 @@ type Claim = { status: 'acquired' } | Exclude<IdempotentRunResult<unknown>, { st
 const DEFAULT_LOCK_TIMEOUT_MS = 3000;
 /** PostgreSQL `lock_not_available`: `lock_timeout` ran out. */
 const LOCK_NOT_AVAILABLE = '55P03';
+/** PostgreSQL `query_canceled`: the app's `statement_timeout` (or a cancel) ended the claim's wait. */
+const QUERY_CANCELED = '57014';
 /** Saved with the answer, so a record reads like one the guard saved. */
 const JSON_HEADERS = JSON.stringify({ 'content-type': 'application/json; charset=utf-8' });
 
@@ -162,8 +165,10 @@ export class IdempotentTransactions {
         return row && answerOf(row, fingerprint, input.key);
       });
     } catch (error) {
-      // The holder's transaction outlived the wait; when it ends is unknown, so suggest the wait again.
-      if (sqlStateOf((error as Error).cause) === LOCK_NOT_AVAILABLE) return { status: 'in_progress', retryAfterMs: this.lockTimeoutMs };
+      // The holder's transaction outlived the wait (ours, or the app's statement_timeout when
+      // shorter); when it ends is unknown, so suggest the wait again. The cancelled claim wrote nothing.
+      const state = sqlStateOf((error as Error).cause);
+      if (state === LOCK_NOT_AVAILABLE || state === QUERY_CANCELED) return { status: 'in_progress', retryAfterMs: this.lockTimeoutMs };
       throw error;
     }
     if (claim.status === 'acquired') await this.statement(restoreWaitSql, [previous], runner);
