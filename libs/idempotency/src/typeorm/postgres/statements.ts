@@ -83,8 +83,11 @@ function rename(client: object, sql: string): void {
  * in transaction mode), this runner stops preparing and runs every statement unnamed. Either way
  * the refused statement did nothing and runs again at once, outside a transaction; inside one,
  * the error has aborted the transaction and is thrown, and the next transaction runs it anew.
+ *
+ * `timeoutMs` bounds each statement on a pooled connection (see `onPooled`); a transaction's
+ * statements are the transaction owner's to bound.
  */
-export function statementRunner(dataSource: DataSource): RunStatement {
+export function statementRunner(dataSource: DataSource, { timeoutMs }: { timeoutMs?: number } = {}): RunStatement {
   const { logger } = dataSource;
   let prepare = true;
   const prepared = async (client: PgClient, sql: string, values: unknown[], canRetry: boolean) => {
@@ -124,7 +127,7 @@ export function statementRunner(dataSource: DataSource): RunStatement {
   return async (sql, params, runner) => {
     try {
       if (runner) return await onRunner(runner, (client) => query(client, sql, params, runner));
-      return await onPooled(dataSource, (client) => query(client, sql, params));
+      return await onPooled(dataSource, (client) => query(client, sql, params), timeoutMs);
     } catch (error) {
       throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
     }
@@ -143,29 +146,72 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  * hands it over (none would crash the process). The listener is added in the pool's callback,
  * not after an awaited `connect()`: a new connection's "ready" and the server's "terminating" (a
  * failover) can arrive in one socket read, and the error then fires before an await resumes.
+ *
+ * With `timeoutMs`, the whole call (a free connection, then the statement's answer) is bounded:
+ * past it the call fails, the connection it waited on leaves the pool (its statement may still
+ * be running on the server, so it is not reused), and a connection handed over later goes back
+ * at once. As the Redis store's bound, the failure waits one turn of the event loop past the
+ * timer, so that an answer read after a stall of the process wins.
  */
-async function onPooled<T>(dataSource: DataSource, work: (client: PgClient) => Promise<T>): Promise<T> {
+async function onPooled<T>(dataSource: DataSource, work: (client: PgClient) => Promise<T>, timeoutMs?: number): Promise<T> {
   const pool = (dataSource.driver as unknown as PostgresDriverPools).master;
   if (!pool) throw new TypeORMError('Driver not Connected');
-  const { client, release } = await new Promise<{ client: PooledPgClient; release: (error?: Error) => void }>((resolve, reject) => {
-    pool.connect((error, connected) => {
-      if (error || !connected) return reject(error ?? new TypeORMError('The pool gave no connection'));
-      let released = false;
-      const release = (failure?: Error) => {
-        if (released) return;
-        released = true;
-        connected.release(failure);
-      };
-      connected.on('error', release);
-      resolve({ client: connected, release });
+  let expired = false;
+  let drop: ((error: Error) => void) | undefined;
+  const run = (async () => {
+    const { client, release } = await new Promise<{ client: PooledPgClient; release: (error?: Error) => void }>((resolve, reject) => {
+      pool.connect((error, connected) => {
+        if (error || !connected) return reject(error ?? new TypeORMError('The pool gave no connection'));
+        let released = false;
+        const release = (failure?: Error) => {
+          if (released) return;
+          released = true;
+          connected.release(failure);
+        };
+        connected.on('error', release);
+        if (expired) {
+          connected.removeListener('error', release);
+          release();
+          return reject(new TypeORMError('The pool gave a connection after the bound'));
+        }
+        drop = release;
+        resolve({ client: connected, release });
+      });
     });
+    try {
+      return await work(client);
+    } finally {
+      client.removeListener('error', release);
+      release();
+    }
+  })();
+  if (timeoutMs === undefined) return run;
+  return new Promise<T>((resolve, reject) => {
+    let settled = false;
+    const timer = setTimeout(
+      () =>
+        setImmediate(() => {
+          if (settled) return;
+          expired = true;
+          const error = new TypeORMError(`no answer within ${timeoutMs} ms`);
+          drop?.(error);
+          reject(error);
+        }),
+      timeoutMs,
+    );
+    run.then(
+      (value) => {
+        settled = true;
+        clearTimeout(timer);
+        resolve(value);
+      },
+      (error: unknown) => {
+        settled = true;
+        clearTimeout(timer);
+        reject(error);
+      },
+    );
   });
-  try {
-    return await work(client);
-  } finally {
-    client.removeListener('error', release);
-    release();
-  }
 }
 
 /** How many times a claim statement runs when its snapshot keeps missing a concurrent commit. */

@@ -4,6 +4,7 @@ import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import type { Pool } from 'pg';
 import { DataSource, type Logger as TypeOrmLogger } from 'typeorm';
 import { DATABASE_URL } from '../../../../../test/support/services.js';
+import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
 import { IdempotencyStoreError } from '../../index.js';
 import { IDEMPOTENCY_ENTITIES } from '../entities.js';
 import { IDEMPOTENCY_MIGRATIONS } from '../migrations.js';
@@ -237,6 +238,45 @@ describe('PostgresIdempotencyStore', () => {
       expect(error).toBeInstanceOf(IdempotencyStoreError);
     } finally {
       await viaRelay.destroy().catch(() => undefined);
+    }
+  });
+
+  // A database that accepts connections and never answers (a hung server, a black-holed
+  // network): the store's statements had no bound, so guarded requests waited for the driver
+  // whatever `failMode` said (left in session 14). Each statement on a pooled connection is now
+  // bounded (`statementTimeoutMs`); the connection it waited on is dropped, not reused.
+  it('fails a statement with no answer within statementTimeoutMs, drops its connection, and goes on when the database answers', async () => {
+    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
+    const url = new URL(DATABASE_URL);
+    url.port = String(proxy.port);
+    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 2 } });
+    await viaProxy.initialize();
+    const pool = (viaProxy.driver as unknown as { master: Pool }).master;
+    const bounded = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 300 });
+    try {
+      expect(await bounded.get('k')).toBeUndefined();
+      proxy.delayMs = 60_000;
+      for (const call of [() => bounded.get('k'), () => bounded.claim({ key: `hung:${randomUUID()}`, token: 't', fingerprint: '', leaseMs: 1000 })]) {
+        const started = Date.now();
+        const error = await call().catch((e: unknown) => e);
+        expect({ error, ms: Date.now() - started < 2000 }).toEqual({ error: expect.any(IdempotencyStoreError), ms: true });
+        expect((error as Error).message).toMatch(/no answer within 300 ms/);
+      }
+      // The connection whose statement hung left the pool; the one the claim waited for is still
+      // connecting (pg-pool's own connectionTimeoutMillis bounds that) and goes back when it is ready.
+      expect({ total: pool.totalCount, idle: pool.idleCount }).toEqual({ total: 1, idle: 0 });
+      proxy.delayMs = 0;
+      const key = `answered:${randomUUID()}`;
+      expect(await bounded.claim({ key, token: 't', fingerprint: '', leaseMs: 1000 })).toEqual({ status: 'acquired', token: 't' });
+    } finally {
+      await proxy.stop();
+      await viaProxy.destroy().catch(() => undefined);
+    }
+  });
+
+  it('refuses a statementTimeoutMs that is not a positive number', () => {
+    for (const statementTimeoutMs of [0, -1, Number.NaN]) {
+      expect(() => new PostgresIdempotencyStore(dataSource, { statementTimeoutMs })).toThrow(/statementTimeoutMs/);
     }
   });
 });

@@ -13,7 +13,7 @@ import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
 import { claimSql, completeSql, forgetSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
-import { claimUntilAnswered, postgresSchemaOf, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { claimUntilAnswered, positiveMs, postgresSchemaOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresIdempotencyStoreOptions {
@@ -30,7 +30,18 @@ export interface PostgresIdempotencyStoreOptions {
   purgeIntervalMs?: number;
   /** Rows one purge statement deletes at most. Default 1000. */
   purgeBatchSize?: number;
+  /**
+   * How long one operation waits for a free connection and its statement's answer, in
+   * milliseconds. Past it the operation fails as a store outage (the route's `failMode` decides),
+   * and the connection it waited on leaves the pool. Default 5000: above a loaded database's
+   * commits, and a claim's wait for a transactional run of the same key (`IdempotentTransactions`)
+   * counts against it.
+   */
+  statementTimeoutMs?: number;
 }
+
+/** `statementTimeoutMs` by default. */
+const DEFAULT_STATEMENT_TIMEOUT_MS = 5000;
 
 interface ClaimRow {
   acquired: boolean;
@@ -54,7 +65,8 @@ interface RecordRow extends Omit<ClaimRow, 'acquired' | 'remaining_ms'> {
  * PostgreSQL store on a logged table: survives restarts and needs no Redis. Each operation is one
  * SQL statement (one round trip) on the DataSource's pool (the primary's, with replication), a
  * prepared statement planned once per connection (`../postgres/statements.ts`), each time taken
- * from the database clock, so application servers with skewed clocks agree. Create the table with
+ * from the database clock, so application servers with skewed clocks agree. Each is bounded by
+ * `statementTimeoutMs` (default 5 s), as the Redis store bounds its commands. Create the table with
  * `IDEMPOTENCY_MIGRATIONS`. Keys of any length work: one over 1,020 UTF-8 bytes is stored as a
  * readable head and its SHA-256 (`recordKey`).
  */
@@ -70,7 +82,8 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   ) {
     super();
     const schema = postgresSchemaOf('PostgresIdempotencyStore', dataSource);
-    this.run = statementRunner(dataSource);
+    const timeoutMs = positiveMs('PostgresIdempotencyStore', 'statementTimeoutMs', options.statementTimeoutMs ?? DEFAULT_STATEMENT_TIMEOUT_MS);
+    this.run = statementRunner(dataSource, { timeoutMs });
     const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, schema);
     this.sql = {
       claim: claimSql(table),
