@@ -4,7 +4,7 @@ import type { CallEvents } from '../events/call-events.js';
 import type { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import type { ClaimInput, IdempotencyStore, SavedResponse } from '../stores/idempotency-store.js';
 import type { HeldClaim } from './exchange.js';
-import { LeaseRenewal } from './lease-renewal.js';
+import { LeaseRenewal, type LeaseRenewalHooks } from './lease-renewal.js';
 import type { GuardedRoute } from './route-options.js';
 
 type StoreOperation = 'claim' | 'complete' | 'release' | 'renew';
@@ -19,65 +19,25 @@ const NEVER_ABORTED = new AbortController().signal;
  */
 export class StoreCalls {
   constructor(
-    private readonly store: IdempotencyStore,
-    private readonly counters: IdempotencyCounters,
-    private readonly logger: Logger,
+    readonly store: IdempotencyStore,
+    readonly counters: IdempotencyCounters,
+    readonly logger: Logger,
   ) {}
 
   /**
    * The claim this run holds, renewed while the handler runs; or, after a failed claim, the one
    * it may hold (`uncertain`: not renewed, the store is down).
    */
-  hold({ key: storageKey, token }: ClaimInput, route: GuardedRoute, uncertain: boolean, events: CallEvents | undefined): HeldClaim {
+  hold(input: ClaimInput, route: GuardedRoute, uncertain: boolean, events: CallEvents | undefined): HeldClaim {
     events?.held();
-    const renewal = uncertain ? undefined : this.renewal(storageKey, token, route, events);
-    const claimedAt = Date.now();
-    return {
-      holdMs: renewal ? route.maxHoldMs : route.leaseMs,
-      // Read only by `@LeaseSignal()`: the renewal makes its AbortController then.
-      get signal() {
-        return renewal?.signal ?? NEVER_ABORTED;
-      },
-      save: (response) => {
-        events?.settled(); // handlerMs: the answer is ready; the save's round trip is a store_call
-        renewal?.stop();
-        const leaseEndsAt = renewal?.leaseEndsAt ?? claimedAt + route.leaseMs;
-        return this.save(storageKey, token, response, route, leaseEndsAt, uncertain, events);
-      },
-      release: () => {
-        events?.settled();
-        renewal?.stop();
-        return this.release(storageKey, token, route.handler, events);
-      },
-    };
-  }
-
-  private renewal(storageKey: string, token: string, route: GuardedRoute, events: CallEvents | undefined): LeaseRenewal {
-    const { handler, leaseMs } = route;
-    return new LeaseRenewal(leaseMs, route.maxHoldMs, {
-      renew: () => this.timed('renew', events, () => this.store.renew(storageKey, token, leaseMs)),
-      renewed: () => {
-        this.counters.count('renewed', handler);
-        events?.emit('renewed', {});
-      },
-      failed: (error) => {
-        this.counters.count('storeErrors', handler);
-        events?.emit('store_error', { operation: 'renew', error });
-        this.logger.warn(`${handler}: could not renew the claim (${(error as Error).message}); trying again until its lease ends`);
-      },
-      lost: (why) => {
-        this.counters.count('leasesLost', handler);
-        events?.emit('lease_lost', { reason: why });
-        this.logger.error(`${handler}: lost the claim while the handler runs (${why}); a retry may run the handler again`);
-      },
-    });
+    return new Hold(this, input.key, input.token, route, uncertain, events);
   }
 
   /**
    * Saves the answer. A save that fails is tried again in the background until the lease ends:
    * the effect happened, and a key left processing would refuse retries, then run them again.
    */
-  private async save(
+  async save(
     storageKey: string,
     token: string,
     response: SavedResponse,
@@ -137,7 +97,8 @@ export class StoreCalls {
     else this.logger.error(message);
   }
 
-  private async release(storageKey: string, token: string, handler: string, events: CallEvents | undefined): Promise<void> {
+  /** Frees the key (compare-and-delete); never rejects. */
+  async release(storageKey: string, token: string, handler: string, events: CallEvents | undefined): Promise<void> {
     try {
       if (await this.timed('release', events, () => this.store.release(storageKey, token))) {
         this.counters.count('released', handler);
@@ -162,5 +123,74 @@ export class StoreCalls {
     } finally {
       events.emit('store_call', { operation, durationMs: performance.now() - started });
     }
+  }
+}
+
+/** A held claim: its renewal while the handler runs, and the save or release that settles it. One object per call, no closures. */
+class Hold implements HeldClaim {
+  readonly holdMs: number;
+  private readonly renewal: LeaseRenewal | undefined;
+  private readonly claimedAt = Date.now();
+
+  constructor(
+    private readonly calls: StoreCalls,
+    private readonly storageKey: string,
+    private readonly token: string,
+    private readonly route: GuardedRoute,
+    private readonly uncertain: boolean,
+    private readonly events: CallEvents | undefined,
+  ) {
+    this.renewal = uncertain ? undefined : new LeaseRenewal(route.leaseMs, route.maxHoldMs, new RenewalHooks(calls, storageKey, token, route, events));
+    this.holdMs = this.renewal ? route.maxHoldMs : route.leaseMs;
+  }
+
+  /** Read only by `@LeaseSignal()`: the renewal makes its AbortController then. */
+  get signal(): AbortSignal {
+    return this.renewal?.signal ?? NEVER_ABORTED;
+  }
+
+  save(response: SavedResponse): Promise<void> {
+    this.events?.settled(); // handlerMs: the answer is ready; the save's round trip is a store_call
+    this.renewal?.stop();
+    const leaseEndsAt = this.renewal?.leaseEndsAt ?? this.claimedAt + this.route.leaseMs;
+    return this.calls.save(this.storageKey, this.token, response, this.route, leaseEndsAt, this.uncertain, this.events);
+  }
+
+  release(): Promise<void> {
+    this.events?.settled();
+    this.renewal?.stop();
+    return this.calls.release(this.storageKey, this.token, this.route.handler, this.events);
+  }
+}
+
+/** What a claim's renewal does and reports (`LeaseRenewalHooks`), counted, reported and logged. */
+class RenewalHooks implements LeaseRenewalHooks {
+  constructor(
+    private readonly calls: StoreCalls,
+    private readonly storageKey: string,
+    private readonly token: string,
+    private readonly route: GuardedRoute,
+    private readonly events: CallEvents | undefined,
+  ) {}
+
+  renew(): Promise<boolean> {
+    return this.calls.timed('renew', this.events, () => this.calls.store.renew(this.storageKey, this.token, this.route.leaseMs));
+  }
+
+  renewed(): void {
+    this.calls.counters.count('renewed', this.route.handler);
+    this.events?.emit('renewed', {});
+  }
+
+  failed(error: unknown): void {
+    this.calls.counters.count('storeErrors', this.route.handler);
+    this.events?.emit('store_error', { operation: 'renew', error });
+    this.calls.logger.warn(`${this.route.handler}: could not renew the claim (${(error as Error).message}); trying again until its lease ends`);
+  }
+
+  lost(why: string): void {
+    this.calls.counters.count('leasesLost', this.route.handler);
+    this.events?.emit('lease_lost', { reason: why });
+    this.calls.logger.error(`${this.route.handler}: lost the claim while the handler runs (${why}); a retry may run the handler again`);
   }
 }
