@@ -88,6 +88,31 @@ describe('insertOnce and transition with read replicas (PostgreSQL)', () => {
     expect({ created: again.created, code: again.entity.code, finds }).toEqual({ created: false, code: 'T-2', finds: 1 });
   });
 
+  // Round 1 of this session's adversaries: `withRepository` built a subclass by its own
+  // constructor, which took other arguments (a DataSource: TypeError) or ignored them (and read
+  // on the replica again).
+  it.each([
+    ['a constructor taking the DataSource', (ds: DataSource) => new (class TicketRepository extends Repository<Ticket> {
+      constructor(source: DataSource) {
+        super(Ticket, source.createEntityManager());
+      }
+    })(ds)],
+    ['a constructor taking nothing', (ds: DataSource) => new (class TicketRepository extends Repository<Ticket> {
+      constructor() {
+        super(Ticket, ds.manager);
+      }
+    })()],
+  ])('reads on the primary through a custom repository with %s', async (_what, make) => {
+    const repo = make(dataSource);
+    const code = `T-${randomUUID().slice(0, 8)}`;
+    await insertOnce(repo, { code }, () => ({ code }));
+    expect(await insertOnce(repo, { code }, () => ({ code }))).toMatchObject({ created: false, entity: { code } });
+    const { entity } = await insertOnce(repo, { code: `${code}-b` }, () => ({ code: `${code}-b` }));
+    const close = () => transition(repo, { where: { id: entity.id }, from: ['OPEN'], to: 'CLOSED' });
+    await close();
+    expect(await close()).toMatchObject({ changed: false, reason: 'already_done' });
+  });
+
   it('tells a repeated transition already_done from the row on the primary', async () => {
     const repo = dataSource.getRepository(Ticket);
     const { entity } = await insertOnce(repo, { code: 'T-3' }, () => ({ code: 'T-3' }));
