@@ -23,7 +23,7 @@ describe('the PostgreSQL features while the database terminates their connection
   });
   afterAll(async () => dropSchemaDataSource(dataSource));
 
-  it.each(['store', 'transactions', 'consume'])('%s: answers the calls it cut as errors, and the process lives', async (mode) => {
+  it.each(['store', 'transactions', 'consume', 'app-after-store'])('%s: answers the calls it cut as errors, and the process lives', async (mode) => {
     const app = `terminated-${randomUUID().slice(0, 8)}`;
     const child = spawn(process.execPath, ['--import', './test/support/ts-register.mjs', 'test/support/pg-terminate-child.ts'], {
       env: { ...process.env, DATABASE_URL, PG_SCHEMA: schema, PG_APP: app, ROUNDS: mode === 'store' ? '80' : '40', MODE: mode },

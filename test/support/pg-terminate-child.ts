@@ -1,7 +1,8 @@
 // A process for `test/postgres-terminated.e2e-spec.ts`, run from the sources:
 //   node --import ./test/support/ts-register.mjs test/support/pg-terminate-child.ts
 // It makes calls of one kind (MODE: `store` claims keys on the PostgreSQL store, `transactions`
-// runs IdempotentTransactions, `consume` runs consumeOnce) in rounds of 20 at once, each round
+// runs IdempotentTransactions, `consume` runs consumeOnce, `app-after-store` runs plain TypeORM
+// transactions after one store claim) in rounds of 20 at once, each round
 // behind 30 ms of synchronous work (a loaded app: a connection's "ready" and the server's
 // "terminating" then arrive in one socket read), while the parent terminates its connections. It
 // prints `survived <errors>` when its rounds are done; a crash ends it with no such line.
@@ -34,7 +35,11 @@ const calls: Record<string, () => Promise<unknown>> = {
   store: () => store.claim({ key: `terminated:${randomUUID()}`, fingerprint: 'f', token: randomUUID(), leaseMs: 1000 }),
   transactions: () => transactions.run({ key: `terminated:${randomUUID()}` }, async (manager) => ({ body: await manager.query('SELECT 1') })),
   consume: () => consumeOnce(dataSource, { consumer: 'terminated', messageId: randomUUID() }, (manager) => manager.query('SELECT 1')),
+  // The app's own TypeORM transactions, once the store ran a statement (below): the store's
+  // first statement covers the pool's new connections for the whole app.
+  'app-after-store': () => dataSource.transaction((manager) => manager.query('SELECT 1')),
 };
+if (env('MODE') === 'app-after-store') await calls.store();
 const call = calls[env('MODE')];
 process.stdout.write('ready\n');
 

@@ -21,9 +21,10 @@ const covered = new WeakSet<object>();
  * it (a promise turn later), and an 'error' nobody listens to ends a Node.js process. So each new
  * connection of the DataSource's pools (the primary's and the replicas') has a listener until that
  * read and its promise turns are over; the failed connection is not queryable, its first statement
- * fails, and the pool drops it when it comes back. This covers every TypeORM operation on the
- * pools, the app's own too (plain `dataSource.transaction()` crashed the same way). Once per pool;
- * nothing before the DataSource is initialized (called again on each use).
+ * fails, and the pool drops it when it comes back. From then on this covers every TypeORM
+ * operation on the pools, the app's own too (plain `dataSource.transaction()` crashed the same
+ * way). Once per pool; nothing before the DataSource is initialized, so it is called on each use
+ * (a WeakSet lookup), and pools made by a later `initialize()` are covered from the next use.
  */
 export function coverNewConnections(dataSource: DataSource): void {
   if (dataSource.options.type !== 'postgres') return;

@@ -19,6 +19,7 @@ import { Logger } from '@nestjs/common';
 import { createHash } from 'node:crypto';
 import { QueryFailedError, QueryRunnerAlreadyReleasedError, TypeORMError, type DataSource, type QueryRunner } from 'typeorm';
 import { IdempotencyConfigError, IdempotencyStoreError } from '../../index.js';
+import { coverNewConnections } from './new-connections.js';
 
 /** The rows a statement returned and the rows it affected (written ones for INSERT/UPDATE/DELETE). */
 export interface StatementResult {
@@ -125,6 +126,7 @@ export function statementRunner(dataSource: DataSource, { timeoutMs }: { timeout
     }
   };
   return async (sql, params, runner) => {
+    coverNewConnections(dataSource);
     try {
       if (runner) return await onRunner(runner, (client) => query(client, sql, params, runner));
       return await onPooled(dataSource, (client) => query(client, sql, params), timeoutMs);
