@@ -149,17 +149,22 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  * not after an awaited `connect()`: a new connection's "ready" and the server's "terminating" (a
  * failover) can arrive in one socket read, and the error then fires before an await resumes.
  *
- * With `timeoutMs`, the whole call (a free connection, then the statement's answer) is bounded:
- * past it the call fails, the connection it waited on leaves the pool (its statement may still
- * be running on the server, so it is not reused), and a connection handed over later goes back
- * at once. As the Redis store's bound, the failure waits one turn of the event loop past the
- * timer, so that an answer read after a stall of the process wins.
+ * With `timeoutMs`, a free connection, then the statement's answer, are each bounded by it (the
+ * second timer starts when the pool hands the connection over: after a stall of the process in
+ * which the pool was to hand it over, the statement only then goes out). Past a bound the call
+ * fails, the connection it waited on leaves the pool (its statement may still be running on the
+ * server, so it is not reused), and a connection handed over later goes back at once. As the
+ * Redis store's bound, a failure waits one turn of the event loop past its timer, so that an
+ * answer read after a stall of the process wins.
  */
 async function onPooled<T>(dataSource: DataSource, work: (client: PgClient) => Promise<T>, timeoutMs?: number): Promise<T> {
   const pool = (dataSource.driver as unknown as PostgresDriverPools).master;
   if (!pool) throw new TypeORMError('Driver not Connected');
   let expired = false;
+  /** Releases the connection handed over, with an error: it leaves the pool. */
   let drop: ((error: Error) => void) | undefined;
+  /** Re-arms the bound when the connection is handed over (with a bound). */
+  let handedOver: (() => void) | undefined;
   const run = (async () => {
     const { client, release } = await new Promise<{ client: PooledPgClient; release: (error?: Error) => void }>((resolve, reject) => {
       pool.connect((error, connected) => {
@@ -177,6 +182,7 @@ async function onPooled<T>(dataSource: DataSource, work: (client: PgClient) => P
           return reject(new TypeORMError('The pool gave a connection after the bound'));
         }
         drop = release;
+        handedOver?.();
         resolve({ client: connected, release });
       });
     });
@@ -190,17 +196,19 @@ async function onPooled<T>(dataSource: DataSource, work: (client: PgClient) => P
   if (timeoutMs === undefined) return run;
   return new Promise<T>((resolve, reject) => {
     let settled = false;
-    const timer = setTimeout(
-      () =>
-        setImmediate(() => {
-          if (settled) return;
-          expired = true;
-          const error = new TypeORMError(`no answer within ${timeoutMs} ms`);
-          drop?.(error);
-          reject(error);
-        }),
-      timeoutMs,
-    );
+    const expire = () =>
+      setImmediate(() => {
+        if (settled) return;
+        expired = true;
+        const error = new TypeORMError(`no answer within ${timeoutMs} ms`);
+        drop?.(error);
+        reject(error);
+      });
+    let timer = setTimeout(expire, timeoutMs);
+    handedOver = () => {
+      clearTimeout(timer);
+      timer = setTimeout(expire, timeoutMs);
+    };
     run.then(
       (value) => {
         settled = true;

@@ -274,6 +274,20 @@ describe('PostgresIdempotencyStore', () => {
     }
   });
 
+  // Round 1 of this session's adversaries: a stall of the process in the turn of the call, before
+  // the pool handed the connection over (a nextTick), sent the statement only after the stall,
+  // and the bound, armed at the call, failed it although it committed (5 of 5 calls).
+  it('takes the answer of a statement that went out after a stall longer than the bound', async () => {
+    const bounded = new PostgresIdempotencyStore(dataSource, { statementTimeoutMs: 300 });
+    await Promise.all(Array.from({ length: 5 }, () => bounded.get('warm')));
+    const claims = Array.from({ length: 5 }, () =>
+      bounded.claim({ key: `stalled:${randomUUID()}`, token: 't', fingerprint: '', leaseMs: 10_000 }).catch((e: unknown) => e),
+    );
+    const stalledUntil = Date.now() + 700;
+    while (Date.now() < stalledUntil);
+    expect(await Promise.all(claims)).toEqual(Array.from({ length: 5 }, () => ({ status: 'acquired', token: 't' })));
+  });
+
   it('refuses a statementTimeoutMs that is not a positive number', () => {
     for (const statementTimeoutMs of [0, -1, Number.NaN]) {
       expect(() => new PostgresIdempotencyStore(dataSource, { statementTimeoutMs })).toThrow(/statementTimeoutMs/);

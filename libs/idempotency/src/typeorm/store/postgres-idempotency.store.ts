@@ -31,8 +31,8 @@ export interface PostgresIdempotencyStoreOptions {
   /** Rows one purge statement deletes at most. Default 1000. */
   purgeBatchSize?: number;
   /**
-   * How long one operation waits for a free connection and its statement's answer, in
-   * milliseconds. Past it the operation fails as a store outage (the route's `failMode` decides),
+   * How long one operation waits for a free connection, and then for its statement's answer, in
+   * milliseconds (each). Past it the operation fails as a store outage (the route's `failMode` decides),
    * and the connection it waited on leaves the pool. Default 5000: above a loaded database's
    * commits, and a claim's wait for a transactional run of the same key (`IdempotentTransactions`)
    * counts against it.
