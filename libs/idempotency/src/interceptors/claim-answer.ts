@@ -138,5 +138,5 @@ export class ClaimAnswers {
 
 function runHolding(ctx: ExecutionContext, exchange: GuardExchange, next: CallHandler, route: GuardedRoute, claim: HeldClaim): Guarded {
   if (route.takesLeaseSignal) rememberLeaseSignal(ctx, claim);
-  return { result: exchange.run(next, claim), release: claim.release };
+  return { result: exchange.run(next, claim), release: () => claim.release() };
 }
