@@ -2,12 +2,12 @@ import type { FindOptionsWhere, ObjectLiteral, Repository } from 'typeorm';
 
 /**
  * The row `where` names, read where the caller's statement ran: on the repository's own
- * connection when it has one (a transaction's, a QueryRunner's); else on the primary. A plain
- * find goes to a replica when the DataSource has some, and a replica may not have a row the
- * primary committed just now, nor its latest state. Through the repository itself, so that a
- * custom repository's own `findOne` runs: a view of it whose `manager` and `queryRunner` are the
- * primary's runner's (not `withRepository`, which calls the repository's constructor with
- * arguments a subclass's own constructor may not take, or ignore).
+ * connection when it has one (a transaction's, a QueryRunner's), else through the repository as
+ * it is, when the DataSource has no replicas. With replicas a plain find goes to a replica, and a
+ * replica may not have a row the primary committed just now, nor its latest state: the row is
+ * read by the entity manager of a runner on the primary. Not through the repository there: a view
+ * of it bound to that runner breaks private members (`#field`) and misses a `findOne` bound to the
+ * instance, and `withRepository` calls its constructor with arguments a subclass may not take.
  */
 export async function findOnPrimary<T extends ObjectLiteral>(
   repo: Repository<T>,
@@ -17,11 +17,7 @@ export async function findOnPrimary<T extends ObjectLiteral>(
   if (repo.manager.queryRunner || !connection.driver.isReplicated) return repo.findOne({ where });
   const runner = connection.createQueryRunner('master');
   try {
-    const onPrimary = Object.create(repo, {
-      manager: { value: runner.manager },
-      queryRunner: { value: runner },
-    }) as Repository<T>;
-    return await onPrimary.findOne({ where });
+    return await runner.manager.findOne<T>(repo.metadata.target, { where });
   } finally {
     await runner.release();
   }
