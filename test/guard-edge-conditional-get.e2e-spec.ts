@@ -3,14 +3,29 @@
 // retry of the key from a client without the representation (no validator, or another one) was
 // replayed the empty 304 (found by an adversarial helper in session 14, run in session 15): it
 // now gets 409 RESPONSE_NOT_REPLAYABLE, and a retry whose validators match still gets the 304.
+// On a `@Res({ passthrough: true })` route, each 304 replay threw ERR_HTTP_HEADERS_SENT into the
+// app's exception filter (round 2 of session 15's review): the guard read the passthrough from the
+// wrong metadata, took the route for one that sends its own answer, and sent the replay before
+// Nest sent the value, whose 304 Express then stripped of headers already sent.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Get } from '@nestjs/common';
+import { ArgumentsHost, Catch, Controller, Get, Res, type INestApplication } from '@nestjs/common';
+import { BaseExceptionFilter } from '@nestjs/core';
 import { randomUUID } from 'node:crypto';
 import { IdempotencyErrorCode, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
-import { codeOf, makeApp, replayed, send, type EdgeApp } from './support/edge-app.js';
+import { codeOf, makeApp, replayed, send, sleep, type EdgeApp } from './support/edge-app.js';
 
 let runs = 0;
 const REPORT = '{"total":42}';
+const caught: unknown[] = [];
+
+/** The app's catch-all filter: records what reaches it, then answers as Nest would. */
+@Catch()
+class SeenFilter extends BaseExceptionFilter {
+  override catch(exception: unknown, host: ArgumentsHost) {
+    caught.push(exception);
+    super.catch(exception, host);
+  }
+}
 
 @Controller()
 class ReportsController {
@@ -20,13 +35,23 @@ class ReportsController {
     runs++;
     return { total: 42 };
   }
+
+  @Get('passthrough')
+  @NoRepeatSubmit()
+  passthrough(@Res({ passthrough: true }) res: { setHeader(name: string, value: string): void }) {
+    runs++;
+    res.setHeader('x-report', 'yes');
+    return { total: 42 };
+  }
 }
 
 describe('a guarded GET answered 304 Not Modified (express)', () => {
   let edge: EdgeApp;
   let etag: string;
   beforeAll(async () => {
-    edge = await makeApp('express', [ReportsController], { keyPrefix: `conditional-${randomUUID()}` });
+    edge = await makeApp('express', [ReportsController], { keyPrefix: `conditional-${randomUUID()}` }, {
+      setup: (app: INestApplication) => app.useGlobalFilters(new SeenFilter(app.getHttpAdapter())),
+    });
     etag = String((await send(edge.url, '/report', { method: 'GET', key: randomUUID() })).headers.etag);
   });
   afterAll(async () => edge?.close());
@@ -78,5 +103,21 @@ describe('a guarded GET answered 304 Not Modified (express)', () => {
     const first = await send(edge.url, '/report', { method: 'GET', key });
     const retry = await send(edge.url, '/report', { method: 'GET', key, headers: { 'if-none-match': etag } });
     expect([first.status, first.text, retry.status, replayed(retry), retry.text, runs]).toEqual([200, REPORT, 200, true, REPORT, 1]);
+  });
+
+  it('replays a passthrough route (@Res({ passthrough: true })) as Nest sends it: a 304 and a 200, nothing thrown in the app', async () => {
+    caught.length = 0;
+    runs = 0;
+    const key = randomUUID();
+    const first = await send(edge.url, '/passthrough', { method: 'GET', key, headers: { 'if-none-match': etag } });
+    const notModified = await send(edge.url, '/passthrough', { method: 'GET', key, headers: { 'if-none-match': etag } });
+    const other = randomUUID();
+    const full = await send(edge.url, '/passthrough', { method: 'GET', key: other });
+    const replay = await send(edge.url, '/passthrough', { method: 'GET', key: other });
+    expect([first.status, notModified.status, replayed(notModified), full.status, replay.status, replayed(replay), replay.text, runs]).toEqual([
+      304, 304, true, 200, 200, true, REPORT, 2,
+    ]);
+    await sleep(50);
+    expect(caught).toEqual([]);
   });
 });

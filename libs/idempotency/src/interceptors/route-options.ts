@@ -101,8 +101,10 @@ const RENDER_METADATA = '__renderTemplate__';
 const RESPONSE_ARG = 1;
 const NEXT_ARG = 2;
 
-/** Whether Nest leaves the answer to the handler, as its router decides (`isResponseHandled`). */
-type RouteArgs = Record<string, { data?: { passthrough?: boolean }; factory?: unknown }>;
+/** `@nestjs/common`'s RESPONSE_PASSTHROUGH_METADATA: set by `@Res({ passthrough: true })` on the method. */
+const RESPONSE_PASSTHROUGH_METADATA = '__responsePassthrough__';
+
+type RouteArgs = Record<string, { factory?: unknown }>;
 
 /** The handler's parameters as Nest records them (the same metadata for HTTP and RPC handlers). */
 function routeArgs(ctx: ExecutionContext, method: string): RouteArgs {
@@ -118,10 +120,16 @@ function takesLeaseSignal(ctx: ExecutionContext, method: string): boolean {
   return Object.values(routeArgs(ctx, method)).some((arg) => arg.factory === leaseSignalOf);
 }
 
+/**
+ * Whether Nest leaves the answer to the handler, as its router decides (`isResponseHandled`): a
+ * `@Res()` or `@Next()` parameter, and no passthrough. (The passthrough is metadata of the method,
+ * not of the parameter: read from the parameter, every `@Res({ passthrough: true })` route was
+ * taken for one that sends its own answer, and a replay went out before Nest sent the value.)
+ */
 function sendsOwnResponse(ctx: ExecutionContext, method: string): boolean {
-  const args = routeArgs(ctx, method);
-  return Object.entries(args).some(([slot, arg]) => {
+  const takesResponse = Object.keys(routeArgs(ctx, method)).some((slot) => {
     const type = Number(slot.split(':')[0]);
-    return (type === RESPONSE_ARG || type === NEXT_ARG) && !arg.data?.passthrough;
+    return type === RESPONSE_ARG || type === NEXT_ARG;
   });
+  return takesResponse && !Reflect.getMetadata(RESPONSE_PASSTHROUGH_METADATA, ctx.getClass(), method);
 }
