@@ -50,7 +50,9 @@ describe('a guarded GET answered 304 Not Modified (express)', () => {
   let etag: string;
   beforeAll(async () => {
     edge = await makeApp('express', [ReportsController], { keyPrefix: `conditional-${randomUUID()}` }, {
-      setup: (app: INestApplication) => app.useGlobalFilters(new SeenFilter(app.getHttpAdapter())),
+      setup: (app: INestApplication) => {
+        app.useGlobalFilters(new SeenFilter(app.getHttpAdapter()));
+      },
     });
     etag = String((await send(edge.url, '/report', { method: 'GET', key: randomUUID() })).headers.etag);
   });

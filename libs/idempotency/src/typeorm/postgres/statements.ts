@@ -27,6 +27,14 @@ export interface StatementResult {
   affected?: number;
 }
 
+/** The bound of a statement runner's pooled statements (`statementRunner`). */
+export interface StatementBound {
+  /** How long a free connection, and then a statement's answer, may take, in milliseconds. */
+  timeoutMs?: number;
+  /** Told the server process id of a statement given up on after it went out. */
+  abandoned?: (pid: number) => void;
+}
+
 /** Runs one statement: `sql` with `params`, on `runner` when given (a transaction's). */
 export type RunStatement = (sql: string, params: unknown[], runner?: QueryRunner) => Promise<StatementResult>;
 
@@ -86,9 +94,10 @@ function rename(client: object, sql: string): void {
  * the error has aborted the transaction and is thrown, and the next transaction runs it anew.
  *
  * `timeoutMs` bounds each statement on a pooled connection (see `onPooled`); a transaction's
- * statements are the transaction owner's to bound.
+ * statements are the transaction owner's to bound. `abandoned` is told the server process of a
+ * statement given up on after it went out: it may still be running there.
  */
-export function statementRunner(dataSource: DataSource, { timeoutMs }: { timeoutMs?: number } = {}): RunStatement {
+export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned }: StatementBound = {}): RunStatement {
   const { logger } = dataSource;
   let prepare = true;
   const prepared = async (client: PgClient, sql: string, values: unknown[], canRetry: boolean) => {
@@ -129,7 +138,7 @@ export function statementRunner(dataSource: DataSource, { timeoutMs }: { timeout
     coverNewConnections(dataSource);
     try {
       if (runner) return await onRunner(runner, (client) => query(client, sql, params, runner));
-      return await onPooled(dataSource, (client) => query(client, sql, params), timeoutMs);
+      return await onPooled(dataSource, (client) => query(client, sql, params), timeoutMs, abandoned);
     } catch (error) {
       throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
     }
@@ -153,16 +162,24 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  * second timer starts when the pool hands the connection over: after a stall of the process in
  * which the pool was to hand it over, the statement only then goes out). Past a bound the call
  * fails, the connection it waited on leaves the pool (its statement may still be running on the
- * server, so it is not reused), and a connection handed over later goes back at once. As the
+ * server, so it is not reused, and `abandoned` is told its server process), and a connection
+ * handed over later goes back at once. As the
  * Redis store's bound, a failure waits one turn of the event loop past its timer, so that an
  * answer read after a stall of the process wins.
  */
-async function onPooled<T>(dataSource: DataSource, work: (client: PgClient) => Promise<T>, timeoutMs?: number): Promise<T> {
+async function onPooled<T>(
+  dataSource: DataSource,
+  work: (client: PgClient) => Promise<T>,
+  timeoutMs?: number,
+  abandoned?: (pid: number) => void,
+): Promise<T> {
   const pool = (dataSource.driver as unknown as PostgresDriverPools).master;
   if (!pool) throw new TypeORMError('Driver not Connected');
   let expired = false;
   /** Releases the connection handed over, with an error: it leaves the pool. */
   let drop: ((error: Error) => void) | undefined;
+  /** The server process of the connection handed over. */
+  let pid: number | undefined;
   /** Re-arms the bound when the connection is handed over (with a bound). */
   let handedOver: (() => void) | undefined;
   const run = (async () => {
@@ -182,6 +199,7 @@ async function onPooled<T>(dataSource: DataSource, work: (client: PgClient) => P
           return reject(new TypeORMError('The pool gave a connection after the bound'));
         }
         drop = release;
+        pid = (connected as { processID?: number }).processID;
         handedOver?.();
         resolve({ client: connected, release });
       });
@@ -202,6 +220,7 @@ async function onPooled<T>(dataSource: DataSource, work: (client: PgClient) => P
         expired = true;
         const error = new TypeORMError(`no answer within ${timeoutMs} ms`);
         drop?.(error);
+        if (pid !== undefined) abandoned?.(pid);
         reject(error);
       });
     let timer = setTimeout(expire, timeoutMs);

@@ -249,7 +249,7 @@ describe('PostgresIdempotencyStore', () => {
     const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
     const url = new URL(DATABASE_URL);
     url.port = String(proxy.port);
-    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 2 } });
+    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 4 } });
     await viaProxy.initialize();
     const pool = (viaProxy.driver as unknown as { master: Pool }).master;
     const bounded = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 300 });
@@ -262,9 +262,10 @@ describe('PostgresIdempotencyStore', () => {
         expect({ error, ms: Date.now() - started < 2000 }).toEqual({ error: expect.any(IdempotencyStoreError), ms: true });
         expect((error as Error).message).toMatch(/no answer within 300 ms/);
       }
-      // The connection whose statement hung left the pool; the one the claim waited for is still
-      // connecting (pg-pool's own connectionTimeoutMillis bounds that) and goes back when it is ready.
-      expect({ total: pool.totalCount, idle: pool.idleCount }).toEqual({ total: 1, idle: 0 });
+      // The connection whose statement hung left the pool. Still connecting (pg-pool's own
+      // connectionTimeoutMillis bounds that; they go back when ready): the one the claim waited
+      // for, and the one that is to end the hung statement's server process.
+      expect({ total: pool.totalCount, idle: pool.idleCount }).toEqual({ total: 2, idle: 0 });
       proxy.delayMs = 0;
       const key = `answered:${randomUUID()}`;
       expect(await bounded.claim({ key, token: 't', fingerprint: '', leaseMs: 1000 })).toEqual({ status: 'acquired', token: 't' });
@@ -286,6 +287,34 @@ describe('PostgresIdempotencyStore', () => {
     const stalledUntil = Date.now() + 700;
     while (Date.now() < stalledUntil);
     expect(await Promise.all(claims)).toEqual(Array.from({ length: 5 }, () => ({ status: 'acquired', token: 't' })));
+  });
+
+  // Round 2 of this session's adversaries: a claim given up on while it waited for a lock (the
+  // table locked by another session) landed when the lock went, after the guard had answered 503
+  // and released the key (on another connection, so before it): the key was held for a lease
+  // with no handler running. Its server process is now ended, and the release waits for that.
+  it('ends a claim given up on while it waits, so that the release after it leaves nothing', async () => {
+    const bounded = new PostgresIdempotencyStore(dataSource, { statementTimeoutMs: 300 });
+    const key = `locked:${randomUUID()}`;
+    const locker = dataSource.createQueryRunner();
+    await locker.connect();
+    await locker.startTransaction();
+    try {
+      await locker.query(`LOCK TABLE "${schema}".idempotency_records IN ACCESS EXCLUSIVE MODE`);
+      const error = await bounded.claim({ key, token: 'late', fingerprint: '', leaseMs: 10_000 }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(IdempotencyStoreError);
+      // As the guard does for a fail-closed route: free a claim that may still land (the lock
+      // holds the release too: it may time out in turn, which the guard ignores).
+      const released = bounded.release(key, 'late').catch(() => false);
+      await sleep(400);
+      await locker.commitTransaction();
+      await released;
+    } finally {
+      if (locker.isTransactionActive) await locker.rollbackTransaction();
+      await locker.release();
+    }
+    await sleep(200);
+    expect(await rows(`SELECT state FROM "${schema}".idempotency_records WHERE key = $1`, [recordKey(key)])).toEqual([]);
   });
 
   it('refuses a statementTimeoutMs that is not a positive number', () => {

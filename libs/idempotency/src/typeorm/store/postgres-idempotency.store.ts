@@ -74,6 +74,11 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
   private readonly sql: Record<'claim' | 'complete' | 'release' | 'renew' | 'forget' | 'get', string>;
   private readonly run: RunStatement;
+  /** Ends server processes whose statement was given up on (its own statements are not watched). */
+  private readonly terminate: RunStatement;
+  /** Those endings in flight: a release or a save waits for them (see `endAbandoned`). */
+  private readonly ending = new Set<Promise<unknown>>();
+  private readonly timeoutMs: number;
   private readonly purgeSchedule: ExpiredRowsPurge;
 
   constructor(
@@ -83,7 +88,9 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     super();
     const schema = postgresSchemaOf('PostgresIdempotencyStore', dataSource);
     const timeoutMs = positiveMs('PostgresIdempotencyStore', 'statementTimeoutMs', options.statementTimeoutMs ?? DEFAULT_STATEMENT_TIMEOUT_MS);
-    this.run = statementRunner(dataSource, { timeoutMs });
+    this.timeoutMs = timeoutMs;
+    this.run = statementRunner(dataSource, { timeoutMs, abandoned: (pid) => this.endAbandoned(pid) });
+    this.terminate = statementRunner(dataSource, { timeoutMs });
     const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, schema);
     this.sql = {
       claim: claimSql(table),
@@ -117,6 +124,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 
   async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
+    if (this.ending.size > 0) await Promise.all(this.ending);
     const { statusCode, headers, body, encoding, unreplayable } = response;
     const hasBody = body !== undefined;
     const params = [
@@ -134,6 +142,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 
   async release(key: string, token: string): Promise<boolean> {
+    if (this.ending.size > 0) await Promise.all(this.ending);
     return (await this.run(this.sql.release, [recordKey(key), token])).affected === 1;
   }
 
@@ -162,6 +171,19 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       response: state === 'completed' ? toSaved(row) : undefined,
       ttlMs: row.ttl_ms,
     };
+  }
+
+  /**
+   * A statement given up on past the bound may still run on the server: a claim waiting for a
+   * lock lands when it gets it, after the guard answered 503 and released the key, and holds it
+   * for a lease with no handler running. So its server process is ended
+   * (`pg_terminate_backend`, which waits until it has exited), and releases and saves wait for
+   * that: by then the claim has landed or never will, and the release deletes what landed.
+   */
+  private endAbandoned(pid: number): void {
+    const ended = this.terminate('SELECT pg_terminate_backend($1, $2) AS ended', [pid, this.timeoutMs]).catch(() => undefined);
+    this.ending.add(ended);
+    void ended.then(() => this.ending.delete(ended));
   }
 
   /** Deletes expired records, in batches of `purgeBatchSize`; returns how many. */
