@@ -163,9 +163,8 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  * which the pool was to hand it over, the statement only then goes out). Past a bound the call
  * fails, the connection it waited on leaves the pool (its statement may still be running on the
  * server, so it is not reused, and `abandoned` is told its server process), and a connection
- * handed over later goes back at once. As the
- * Redis store's bound, a failure waits one turn of the event loop past its timer, so that an
- * answer read after a stall of the process wins.
+ * handed over later goes back at once. As with the Redis store's bound, a failure waits one turn
+ * of the event loop past its timer, so that an answer read after a stall of the process wins.
  */
 async function onPooled<T>(
   dataSource: DataSource,
