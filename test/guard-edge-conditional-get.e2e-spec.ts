@@ -36,6 +36,14 @@ class ReportsController {
     return { total: 42 };
   }
 
+  /** A passthrough route whose handler answers through the response itself (an OAuth callback's redirect). */
+  @Get('passthrough-redirect')
+  @NoRepeatSubmit()
+  passthroughRedirect(@Res({ passthrough: true }) res: { redirect(status: number, url: string): void }) {
+    runs++;
+    res.redirect(303, `/there/${runs}`);
+  }
+
   @Get('passthrough')
   @NoRepeatSubmit()
   passthrough(@Res({ passthrough: true }) res: { setHeader(name: string, value: string): void }) {
@@ -118,6 +126,22 @@ describe('a guarded GET answered 304 Not Modified (express)', () => {
     const replay = await send(edge.url, '/passthrough', { method: 'GET', key: other });
     expect([first.status, notModified.status, replayed(notModified), full.status, replay.status, replayed(replay), replay.text, runs]).toEqual([
       304, 304, true, 200, 200, true, REPORT, 2,
+    ]);
+    await sleep(50);
+    expect(caught).toEqual([]);
+  });
+
+  // Round 3: with the passthrough read right, a passthrough handler that answers through the
+  // response itself (a redirect) had its answer taken for someone else's (a timeout's), saved as
+  // never delivered, and its retry got 409 IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE.
+  it('replays the answer a passthrough handler sent itself (a redirect)', async () => {
+    caught.length = 0;
+    runs = 0;
+    const key = randomUUID();
+    const first = await send(edge.url, '/passthrough-redirect', { method: 'GET', key });
+    const retry = await send(edge.url, '/passthrough-redirect', { method: 'GET', key });
+    expect([first.status, first.headers.location, retry.status, retry.headers.location, replayed(retry), runs]).toEqual([
+      303, '/there/1', 303, '/there/1', true, 1,
     ]);
     await sleep(50);
     expect(caught).toEqual([]);

@@ -109,10 +109,10 @@ export class HttpExchange implements GuardExchange {
    * status is one the route saves; otherwise the key is released as it goes out.
    */
   run(next: CallHandler, claim: HeldClaim): Observable<unknown> {
-    const { maxResponseBytes, sendsOwnResponse, savesStatus } = this.route;
+    const { maxResponseBytes, holdsResponse, savesStatus } = this.route;
     let failedInMethod = false;
     clearRefusalHeaders(this.res, this.raw);
-    const capture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, sendsOwnResponse, (sent) =>
+    const capture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, holdsResponse, (sent) =>
       failedInMethod ? this.settleFailure(claim, sent) : claim.save(toSaved(sent, this.raw.statusCode)),
     );
     const watched = savesStatus ? watchHandler(next) : undefined;

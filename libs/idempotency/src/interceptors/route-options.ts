@@ -32,6 +32,11 @@ export interface GuardedRoute {
   maxResponseBytes: number;
   /** The handler sends its own answer (`@Res()` / `@Next()` without passthrough): Nest sends none. */
   sendsOwnResponse: boolean;
+  /**
+   * The handler has the response (`@Res()` / `@Next()`, passthrough or not), so it may answer
+   * through it itself (a redirect): its `end()` while it runs is its answer.
+   */
+  holdsResponse: boolean;
   /** The handler is a `@Render()` route: Nest renders its value through the app's view engine. */
   renders: boolean;
   /** The handler has a `@LeaseSignal()` parameter: the guard hands it the claim's signal. */
@@ -74,7 +79,8 @@ export function routeOptions(
     keySource: 'path' in key ? describeKeyPath(key.path) : 'header' in key ? `the ${keyHeader} header` : 'the request',
     keyHeader: keyHeader.toLowerCase(),
     maxResponseBytes: options.maxResponseBytes ?? defaults.maxResponseBytes,
-    sendsOwnResponse: sendsOwnResponse(ctx, method),
+    holdsResponse: holdsResponse(ctx, method),
+    sendsOwnResponse: holdsResponse(ctx, method) && !passthrough(ctx, method),
     renders: Reflect.getMetadata(RENDER_METADATA, ctx.getHandler()) !== undefined,
     takesLeaseSignal: takesLeaseSignal(ctx, method),
     required: options.required ?? defaults.required,
@@ -120,16 +126,20 @@ function takesLeaseSignal(ctx: ExecutionContext, method: string): boolean {
   return Object.values(routeArgs(ctx, method)).some((arg) => arg.factory === leaseSignalOf);
 }
 
-/**
- * Whether Nest leaves the answer to the handler, as its router decides (`isResponseHandled`): a
- * `@Res()` or `@Next()` parameter, and no passthrough. (The passthrough is metadata of the method,
- * not of the parameter: read from the parameter, every `@Res({ passthrough: true })` route was
- * taken for one that sends its own answer, and a replay went out before Nest sent the value.)
- */
-function sendsOwnResponse(ctx: ExecutionContext, method: string): boolean {
-  const takesResponse = Object.keys(routeArgs(ctx, method)).some((slot) => {
+/** Whether the handler takes the response: a `@Res()` or `@Next()` parameter. */
+function holdsResponse(ctx: ExecutionContext, method: string): boolean {
+  return Object.keys(routeArgs(ctx, method)).some((slot) => {
     const type = Number(slot.split(':')[0]);
     return type === RESPONSE_ARG || type === NEXT_ARG;
   });
-  return takesResponse && !Reflect.getMetadata(RESPONSE_PASSTHROUGH_METADATA, ctx.getClass(), method);
+}
+
+/**
+ * `@Res({ passthrough: true })`: Nest still sends the handler's value (its router's
+ * `isResponseHandled`). The passthrough is metadata of the method, not of the parameter: read
+ * from the parameter, every passthrough route was taken for one that sends its own answer, and a
+ * replay went out before Nest sent the value.
+ */
+function passthrough(ctx: ExecutionContext, method: string): boolean {
+  return Boolean(Reflect.getMetadata(RESPONSE_PASSTHROUGH_METADATA, ctx.getClass(), method));
 }
