@@ -31,8 +31,8 @@ export interface StatementResult {
 export interface StatementBound {
   /** How long a free connection, and then a statement's answer, may take, in milliseconds. */
   timeoutMs?: number;
-  /** Told the server process id of a statement given up on after it went out. */
-  abandoned?: (pid: number) => void;
+  /** Told the server process id and the text of a statement given up on after it went out. */
+  abandoned?: (pid: number, sql: string) => void;
 }
 
 /** Runs one statement: `sql` with `params`, on `runner` when given (a transaction's). */
@@ -138,7 +138,7 @@ export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned }
     coverNewConnections(dataSource);
     try {
       if (runner) return await onRunner(runner, (client) => query(client, sql, params, runner));
-      return await onPooled(dataSource, (client) => query(client, sql, params), timeoutMs, abandoned);
+      return await onPooled(dataSource, (client) => query(client, sql, params), timeoutMs, abandoned && ((pid) => abandoned(pid, sql)));
     } catch (error) {
       throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
     }

@@ -317,6 +317,25 @@ describe('PostgresIdempotencyStore', () => {
     expect(await rows(`SELECT state FROM "${schema}".idempotency_records WHERE key = $1`, [recordKey(key)])).toEqual([]);
   });
 
+  // Behind a pooler the process id a connection reports is the pooler's, and may be another
+  // session's on the server: only a process still running the abandoned statement's text is ended.
+  it("never ends another session's process that runs something else", async () => {
+    const bounded = new PostgresIdempotencyStore(dataSource, { statementTimeoutMs: 300 });
+    const other = dataSource.createQueryRunner();
+    try {
+      const [{ pid }] = (await other.query('SELECT pg_backend_pid() AS pid')) as { pid: number }[];
+      const sleeping = other.query('SELECT pg_sleep(0.5) AS slept');
+      await sleep(100);
+      // The store's own path to it (a statement given up on), with the process id of another session.
+      const internals = bounded as unknown as { endAbandoned(pid: number, sql: string): void; ending: Set<Promise<unknown>> };
+      internals.endAbandoned(pid, 'SELECT 1 AS claim');
+      await Promise.all(internals.ending);
+      expect(await sleeping).toEqual([{ slept: '' }]);
+    } finally {
+      await other.release();
+    }
+  });
+
   it('refuses a statementTimeoutMs that is not a positive number', () => {
     for (const statementTimeoutMs of [0, -1, Number.NaN]) {
       expect(() => new PostgresIdempotencyStore(dataSource, { statementTimeoutMs })).toThrow(/statementTimeoutMs/);

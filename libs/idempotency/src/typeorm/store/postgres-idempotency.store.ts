@@ -40,6 +40,11 @@ export interface PostgresIdempotencyStoreOptions {
   statementTimeoutMs?: number;
 }
 
+/** Ends server process $1 (waiting up to $3 ms until it has exited) if it still runs statement text $2. */
+const TERMINATE_ABANDONED_SQL = `SELECT pg_terminate_backend(a.pid, $3) AS ended
+  FROM pg_stat_activity AS a
+ WHERE a.pid = $1 AND a.state = 'active' AND a.query <> '' AND left($2::text, length(a.query)) = a.query`;
+
 /** `statementTimeoutMs` by default. */
 const DEFAULT_STATEMENT_TIMEOUT_MS = 5000;
 
@@ -89,7 +94,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     const schema = postgresSchemaOf('PostgresIdempotencyStore', dataSource);
     const timeoutMs = positiveMs('PostgresIdempotencyStore', 'statementTimeoutMs', options.statementTimeoutMs ?? DEFAULT_STATEMENT_TIMEOUT_MS);
     this.timeoutMs = timeoutMs;
-    this.run = statementRunner(dataSource, { timeoutMs, abandoned: (pid) => this.endAbandoned(pid) });
+    this.run = statementRunner(dataSource, { timeoutMs, abandoned: (pid, sql) => this.endAbandoned(pid, sql) });
     this.terminate = statementRunner(dataSource, { timeoutMs });
     const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, schema);
     this.sql = {
@@ -178,10 +183,13 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
    * lock lands when it gets it, after the guard answered 503 and released the key, and holds it
    * for a lease with no handler running. So its server process is ended
    * (`pg_terminate_backend`, which waits until it has exited), and releases and saves wait for
-   * that: by then the claim has landed or never will, and the release deletes what landed.
+   * that: by then the claim has landed or never will, and the release deletes what landed. Only
+   * a process still running that statement's text (`pg_stat_activity`, whose text may be cut
+   * short): behind a pooler the process id the connection reported is the pooler's, and may be
+   * another session's on the server.
    */
-  private endAbandoned(pid: number): void {
-    const ended = this.terminate('SELECT pg_terminate_backend($1, $2) AS ended', [pid, this.timeoutMs]).catch(() => undefined);
+  private endAbandoned(pid: number, sql: string): void {
+    const ended = this.terminate(TERMINATE_ABANDONED_SQL, [pid, sql, this.timeoutMs]).catch(() => undefined);
     this.ending.add(ended);
     void ended.then(() => this.ending.delete(ended));
   }
