@@ -65,6 +65,7 @@ export function routeOptions(
   const method = methodName(ctx);
   const keyHeader = options.keyHeader ?? defaults.keyHeader;
   const leaseMs = Math.ceil((options.leaseSeconds ?? defaults.leaseSeconds) * 1000);
+  const holds = holdsResponse(ctx, method);
   return {
     metadata,
     handler: `${ctx.getClass().name}.${method}`,
@@ -79,8 +80,8 @@ export function routeOptions(
     keySource: 'path' in key ? describeKeyPath(key.path) : 'header' in key ? `the ${keyHeader} header` : 'the request',
     keyHeader: keyHeader.toLowerCase(),
     maxResponseBytes: options.maxResponseBytes ?? defaults.maxResponseBytes,
-    holdsResponse: holdsResponse(ctx, method),
-    sendsOwnResponse: holdsResponse(ctx, method) && !passthrough(ctx, method),
+    holdsResponse: holds,
+    sendsOwnResponse: holds && !passthrough(ctx, method),
     renders: Reflect.getMetadata(RENDER_METADATA, ctx.getHandler()) !== undefined,
     takesLeaseSignal: takesLeaseSignal(ctx, method),
     required: options.required ?? defaults.required,
