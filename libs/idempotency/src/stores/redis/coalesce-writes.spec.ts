@@ -4,7 +4,7 @@ import type { Socket } from 'node:net';
 import { within } from '../../../../../test/support/eventually.js';
 import { REDIS_URL } from '../../../../../test/support/services.js';
 import { countSocketWrites } from '../../../../../test/support/socket-writes.js';
-import { coalesceWrites } from './coalesce-writes.js';
+import { coalesceWrites, whenWritesSent } from './coalesce-writes.js';
 
 describe('coalesceWrites', () => {
   let client: Redis;
@@ -34,5 +34,16 @@ describe('coalesceWrites', () => {
     jest.useRealTimers();
     expect(await within(during)).toBe('PONG');
     expect(await within(client.ping())).toBe('PONG');
+  });
+
+  it('runs what waits for a turn\'s commands once they went out, and at once when none wait', async () => {
+    const writes = countSocketWrites(client.stream as Socket);
+    const order: string[] = [];
+    whenWritesSent(client, () => order.push('nothing waiting'));
+    const answered = client.ping();
+    whenWritesSent(client, () => order.push(`after ${writes.length} write(s)`));
+    expect(order).toEqual(['nothing waiting']);
+    expect(await answered).toBe('PONG');
+    expect(order).toEqual(['nothing waiting', 'after 1 write(s)']);
   });
 });

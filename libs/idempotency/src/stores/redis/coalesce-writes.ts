@@ -2,9 +2,17 @@ import type { Socket } from 'node:net';
 // Node's own, never a fake timer's (Jest's replace the global one): a socket left corked by an
 // uncork a test's fake timers dropped would hold every later command of the client.
 import { setImmediate } from 'node:timers';
-import type { Redis } from 'ioredis';
+import type { Cluster, Redis } from 'ioredis';
 
 const COALESCED = Symbol('idempotency.coalescedWrites');
+
+/** A coalescing socket's turn: whether writes wait for its end, and what waits for them to go out. */
+interface Turn {
+  corked: boolean;
+  sent: (() => void)[];
+}
+
+type CoalescedSocket = Socket & { [COALESCED]?: Turn };
 
 /**
  * Makes the client's socket send all commands written in one event-loop turn in one `write`
@@ -15,22 +23,37 @@ const COALESCED = Symbol('idempotency.coalescedWrites');
  */
 export function coalesceWrites(client: Redis): void {
   const patch = () => {
-    const socket = (client as unknown as { stream?: Socket & { [COALESCED]?: true } }).stream;
+    const socket = (client as unknown as { stream?: CoalescedSocket }).stream;
     if (!socket || socket[COALESCED]) return;
-    socket[COALESCED] = true;
+    const turn: Turn = (socket[COALESCED] = { corked: false, sent: [] });
+    const send = () => {
+      turn.corked = false;
+      socket.uncork();
+      if (turn.sent.length === 0) return;
+      const sent = turn.sent;
+      turn.sent = [];
+      for (const then of sent) then();
+    };
     const write = socket.write;
-    let corked = false;
     socket.write = function (this: Socket, ...args: Parameters<Socket['write']>) {
-      if (!corked) {
-        corked = true;
+      if (!turn.corked) {
+        turn.corked = true;
         socket.cork();
-        setImmediate(() => {
-          corked = false;
-          socket.uncork();
-        });
+        setImmediate(send);
       }
       return write.apply(this, args);
     } as Socket['write'];
   };
   client.on('connect', patch);
+}
+
+/**
+ * Runs `then` once the commands the client wrote in this turn have left the process: at the
+ * turn's end on a client that coalesces its writes, at once on any other. A command's bound
+ * starts there: a stall of the process between the call and the send is not Redis's time.
+ */
+export function whenWritesSent(client: Redis | Cluster, then: () => void): void {
+  const turn = (client as unknown as { stream?: CoalescedSocket }).stream?.[COALESCED];
+  if (turn?.corked) turn.sent.push(then);
+  else then();
 }

@@ -215,6 +215,29 @@ describe('RedisIdempotencyStore', () => {
     });
   });
 
+  // The module's client sends a turn's commands together when the turn ends (coalesceWrites). A
+  // stall of the process after the call and before that send must not count against Redis: the
+  // bound starts when the command leaves (here Redis answers 20 ms after the stall, through a
+  // proxy; the bound armed at the call ran out during the stall and failed the claim).
+  it('counts the bound from when the module\'s client sent the command, not from the call', async () => {
+    const [host, port] = REDIS_URL.replace('redis://', '').split(':');
+    const proxy = await new TcpProxy({ host, port: Number(port) }).start();
+    const store = (await createStore({ store: { redis: proxy.url } })) as RedisIdempotencyStore;
+    await store.onModuleInit();
+    try {
+      proxy.delayMs = 10;
+      const key = `stall-send:${randomUUID()}`;
+      const claimed = store.claim({ key, token: 't', fingerprint: '', leaseMs: 5000 });
+      const stallUntil = Date.now() + 1300;
+      while (Date.now() < stallUntil); // the call was made; its command waits for the turn's end
+      expect(await claimed).toEqual({ status: 'acquired', token: 't' });
+    } finally {
+      proxy.delayMs = 0;
+      await store.onApplicationShutdown();
+      await proxy.stop();
+    }
+  });
+
   it('bounds a watch (the subscriber\'s SUBSCRIBE) on the module\'s own client when Redis turns slow', async () => {
     const [host, port] = REDIS_URL.replace('redis://', '').split(':');
     const proxy = await new TcpProxy({ host, port: Number(port) }).start();

@@ -14,6 +14,7 @@ import {
 import { SettleWatchers } from '../settle-watchers.js';
 import { withinDeadline } from '../within-deadline.js';
 import { CLAIM_WAIT_LUA } from './claim-wait.lua.js';
+import { whenWritesSent } from './coalesce-writes.js';
 import { COMPLETE_LUA } from './complete.lua.js';
 import { FORGET_LUA } from './forget.lua.js';
 import {
@@ -70,6 +71,8 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   private subscribing: Promise<void> | undefined;
   /** The store's own bound on each command, for a client that has none (see `ownDeadlineMs`). */
   private readonly deadlineMs: number | undefined;
+  /** Starts a bound on the store's client when its command has left the process. */
+  private readonly whenSent = (arm: () => void) => whenWritesSent(this.client, arm);
 
   constructor(
     readonly client: Redis | Cluster,
@@ -273,7 +276,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   private bounded<T>(work: Promise<T>, extraMs = 0): Promise<T> {
     if (this.deadlineMs === undefined) return work;
     const ms = this.deadlineMs + extraMs;
-    return withinDeadline(work, ms, `no answer within ${ms} ms (the client sets no commandTimeout of its own)`);
+    return withinDeadline(work, ms, `no answer within ${ms} ms (the client sets no commandTimeout of its own)`, this.whenSent);
   }
 
   /** Runs a command (bounded), and names what failed. */
