@@ -8,6 +8,8 @@ const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 export interface DemoProcess {
   baseUrl: string;
   process: ChildProcess;
+  /** The last 4,000 characters the process wrote to stderr. */
+  stderr(): string;
   /** Sends `signal` (default SIGTERM) and waits for the exit. */
   stop(signal?: NodeJS.Signals): Promise<void>;
 }
@@ -32,7 +34,7 @@ export async function startDemoProcess(env: Record<string, string>): Promise<Dem
     if (child.exitCode !== null) throw new Error(`the demo process exited during start-up:\n${stderr}`);
     try {
       await fetch(`${baseUrl}/orders/-`);
-      return { baseUrl, process: child, stop };
+      return { baseUrl, process: child, stop, stderr: () => stderr };
     } catch {
       if (Date.now() > deadline) {
         await stop('SIGKILL');
