@@ -89,7 +89,8 @@ describe('the local cache on Redis (client-side caching)', () => {
       const store = await openCache(client);
       return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
     },
-    200,
+    // A few round trips must fit in one lease: 200 ms did not on a loaded CI machine.
+    500,
   );
 
   it('reads nothing back after its own completion; answers a replay it has seen with no Redis command; without the cache, one command per replay', async () => {

@@ -29,7 +29,8 @@ describe('RedisIdempotencyStore on a client with a keyPrefix', () => {
       const store = new RedisIdempotencyStore(client);
       return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
     },
-    200,
+    // A few round trips must fit in one lease: 200 ms did not on a loaded CI machine.
+    500,
   );
 });
 
@@ -54,7 +55,8 @@ describe('RedisIdempotencyStore', () => {
       };
       return { store, elapse: sleep, close: () => store.onApplicationShutdown(), writeForeignValue };
     },
-    200,
+    // A few round trips must fit in one lease: 200 ms did not on a loaded CI machine.
+    500,
   );
 
   it('has Redis expire the lease and the retention (PTTL), not the client clock', async () => {
