@@ -1,26 +1,50 @@
+/** The connection a bounded request went out on, as far as its bound needs it. */
+export interface DeadlineConnection {
+  /** Calls `arm` once the request has left the process (at once, for a client that writes at the call). */
+  whenSent(arm: () => void): void;
+  /** Bytes the connection has read so far, when known: answers coming in. */
+  bytesRead(): number | undefined;
+}
+
 /**
  * The work's answer, or a rejection with `message` once `ms` pass without one (the work may
  * still finish later). The rejection waits one turn of the event loop past the timer: after the
  * process stalled past the bound (a GC pause, a CPU-starved container), Node runs due timers
  * before it reads its sockets, and an answer that arrived in time is read in that turn and wins.
- * `start`, when given, says when the bound starts (it calls `arm`): when the work's request left
- * the process, for a client that sends its writes at the turn's end.
+ *
+ * With a `connection`, the bound starts when the request was sent, and it waits on while answers
+ * come in on the connection: by `ms` more at most, as long as each `PROGRESS_MS` brings bytes. A
+ * large answer does not fit in the socket's receive buffer, so after a stall the first read takes
+ * a part and the rest comes as the server can send it; answers come in order on one connection, so
+ * bytes coming in are this answer or those before it.
  * One promise and one timer per call (every store command pays it: no `Promise.race`).
  */
-export function withinDeadline<T>(
-  work: Promise<T>,
-  ms: number,
-  message = `no answer within ${ms} ms`,
-  start?: (arm: () => void) => void,
-): Promise<T> {
+export function withinDeadline<T>(work: Promise<T>, ms: number, message = `no answer within ${ms} ms`, connection?: DeadlineConnection): Promise<T> {
   return new Promise<T>((resolve, reject) => {
     let settled = false;
     let timer: NodeJS.Timeout | undefined;
-    const arm = () => {
-      if (!settled) timer = setTimeout(() => setImmediate(() => settled || reject(new Error(message))), ms);
+    let read: number | undefined;
+    let waitsUntil = 0;
+    const giveUp = () => {
+      if (settled) return;
+      const now = connection?.bytesRead();
+      if (now !== undefined && now !== read && Date.now() < (waitsUntil ||= Date.now() + ms)) {
+        read = now;
+        timer = setTimeout(expire, PROGRESS_MS);
+        return;
+      }
+      reject(new Error(message));
     };
-    if (start) start(arm);
-    else arm();
+    const expire = () => setImmediate(giveUp);
+    if (connection) {
+      connection.whenSent(() => {
+        if (settled) return;
+        read = connection.bytesRead();
+        timer = setTimeout(expire, ms);
+      });
+    } else {
+      timer = setTimeout(expire, ms);
+    }
     work.then(
       (value) => {
         settled = true;
@@ -35,3 +59,6 @@ export function withinDeadline<T>(
     );
   });
 }
+
+/** How long a bound past its time waits for more of an answer that is coming in. */
+const PROGRESS_MS = 50;

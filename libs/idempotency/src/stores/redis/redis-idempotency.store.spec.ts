@@ -215,6 +215,34 @@ describe('RedisIdempotencyStore', () => {
         await store.onApplicationShutdown();
       }
     });
+
+    // Found by an adversarial helper: a large answer (a replay's saved body) does not fit in the
+    // socket's receive buffer. After a stall the first read takes only a part; the rest comes as
+    // Redis can send it, after the bound's one turn of grace. A fail-open route ran its handler
+    // again for a key already completed.
+    it('takes a large answer that was coming in when the process stalled past the bound', async () => {
+      const store = await open();
+      await store.onModuleInit();
+      try {
+        const key = `stall-large:${randomUUID()}`;
+        const body = 'x'.repeat(900 * 1024);
+        await store.claim({ key, token: 't', fingerprint: 'fp', leaseMs: 5000 });
+        expect(await store.complete(key, 't', { statusCode: 200, headers: {}, body }, 60_000)).toBe(true);
+        const replayed = store.claim({ key, token: 'u', fingerprint: 'fp', leaseMs: 5000 });
+        // The stall starts once the command went out (after the turn's writes), as a busy app's would.
+        await new Promise<void>((resolve) =>
+          setImmediate(() => {
+            const stallUntil = Date.now() + 1300;
+            while (Date.now() < stallUntil);
+            resolve();
+          }),
+        );
+        const result = await replayed;
+        expect(result.status === 'completed' && result.response.body?.length).toBe(body.length);
+      } finally {
+        await store.onApplicationShutdown();
+      }
+    });
   });
 
   // The module's client sends a turn's commands together when the turn ends (coalesceWrites). A

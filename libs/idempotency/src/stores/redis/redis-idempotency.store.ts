@@ -1,5 +1,6 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
+import type { Socket } from 'node:net';
 import { IdempotencyConfigError, IdempotencyNotARecordError, IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import { DEFAULTS } from '../../idempotency.constants.js';
 import {
@@ -12,7 +13,7 @@ import {
   type StoredRecord,
 } from '../idempotency-store.js';
 import { SettleWatchers } from '../settle-watchers.js';
-import { withinDeadline } from '../within-deadline.js';
+import { withinDeadline, type DeadlineConnection } from '../within-deadline.js';
 import { CLAIM_WAIT_LUA } from './claim-wait.lua.js';
 import { whenWritesSent } from './coalesce-writes.js';
 import { COMPLETE_LUA } from './complete.lua.js';
@@ -71,8 +72,11 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   private subscribing: Promise<void> | undefined;
   /** The store's own bound on each command, for a client that has none (see `ownDeadlineMs`). */
   private readonly deadlineMs: number | undefined;
-  /** Starts a bound on the store's client when its command has left the process. */
-  private readonly whenSent = (arm: () => void) => whenWritesSent(this.client, arm);
+  /** The store's client as its commands' bounds see it: when a command left, and what came back since. */
+  private readonly connection: DeadlineConnection = {
+    whenSent: (arm) => whenWritesSent(this.client, arm),
+    bytesRead: () => (this.client as { stream?: Socket }).stream?.bytesRead,
+  };
 
   constructor(
     readonly client: Redis | Cluster,
@@ -276,7 +280,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   private bounded<T>(work: Promise<T>, extraMs = 0): Promise<T> {
     if (this.deadlineMs === undefined) return work;
     const ms = this.deadlineMs + extraMs;
-    return withinDeadline(work, ms, `no answer within ${ms} ms (the client sets no commandTimeout of its own)`, this.whenSent);
+    return withinDeadline(work, ms, `no answer within ${ms} ms (the client sets no commandTimeout of its own)`, this.connection);
   }
 
   /** Runs a command (bounded), and names what failed. */
