@@ -1,6 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { once } from 'node:events';
-import { connect, createServer, type Socket } from 'node:net';
+import { connect, createServer } from 'node:net';
 import { REDIS_URL } from '../../../../test/support/services.js';
 import { withinDeadline } from './within-deadline.js';
 

@@ -46,6 +46,8 @@ interface PgClient {
 }
 interface PooledPgClient extends PgClient {
   release(error?: Error): void;
+  /** pg's protocol connection, and its socket (what came back on it). */
+  connection?: { stream?: { bytesRead?: number } };
 }
 
 /** pg-pool of TypeORM's PostgresDriver: `master` (the only pool, or the primary's with replication). */
@@ -164,7 +166,10 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  * fails, the connection it waited on leaves the pool (its statement may still be running on the
  * server, so it is not reused, and `abandoned` is told its server process), and a connection
  * handed over later goes back at once. As with the Redis store's bound, a failure waits one turn
- * of the event loop past its timer, so that an answer read after a stall of the process wins.
+ * of the event loop past its timer, so that an answer read after a stall of the process wins; and
+ * while the answer comes in on the connection (a large one does not fit in the socket's receive
+ * buffer: after a stall the first read takes a part) it waits on, by `timeoutMs` more at most, as
+ * long as each `PROGRESS_MS` brings bytes.
  */
 async function onPooled<T>(
   dataSource: DataSource,
@@ -179,6 +184,8 @@ async function onPooled<T>(
   let drop: ((error: Error) => void) | undefined;
   /** The server process of the connection handed over. */
   let pid: number | undefined;
+  /** What the connection handed over has read: its answer coming in. */
+  let bytesRead: (() => number | undefined) | undefined;
   /** Re-arms the bound when the connection is handed over (with a bound). */
   let handedOver: (() => void) | undefined;
   const run = (async () => {
@@ -199,6 +206,7 @@ async function onPooled<T>(
         }
         drop = release;
         pid = (connected as { processID?: number }).processID;
+        bytesRead = () => connected.connection?.stream?.bytesRead;
         handedOver?.();
         resolve({ client: connected, release });
       });
@@ -213,9 +221,17 @@ async function onPooled<T>(
   if (timeoutMs === undefined) return run;
   return new Promise<T>((resolve, reject) => {
     let settled = false;
+    let read: number | undefined;
+    let waitsUntil = 0;
     const expire = () =>
       setImmediate(() => {
         if (settled) return;
+        const now = bytesRead?.();
+        if (now !== undefined && now !== read && Date.now() < (waitsUntil ||= Date.now() + timeoutMs)) {
+          read = now;
+          timer = setTimeout(expire, PROGRESS_MS);
+          return;
+        }
         expired = true;
         const error = new TypeORMError(`no answer within ${timeoutMs} ms`);
         drop?.(error);
@@ -225,6 +241,7 @@ async function onPooled<T>(
     let timer = setTimeout(expire, timeoutMs);
     handedOver = () => {
       clearTimeout(timer);
+      read = bytesRead?.();
       timer = setTimeout(expire, timeoutMs);
     };
     run.then(
@@ -241,6 +258,9 @@ async function onPooled<T>(
     );
   });
 }
+
+/** How long a bound past its time waits for more of an answer that is coming in (as the Redis store's). */
+const PROGRESS_MS = 50;
 
 /** How many times a claim statement runs when its snapshot keeps missing a concurrent commit. */
 const CLAIM_ATTEMPTS = 10;

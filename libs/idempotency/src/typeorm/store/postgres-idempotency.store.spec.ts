@@ -289,6 +289,24 @@ describe('PostgresIdempotencyStore', () => {
     expect(await Promise.all(claims)).toEqual(Array.from({ length: 5 }, () => ({ status: 'acquired', token: 't' })));
   });
 
+  // As on Redis (an adversarial helper, session 16): a large answer (a replay's saved body) does
+  // not fit in the socket's receive buffer; after a stall past the bound the first read takes a
+  // part, and the rest comes after the bound's one turn of grace.
+  it('takes a large answer that was coming in when the process stalled past the bound', async () => {
+    const bounded = new PostgresIdempotencyStore(dataSource, { statementTimeoutMs: 300 });
+    const key = `stall-large:${randomUUID()}`;
+    const body = 'x'.repeat(900 * 1024);
+    await bounded.claim({ key, token: 't', fingerprint: 'fp', leaseMs: 10_000 });
+    expect(await bounded.complete(key, 't', { statusCode: 200, headers: {}, body }, 60_000)).toBe(true);
+    const replayed = bounded.claim({ key, token: 'u', fingerprint: 'fp', leaseMs: 10_000 });
+    // The statement goes out within a turn (a warm pool); the stall starts then.
+    await new Promise((resolve) => setImmediate(resolve));
+    const stalledUntil = Date.now() + 700;
+    while (Date.now() < stalledUntil);
+    const result = await replayed;
+    expect(result.status === 'completed' && result.response.body?.length).toBe(body.length);
+  });
+
   // Round 2 of this session's adversaries: a claim given up on while it waited for a lock (the
   // table locked by another session) landed when the lock went, after the guard had answered 503
   // and released the key (on another connection, so before it): the key was held for a lease
