@@ -29,24 +29,28 @@ describe('withinDeadline', () => {
     }
   });
 
-  // An answer larger than the socket's receive buffer comes in parts: while parts come in, the
-  // bound waits on (by the bound once more at most); a connection that went quiet is given up on.
-  it('waits on while an answer comes in on its connection, by the bound once more at most', async () => {
-    // Each connection says in its first line when its answer ends (ms), and gets a part every 10 ms until then.
+  // An answer larger than the socket's receive buffer comes in parts, and answers come in order
+  // on one connection (a backlog of large replays): while parts come in, the bound waits on; a
+  // connection that went quiet is given up on.
+  it('waits on while an answer comes in on its connection, and gives up once it goes quiet', async () => {
+    // Each connection says in its first line when its parts stop and when its answer ends (ms);
+    // it gets a part every 10 ms until they stop.
     const server = createServer((peer) => {
       peer.once('data', (line) => {
+        const [stopsAfterMs, endsAfterMs] = String(line).split(',').map(Number);
         const sending = setInterval(() => peer.write('x'.repeat(1000)), 10);
-        const ending = setTimeout(() => peer.write('END'), Number(String(line)));
-        peer.on('close', () => (clearInterval(sending), clearTimeout(ending)));
+        const stopping = setTimeout(() => clearInterval(sending), stopsAfterMs);
+        const ending = setTimeout(() => peer.write('END'), endsAfterMs);
+        peer.on('close', () => (clearInterval(sending), clearTimeout(stopping), clearTimeout(ending)));
         peer.on('error', () => undefined);
       });
     });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     const { port } = server.address() as { port: number };
-    const answer = async (endsAfterMs: number, watched: boolean, boundMs = 200) => {
+    const answer = async (stopsAfterMs: number, endsAfterMs: number, watched: boolean, boundMs = 200) => {
       const socket = connect(port, '127.0.0.1');
       await once(socket, 'connect');
-      socket.write(String(endsAfterMs));
+      socket.write(`${stopsAfterMs},${endsAfterMs}`);
       const work = (async () => {
         for await (const chunk of socket) if (String(chunk).endsWith('END')) return 'answered';
         return 'closed';
@@ -62,14 +66,14 @@ describe('withinDeadline', () => {
       }
     };
     try {
-      // Past the bound (200 ms) and within it once more: taken while parts come in.
-      expect((await answer(300, true)).result).toBe('answered');
-      // Past the bound twice: given up on although parts still come, about then.
-      const longer = await answer(1000, true);
-      expect(longer.result).toBe('too slow');
-      expect(longer.ms).toBeLessThan(800);
+      // Parts all along, the answer at three times the bound (200 ms): taken.
+      expect((await answer(600, 600, true)).result).toBe('answered');
+      // Parts for 400 ms, then nothing (the answer would come at 2 s): given up on soon after they stop.
+      const quiet = await answer(400, 2000, true);
+      expect(quiet.result).toBe('too slow');
+      expect(quiet.ms).toBeLessThan(1200);
       // Without the connection to watch, the bound is the bound.
-      expect((await answer(300, false)).result).toBe('too slow');
+      expect((await answer(600, 300, false)).result).toBe('too slow');
     } finally {
       await new Promise((resolve) => server.close(resolve));
     }

@@ -12,11 +12,15 @@ export interface DeadlineConnection {
  * process stalled past the bound (a GC pause, a CPU-starved container), Node runs due timers
  * before it reads its sockets, and an answer that arrived in time is read in that turn and wins.
  *
- * With a `connection`, the bound starts when the request was sent, and it waits on while answers
- * come in on the connection: by `ms` more at most, as long as each `PROGRESS_MS` brings bytes. A
- * large answer does not fit in the socket's receive buffer, so after a stall the first read takes
- * a part and the rest comes as the server can send it; answers come in order on one connection, so
- * bytes coming in are this answer or those before it.
+ * With a `connection`, the bound starts when the request was sent, and past it the call waits on
+ * as long as each `PROGRESS_MS` brings bytes on the connection. A large answer does not fit in the
+ * socket's receive buffer, so after a stall the first read takes a part and the rest comes as the
+ * server can send it; and answers come in order on one connection, so bytes coming in are this
+ * answer or those before it (a backlog of large replays, which this process is slow to take in):
+ * the server is answering, and giving up would turn a healthy store into an outage (a fail-open
+ * route would run its handler again). A server that stops answering is given up on within
+ * `PROGRESS_MS` of its last byte. What a connection can still have to read is what was asked on
+ * it, so the wait ends.
  * One promise and one timer per call (every store command pays it: no `Promise.race`).
  */
 export function withinDeadline<T>(work: Promise<T>, ms: number, message = `no answer within ${ms} ms`, connection?: DeadlineConnection): Promise<T> {
@@ -24,11 +28,10 @@ export function withinDeadline<T>(work: Promise<T>, ms: number, message = `no an
     let settled = false;
     let timer: NodeJS.Timeout | undefined;
     let read: number | undefined;
-    let waitsUntil = 0;
     const giveUp = () => {
       if (settled) return;
       const now = connection?.bytesRead();
-      if (now !== undefined && now !== read && Date.now() < (waitsUntil ||= Date.now() + ms)) {
+      if (now !== undefined && now !== read) {
         read = now;
         timer = setTimeout(expire, PROGRESS_MS);
         return;

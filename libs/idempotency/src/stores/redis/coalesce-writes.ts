@@ -48,11 +48,17 @@ export function coalesceWrites(client: Redis): void {
 }
 
 /**
- * Runs `then` once the commands the client wrote in this turn have left the process: at the
- * turn's end on a client that coalesces its writes, at once on any other. A command's bound
- * starts there: a stall of the process between the call and the send is not Redis's time.
+ * Runs `then` once the commands the client was given in this turn have left the process: at the
+ * turn's end on a client that coalesces its writes, after ioredis's own flush on one with
+ * `enableAutoPipelining` (its `setImmediate`, queued at the call, runs first), at once on any
+ * other. A command's bound starts there: a stall of the process between the call and the send is
+ * not Redis's time.
  */
 export function whenWritesSent(client: Redis | Cluster, then: () => void): void {
+  if (client.options.enableAutoPipelining) {
+    setImmediate(then);
+    return;
+  }
   const turn = (client as unknown as { stream?: CoalescedSocket }).stream?.[COALESCED];
   if (turn?.corked) turn.sent.push(then);
   else then();

@@ -201,6 +201,12 @@ describe('RedisIdempotencyStore', () => {
   describe.each([
     ['the client the module opens from a URL', async () => (await createStore({ store: { redis: REDIS_URL } })) as RedisIdempotencyStore],
     ['a client handed in with no commandTimeout', async () => new RedisIdempotencyStore(await connectRedis(REDIS_URL, { commandTimeout: undefined }), { ownsClient: true })],
+    // Found by an adversarial helper: ioredis's auto-pipelining sends a turn's commands in a
+    // setImmediate, and the bound counted a stall before that send against Redis.
+    [
+      'a client handed in with enableAutoPipelining',
+      async () => new RedisIdempotencyStore(await connectRedis(REDIS_URL, { commandTimeout: undefined, enableAutoPipelining: true }), { ownsClient: true }),
+    ],
   ])('on %s', (_name, open) => {
     it('takes an answer that arrived while the process stalled past the bound', async () => {
       const store = await open();
@@ -210,6 +216,28 @@ describe('RedisIdempotencyStore', () => {
         const claimed = store.claim({ key, token: 't', fingerprint: '', leaseMs: 5000 });
         const stallUntil = Date.now() + 1300;
         while (Date.now() < stallUntil); // the stall: no timer and no socket is served meanwhile
+        expect(await claimed).toEqual({ status: 'acquired', token: 't' });
+      } finally {
+        await store.onApplicationShutdown();
+      }
+    });
+
+    // A command called in a turn of the check phase (as a setImmediate callback is) and a stall
+    // in that turn: a client that sends at the turn's end (write coalescing, ioredis's
+    // auto-pipelining) sends it in the next check phase, after the timers that come due first.
+    it('takes the answer to a command sent after a stall of the turn that called it', async () => {
+      const store = await open();
+      await store.onModuleInit();
+      try {
+        const key = `stall-turn:${randomUUID()}`;
+        const claimed = await new Promise<Promise<unknown>>((resolve) =>
+          setImmediate(() => {
+            const claim = store.claim({ key, token: 't', fingerprint: '', leaseMs: 5000 });
+            const stallUntil = Date.now() + 1300;
+            while (Date.now() < stallUntil);
+            resolve(claim);
+          }),
+        );
         expect(await claimed).toEqual({ status: 'acquired', token: 't' });
       } finally {
         await store.onApplicationShutdown();

@@ -168,8 +168,8 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  * handed over later goes back at once. As with the Redis store's bound, a failure waits one turn
  * of the event loop past its timer, so that an answer read after a stall of the process wins; and
  * while the answer comes in on the connection (a large one does not fit in the socket's receive
- * buffer: after a stall the first read takes a part) it waits on, by `timeoutMs` more at most, as
- * long as each `PROGRESS_MS` brings bytes.
+ * buffer: after a stall the first read takes a part) it waits on, as long as each `PROGRESS_MS`
+ * brings bytes (the connection carries this statement only, so they are its answer).
  */
 async function onPooled<T>(
   dataSource: DataSource,
@@ -222,12 +222,11 @@ async function onPooled<T>(
   return new Promise<T>((resolve, reject) => {
     let settled = false;
     let read: number | undefined;
-    let waitsUntil = 0;
     const expire = () =>
       setImmediate(() => {
         if (settled) return;
         const now = bytesRead?.();
-        if (now !== undefined && now !== read && Date.now() < (waitsUntil ||= Date.now() + timeoutMs)) {
+        if (now !== undefined && now !== read) {
           read = now;
           timer = setTimeout(expire, PROGRESS_MS);
           return;
