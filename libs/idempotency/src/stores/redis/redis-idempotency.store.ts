@@ -182,7 +182,8 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     // A SUBSCRIBE that failed is sent again on the same connection, which keeps its listeners.
     this.subscriber ??= this.newSubscriber();
     // Bounded as the store's commands are: a waiter must not hang on a Redis that went away.
-    await this.bounded(this.subscriber.subscribe(this.channel));
+    // Bytes coming in on the store's client say nothing of the subscriber's: a plain bound.
+    await this.bounded(this.subscriber.subscribe(this.channel), 0, null);
   }
 
   private newSubscriber(): Redis | Cluster {
@@ -276,11 +277,14 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     );
   }
 
-  /** `work` within the store's own bound, when it keeps one (plus `extraMs`: a WAIT's own timeout). */
-  private bounded<T>(work: Promise<T>, extraMs = 0): Promise<T> {
+  /**
+   * `work` within the store's own bound, when it keeps one (plus `extraMs`: a WAIT's own timeout),
+   * sent on `connection` (the store's client; null: another, whose bytes the bound does not watch).
+   */
+  private bounded<T>(work: Promise<T>, extraMs = 0, connection: DeadlineConnection | null = this.connection): Promise<T> {
     if (this.deadlineMs === undefined) return work;
     const ms = this.deadlineMs + extraMs;
-    return withinDeadline(work, ms, `no answer within ${ms} ms (the client sets no commandTimeout of its own)`, this.connection);
+    return withinDeadline(work, ms, `no answer within ${ms} ms (the client sets no commandTimeout of its own)`, connection ?? undefined);
   }
 
   /** Runs a command (bounded), and names what failed. */
