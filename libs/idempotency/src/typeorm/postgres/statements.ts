@@ -222,9 +222,12 @@ async function onPooled<T>(
   return new Promise<T>((resolve, reject) => {
     let settled = false;
     let read: number | undefined;
-    const expire = () =>
+    /** Bumped when the handover re-arms the bound: a check the earlier bound queued then stands down. */
+    let bound = 0;
+    const expire = () => {
+      const expiring = bound;
       setImmediate(() => {
-        if (settled) return;
+        if (settled || expiring !== bound) return;
         const now = bytesRead?.();
         if (now !== undefined && now !== read) {
           read = now;
@@ -237,9 +240,11 @@ async function onPooled<T>(
         if (pid !== undefined) abandoned?.(pid);
         reject(error);
       });
+    };
     let timer = setTimeout(expire, timeoutMs);
     handedOver = () => {
       clearTimeout(timer);
+      bound++;
       read = bytesRead?.();
       timer = setTimeout(expire, timeoutMs);
     };

@@ -307,6 +307,36 @@ describe('PostgresIdempotencyStore', () => {
     expect(result.status === 'completed' && result.response.body?.length).toBe(body.length);
   });
 
+  // An adversarial helper (session 16): a claim waiting for a pooled connection whose wait's bound
+  // ran out during a stall of the process, and got the connection as the stall ended, was failed
+  // by the check the expired bound had queued (a 503 on a healthy database), not bound anew.
+  it('bounds a claim anew when the pool hands it a connection in the turn its wait expired', async () => {
+    const single = new DataSource({ ...dataSource.options, migrationsRun: false, extra: { max: 1 } } as typeof dataSource.options);
+    await single.initialize();
+    const locker = new (await import('pg')).default.Client({ connectionString: DATABASE_URL });
+    await locker.connect();
+    try {
+      const bounded = new PostgresIdempotencyStore(single, { statementTimeoutMs: 300 });
+      await bounded.get('warm');
+      await locker.query('BEGIN');
+      await locker.query(`LOCK TABLE "${schema}".idempotency_records IN ACCESS EXCLUSIVE MODE`);
+      // The first claim holds the only connection, waiting for the lock; the second waits for the connection.
+      const first = bounded.claim({ key: `queued-a:${randomUUID()}`, token: 'a', fingerprint: '', leaseMs: 10_000 });
+      const second = bounded.claim({ key: `queued-b:${randomUUID()}`, token: 'b', fingerprint: '', leaseMs: 10_000 });
+      await sleep(100);
+      // In an I/O callback (as a request handler runs): the lock goes, then the process stalls past both bounds.
+      await locker.query('SELECT 1');
+      void locker.query('COMMIT');
+      const stalledUntil = Date.now() + 1000;
+      while (Date.now() < stalledUntil);
+      expect(await first).toEqual({ status: 'acquired', token: 'a' });
+      expect(await second).toEqual({ status: 'acquired', token: 'b' });
+    } finally {
+      await locker.end();
+      await single.destroy();
+    }
+  });
+
   // Round 2 of this session's adversaries: a claim given up on while it waited for a lock (the
   // table locked by another session) landed when the lock went, after the guard had answered 503
   // and released the key (on another connection, so before it): the key was held for a lease
