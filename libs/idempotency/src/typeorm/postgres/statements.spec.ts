@@ -110,6 +110,15 @@ describe('statementRunner: named prepared statements on the pool or on a transac
     expect(await single.query(PREPARED)).toEqual([]);
   });
 
+  // An adversarial helper (session 16): 100 parallel replays of a 1 MB response on a pool of 10,
+  // with a 300 ms bound, on a healthy database: 74 to 87 were failed as an outage (503, or a
+  // fail-open route's handler ran again) because their wait in the pool's queue hit the bound.
+  it("waits for a connection past its bound while the pool's statements answer (a queue, not an outage)", async () => {
+    const run = statementRunner(single, { timeoutMs: 300 });
+    const outcomes = await Promise.allSettled(Array.from({ length: 8 }, () => run('SELECT pg_sleep(0.1) AS slept', [])));
+    expect(outcomes.map((outcome) => outcome.status)).toEqual(Array.from({ length: 8 }, () => 'fulfilled'));
+  });
+
   it("runs on the primary's pool when the DataSource has replicas", async () => {
     const replicated = new DataSource({
       type: 'postgres',

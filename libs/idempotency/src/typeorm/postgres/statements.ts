@@ -33,6 +33,12 @@ export interface StatementBound {
   timeoutMs?: number;
   /** Told the server process id and the text of a statement given up on after it went out. */
   abandoned?: (pid: number, sql: string) => void;
+  /**
+   * Whether this runner's answers show its pool moving to calls that wait for a connection (see
+   * `onPooled`). Default true; false for statements that answer in an outage too (ending the
+   * server processes of abandoned statements), which would keep waiters waiting through one.
+   */
+  showsProgress?: boolean;
 }
 
 /** Runs one statement: `sql` with `params`, on `runner` when given (a transaction's). */
@@ -99,7 +105,7 @@ function rename(client: object, sql: string): void {
  * statements are the transaction owner's to bound. `abandoned` is told the server process of a
  * statement given up on after it went out: it may still be running there.
  */
-export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned }: StatementBound = {}): RunStatement {
+export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned, showsProgress = true }: StatementBound = {}): RunStatement {
   const { logger } = dataSource;
   let prepare = true;
   const prepared = async (client: PgClient, sql: string, values: unknown[], canRetry: boolean) => {
@@ -140,7 +146,8 @@ export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned }
     coverNewConnections(dataSource);
     try {
       if (runner) return await onRunner(runner, (client) => query(client, sql, params, runner));
-      return await onPooled(dataSource, (client) => query(client, sql, params), timeoutMs, abandoned && ((pid) => abandoned(pid, sql)));
+      const bound = timeoutMs === undefined ? undefined : { timeoutMs, showsProgress, abandoned: abandoned && ((pid: number) => abandoned(pid, sql)) };
+      return await onPooled(dataSource, (client) => query(client, sql, params), bound);
     } catch (error) {
       throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
     }
@@ -162,7 +169,10 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  *
  * With `timeoutMs`, a free connection, then the statement's answer, are each bounded by it (the
  * second timer starts when the pool hands the connection over: after a stall of the process in
- * which the pool was to hand it over, the statement only then goes out). Past a bound the call
+ * which the pool was to hand it over, the statement only then goes out). A wait for a connection
+ * goes on past its bound while the pool moves: as long as each `timeoutMs` some statement of a
+ * runner that `showsProgress` answered on this pool (a busy database works through its queue:
+ * pg-pool hands connections over in order, so the wait ends; a hung one answers none). Past a bound the call
  * fails, the connection it waited on leaves the pool (its statement may still be running on the
  * server, so it is not reused, and `abandoned` is told its server process), and a connection
  * handed over later goes back at once. As with the Redis store's bound, a failure waits one turn
@@ -174,8 +184,7 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
 async function onPooled<T>(
   dataSource: DataSource,
   work: (client: PgClient) => Promise<T>,
-  timeoutMs?: number,
-  abandoned?: (pid: number) => void,
+  bound?: { timeoutMs: number; showsProgress: boolean; abandoned?: (pid: number) => void },
 ): Promise<T> {
   const pool = (dataSource.driver as unknown as PostgresDriverPools).master;
   if (!pool) throw new TypeORMError('Driver not Connected');
@@ -212,22 +221,32 @@ async function onPooled<T>(
       });
     });
     try {
-      return await work(client);
+      const answer = await work(client);
+      if (bound?.showsProgress) answeredOn.set(pool, (answeredOn.get(pool) ?? 0) + 1);
+      return answer;
     } finally {
       client.removeListener('error', release);
       release();
     }
   })();
-  if (timeoutMs === undefined) return run;
+  if (bound === undefined) return run;
+  const { timeoutMs, abandoned } = bound;
   return new Promise<T>((resolve, reject) => {
     let settled = false;
     let read: number | undefined;
+    /** The pool's answered statements when the wait for a connection last checked. */
+    let answered = answeredOn.get(pool) ?? 0;
     /** Bumped when the handover re-arms the bound: a check the earlier bound queued then stands down. */
-    let bound = 0;
+    let generation = 0;
     const expire = () => {
-      const expiring = bound;
+      const expiring = generation;
       setImmediate(() => {
-        if (settled || expiring !== bound) return;
+        if (settled || expiring !== generation) return;
+        if (drop === undefined && (answeredOn.get(pool) ?? 0) !== answered) {
+          answered = answeredOn.get(pool) ?? 0;
+          timer = setTimeout(expire, timeoutMs);
+          return;
+        }
         const now = bytesRead?.();
         if (now !== undefined && now !== read) {
           read = now;
@@ -244,7 +263,7 @@ async function onPooled<T>(
     let timer = setTimeout(expire, timeoutMs);
     handedOver = () => {
       clearTimeout(timer);
-      bound++;
+      generation++;
       read = bytesRead?.();
       timer = setTimeout(expire, timeoutMs);
     };
@@ -262,6 +281,9 @@ async function onPooled<T>(
     );
   });
 }
+
+/** Per pool, how many statements of runners that `showsProgress` answered on it: whether it moves. */
+const answeredOn = new WeakMap<object, number>();
 
 /** How long a bound past its time waits for more of an answer that is coming in (as the Redis store's). */
 const PROGRESS_MS = 50;

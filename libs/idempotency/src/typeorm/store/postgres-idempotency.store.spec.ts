@@ -337,6 +337,40 @@ describe('PostgresIdempotencyStore', () => {
     }
   });
 
+  // A claim waiting for a connection waits past its bound while the pool's statements answer (a
+  // busy database works through its queue). A table that stays locked answers none of them: the
+  // server processes of claims given up on are ended (those statements answer), and that must not
+  // keep the claims that arrive meanwhile waiting through the outage.
+  it('fails claims at their bound while a locked table answers none, though the processes of those given up on are ended', async () => {
+    const pair = new DataSource({ ...dataSource.options, migrationsRun: false, logger: undefined, extra: { max: 2 } } as typeof dataSource.options);
+    await pair.initialize();
+    const locker = new (await import('pg')).default.Client({ connectionString: DATABASE_URL });
+    await locker.connect();
+    try {
+      const bounded = new PostgresIdempotencyStore(pair, { statementTimeoutMs: 300 });
+      await Promise.all([bounded.get('warm'), bounded.get('warm')]);
+      await locker.query('BEGIN');
+      await locker.query(`LOCK TABLE "${schema}".idempotency_records IN ACCESS EXCLUSIVE MODE`);
+      // A claim every 50 ms for 1.5 s, on a pool of two: most of them wait for a connection.
+      const waits: Promise<{ failed: boolean; ms: number }>[] = [];
+      for (let i = 0; i < 30; i++) {
+        const started = Date.now();
+        const claim = bounded.claim({ key: `outage:${i}:${randomUUID()}`, token: 't', fingerprint: '', leaseMs: 10_000 });
+        waits.push(claim.then(() => ({ failed: false, ms: Date.now() - started }), () => ({ failed: true, ms: Date.now() - started })));
+        await sleep(50);
+      }
+      const settled = await Promise.all(waits);
+      await locker.query('ROLLBACK');
+      expect(settled.filter((wait) => !wait.failed)).toEqual([]);
+      // Its bound, then at most another one after a handover (~600 ms here), and the machine's
+      // slack; counting the endings as answers kept claims waiting 1.1 to 2 s.
+      expect(settled.filter((wait) => wait.ms > 1000)).toEqual([]);
+    } finally {
+      await locker.end();
+      await pair.destroy();
+    }
+  });
+
   // Round 2 of this session's adversaries: a claim given up on while it waited for a lock (the
   // table locked by another session) landed when the lock went, after the guard had answered 503
   // and released the key (on another connection, so before it): the key was held for a lease

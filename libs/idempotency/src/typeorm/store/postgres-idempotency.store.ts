@@ -95,7 +95,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     const timeoutMs = positiveMs('PostgresIdempotencyStore', 'statementTimeoutMs', options.statementTimeoutMs ?? DEFAULT_STATEMENT_TIMEOUT_MS);
     this.timeoutMs = timeoutMs;
     this.run = statementRunner(dataSource, { timeoutMs, abandoned: (pid, sql) => this.endAbandoned(pid, sql) });
-    this.terminate = statementRunner(dataSource, { timeoutMs });
+    this.terminate = statementRunner(dataSource, { timeoutMs, showsProgress: false });
     const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, schema);
     this.sql = {
       claim: claimSql(table),
