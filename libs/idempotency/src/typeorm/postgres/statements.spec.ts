@@ -119,6 +119,18 @@ describe('statementRunner: named prepared statements on the pool or on a transac
     expect(outcomes.map((outcome) => outcome.status)).toEqual(Array.from({ length: 8 }, () => 'fulfilled'));
   });
 
+  // An adversarial helper (session 17): a burst of 1 MB replays on a cold pool of 60 sent 60
+  // statements at once, and none had finished within the bound while their answers came in:
+  // counting answers only failed the 340 waiting calls (on a fail-open route, 34 runs a key).
+  it('waits for a connection past its bound while an answer comes in on the pool, before any statement ends', async () => {
+    const run = statementRunner(single, { timeoutMs: 300 });
+    // 30 rows of 20 KB, one each 20 ms: each fills pg's send buffer, so it goes out as it comes.
+    const streaming = run(`SELECT repeat('x', 20000) AS part, pg_sleep(0.02) FROM generate_series(1, 30)`, []);
+    const queued = run('SELECT 1 AS one', []);
+    const [first, second] = await Promise.allSettled([streaming, queued]);
+    expect([first.status, second.status]).toEqual(['fulfilled', 'fulfilled']);
+  });
+
   it("runs on the primary's pool when the DataSource has replicas", async () => {
     const replicated = new DataSource({
       type: 'postgres',

@@ -20,6 +20,7 @@ import { createHash } from 'node:crypto';
 import { QueryFailedError, QueryRunnerAlreadyReleasedError, TypeORMError, type DataSource, type QueryRunner } from 'typeorm';
 import { IdempotencyConfigError, IdempotencyStoreError } from '../../index.js';
 import { coverNewConnections } from './new-connections.js';
+import { PoolProgress } from './pool-progress.js';
 
 /** The rows a statement returned and the rows it affected (written ones for INSERT/UPDATE/DELETE). */
 export interface StatementResult {
@@ -170,9 +171,11 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  * With `timeoutMs`, a free connection, then the statement's answer, are each bounded by it (the
  * second timer starts when the pool hands the connection over: after a stall of the process in
  * which the pool was to hand it over, the statement only then goes out). A wait for a connection
- * goes on past its bound while the pool moves: as long as each `timeoutMs` some statement of a
- * runner that `showsProgress` answered on this pool (a busy database works through its queue:
- * pg-pool hands connections over in order, so the wait ends; a hung one answers none). Past a bound the call
+ * goes on past its bound while the pool moves: as long as each `timeoutMs` brings something back
+ * to the statements of runners that `showsProgress` on this pool (`PoolProgress`: a busy database
+ * works through its queue, and pg-pool hands connections over in order; a hung or locked one
+ * sends nothing). pg-pool's own `connectionTimeoutMillis` bounds that wait, as it bounds every
+ * wait for its connections (the app's own queries'). Past a bound the call
  * fails, the connection it waited on leaves the pool (its statement may still be running on the
  * server, so it is not reused, and `abandoned` is told its server process), and a connection
  * handed over later goes back at once. As with the Redis store's bound, a failure waits one turn
@@ -188,6 +191,7 @@ async function onPooled<T>(
 ): Promise<T> {
   const pool = (dataSource.driver as unknown as PostgresDriverPools).master;
   if (!pool) throw new TypeORMError('Driver not Connected');
+  const progress = PoolProgress.of(pool);
   let expired = false;
   /** Releases the connection handed over, with an error: it leaves the pool. */
   let drop: ((error: Error) => void) | undefined;
@@ -220,11 +224,14 @@ async function onPooled<T>(
         resolve({ client: connected, release });
       });
     });
+    const ended = bound?.showsProgress ? progress.started(() => client.connection?.stream?.bytesRead) : undefined;
+    let answered = false;
     try {
       const answer = await work(client);
-      if (bound?.showsProgress) answeredOn.set(pool, (answeredOn.get(pool) ?? 0) + 1);
+      answered = true;
       return answer;
     } finally {
+      ended?.(answered);
       client.removeListener('error', release);
       release();
     }
@@ -234,16 +241,16 @@ async function onPooled<T>(
   return new Promise<T>((resolve, reject) => {
     let settled = false;
     let read: number | undefined;
-    /** The pool's answered statements when the wait for a connection last checked. */
-    let answered = answeredOn.get(pool) ?? 0;
+    /** What the pool's statements had got back when the wait for a connection last checked. */
+    let moved = progress.mark();
     /** Bumped when the handover re-arms the bound: a check the earlier bound queued then stands down. */
     let generation = 0;
     const expire = () => {
       const expiring = generation;
       setImmediate(() => {
         if (settled || expiring !== generation) return;
-        if (drop === undefined && (answeredOn.get(pool) ?? 0) !== answered) {
-          answered = answeredOn.get(pool) ?? 0;
+        if (drop === undefined && progress.mark() !== moved) {
+          moved = progress.mark();
           timer = setTimeout(expire, timeoutMs);
           return;
         }
@@ -281,9 +288,6 @@ async function onPooled<T>(
     );
   });
 }
-
-/** Per pool, how many statements of runners that `showsProgress` answered on it: whether it moves. */
-const answeredOn = new WeakMap<object, number>();
 
 /** How long a bound past its time waits for more of an answer that is coming in (as the Redis store's). */
 const PROGRESS_MS = 50;
