@@ -119,6 +119,17 @@ describe('statementRunner: named prepared statements on the pool or on a transac
     expect(outcomes.map((outcome) => outcome.status)).toEqual(Array.from({ length: 8 }, () => 'fulfilled'));
   });
 
+  // An adversarial helper (session 17): the app's own queries wait in the same queue. 200 of them
+  // (100 ms each) on a pool of 10, then replays of 20 completed keys on a fail-open route, with a
+  // 300 ms bound: 20 of 20 handlers ran again; at the default bound, 800 queries did the same.
+  it("waits for a connection past its bound while the app's own queries keep the pool moving", async () => {
+    const run = statementRunner(single, { timeoutMs: 300 });
+    const appQueries = Array.from({ length: 6 }, () => single.query('SELECT pg_sleep(0.1)'));
+    const queued = await Promise.allSettled([run('SELECT 1 AS one', [])]);
+    await Promise.all(appQueries);
+    expect(queued.map((outcome) => outcome.status)).toEqual(['fulfilled']);
+  });
+
   // An adversarial helper (session 17): a burst of 1 MB replays on a cold pool of 60 sent 60
   // statements at once, and none had finished within the bound while their answers came in:
   // counting answers only failed the 340 waiting calls (on a fail-open route, 34 runs a key).

@@ -20,7 +20,7 @@ import { createHash } from 'node:crypto';
 import { QueryFailedError, QueryRunnerAlreadyReleasedError, TypeORMError, type DataSource, type QueryRunner } from 'typeorm';
 import { IdempotencyConfigError, IdempotencyStoreError } from '../../index.js';
 import { coverNewConnections } from './new-connections.js';
-import { PoolProgress } from './pool-progress.js';
+import { PoolProgress, type PgPoolReleases } from './pool-progress.js';
 
 /** The rows a statement returned and the rows it affected (written ones for INSERT/UPDATE/DELETE). */
 export interface StatementResult {
@@ -35,9 +35,9 @@ export interface StatementBound {
   /** Told the server process id and the text of a statement given up on after it went out. */
   abandoned?: (pid: number, sql: string) => void;
   /**
-   * Whether this runner's answers show its pool moving to calls that wait for a connection (see
-   * `onPooled`). Default true; false for statements that answer in an outage too (ending the
-   * server processes of abandoned statements), which would keep waiters waiting through one.
+   * Whether this runner's statements show its pool moving to calls that wait for a connection
+   * (see `onPooled`). Default true; false for statements that answer in an outage too (ending
+   * the server processes of abandoned statements), which would keep waiters waiting through one.
    */
   showsProgress?: boolean;
 }
@@ -59,7 +59,7 @@ interface PooledPgClient extends PgClient {
 
 /** pg-pool of TypeORM's PostgresDriver: `master` (the only pool, or the primary's with replication). */
 interface PostgresDriverPools {
-  master?: { connect(callback: (error: Error | undefined, client: PooledPgClient | undefined) => void): void };
+  master?: PgPoolReleases & { connect(callback: (error: Error | undefined, client: PooledPgClient | undefined) => void): void };
 }
 
 /** `cached plan must not change result type`: the table changed under a prepared statement. */
@@ -171,12 +171,11 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  * With `timeoutMs`, a free connection, then the statement's answer, are each bounded by it (the
  * second timer starts when the pool hands the connection over: after a stall of the process in
  * which the pool was to hand it over, the statement only then goes out). A wait for a connection
- * goes on past its bound while the pool moves: as long as each `timeoutMs` brings something back
- * to the statements of runners that `showsProgress` on this pool (`PoolProgress`: a busy database
- * works through its queue, and pg-pool hands connections over in order; a hung or locked one
- * sends nothing). pg-pool's own `connectionTimeoutMillis` bounds that wait, as it bounds every
- * wait for its connections (the app's own queries'). Past a bound the call
- * fails, the connection it waited on leaves the pool (its statement may still be running on the
+ * goes on past its bound while the pool moves: as long as each `timeoutMs` gives a connection back
+ * to the pool or brings bytes to the store's running statements (`PoolProgress`: a busy database
+ * works through its queue, the app's own queries' too, and pg-pool hands connections over in
+ * order; a hung or locked one sends nothing). pg-pool's own `connectionTimeoutMillis` bounds that
+ * wait, as it bounds every wait for its connections. Past a bound the call fails, the connection it waited on leaves the pool (its statement may still be running on the
  * server, so it is not reused, and `abandoned` is told its server process), and a connection
  * handed over later goes back at once. As with the Redis store's bound, a failure waits one turn
  * of the event loop past its timer, so that an answer read after a stall of the process wins; and
@@ -214,7 +213,10 @@ async function onPooled<T>(
         connected.on('error', release);
         if (expired) {
           connected.removeListener('error', release);
+          // Given back unused: no sign that the database moves.
+          const given = progress.quietly(connected);
           release();
+          given();
           return reject(new TypeORMError('The pool gave a connection after the bound'));
         }
         drop = release;
@@ -224,16 +226,16 @@ async function onPooled<T>(
         resolve({ client: connected, release });
       });
     });
-    const ended = bound?.showsProgress ? progress.started(() => client.connection?.stream?.bytesRead) : undefined;
-    let answered = false;
+    const shows = !bound || bound.showsProgress;
+    const ended = bound && shows ? progress.started(() => client.connection?.stream?.bytesRead) : undefined;
+    const given = shows ? undefined : progress.quietly(client);
     try {
-      const answer = await work(client);
-      answered = true;
-      return answer;
+      return await work(client);
     } finally {
-      ended?.(answered);
+      ended?.();
       client.removeListener('error', release);
       release();
+      given?.();
     }
   })();
   if (bound === undefined) return run;
