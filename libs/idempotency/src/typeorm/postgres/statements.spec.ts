@@ -2,6 +2,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from '@jest/glo
 import { randomUUID } from 'node:crypto';
 import { DataSource, QueryFailedError } from 'typeorm';
 import { DATABASE_URL } from '../../../../../test/support/services.js';
+import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
 import { adminQuery, dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 import { IdempotencyStoreError } from '../../index.js';
 import { IDEMPOTENCY_ENTITIES } from '../entities.js';
@@ -128,6 +129,56 @@ describe('statementRunner: named prepared statements on the pool or on a transac
     const queued = await Promise.allSettled([run('SELECT 1 AS one', [])]);
     await Promise.all(appQueries);
     expect(queued.map((outcome) => outcome.status)).toEqual(['fulfilled']);
+  });
+
+  // A reviewing helper (session 17): with pg's `query_timeout` (the README suggests it for
+  // TypeORM's own queries), statements on a hung server fail and their connections go back to the
+  // pool without an error, one each `query_timeout`. That is no sign of a database that moves.
+  it("fails a wait for a connection at its bound when the app's queries only time out on a hung server", async () => {
+    const target = new URL(DATABASE_URL);
+    const proxy = await new TcpProxy({ host: target.hostname, port: Number(target.port || 5432) }).start();
+    const viaProxy = new URL(DATABASE_URL);
+    viaProxy.port = String(proxy.port);
+    const hung = new DataSource({ type: 'postgres', url: viaProxy.toString(), extra: { max: 1, query_timeout: 100 } });
+    await hung.initialize();
+    try {
+      const run = statementRunner(hung, { timeoutMs: 300 });
+      await run('SELECT 1 AS one', []);
+      proxy.delayMs = 60_000;
+      const appQueries = Array.from({ length: 12 }, () => hung.query('SELECT 1').catch((error: unknown) => error));
+      const started = Date.now();
+      const outcome = await run('SELECT 1 AS one', []).then(
+        () => 'answered',
+        (error: Error) => error.message,
+      );
+      expect({ outcome, fast: Date.now() - started < 800 }).toEqual({ outcome: expect.stringMatching(/no answer within 300 ms/), fast: true });
+      await Promise.all(appQueries);
+    } finally {
+      await proxy.stop();
+      await hung.destroy().catch(() => undefined);
+    }
+  });
+
+  // pg's `query_timeout` rejects a statement but leaves it on its connection: given back whole,
+  // the connection served the next statement behind the one still waiting, which failed in turn.
+  it("gives back as broken a connection whose statement failed on pg's query_timeout, and answers on a new one", async () => {
+    const target = new URL(DATABASE_URL);
+    const proxy = await new TcpProxy({ host: target.hostname, port: Number(target.port || 5432) }).start();
+    const viaProxy = new URL(DATABASE_URL);
+    viaProxy.port = String(proxy.port);
+    const timed = new DataSource({ type: 'postgres', url: viaProxy.toString(), extra: { max: 1, query_timeout: 100 } });
+    await timed.initialize();
+    try {
+      const run = statementRunner(timed, { timeoutMs: 1000 });
+      await run('SELECT 1 AS one', []);
+      proxy.delayMs = 60_000;
+      await expect(run('SELECT 2 AS two', [])).rejects.toThrow(/Query read timeout/);
+      proxy.delayMs = 0;
+      expect((await run('SELECT 3 AS three', [])).records).toEqual([{ three: 3 }]);
+    } finally {
+      await proxy.stop();
+      await timed.destroy().catch(() => undefined);
+    }
   });
 
   // An adversarial helper (session 17): a burst of 1 MB replays on a cold pool of 60 sent 60

@@ -20,7 +20,7 @@ import { createHash } from 'node:crypto';
 import { QueryFailedError, QueryRunnerAlreadyReleasedError, TypeORMError, type DataSource, type QueryRunner } from 'typeorm';
 import { IdempotencyConfigError, IdempotencyStoreError } from '../../index.js';
 import { coverNewConnections } from './new-connections.js';
-import { PoolProgress, type PgPoolReleases } from './pool-progress.js';
+import { PoolProgress, type PgPoolEvents } from './pool-progress.js';
 
 /** The rows a statement returned and the rows it affected (written ones for INSERT/UPDATE/DELETE). */
 export interface StatementResult {
@@ -59,7 +59,7 @@ interface PooledPgClient extends PgClient {
 
 /** pg-pool of TypeORM's PostgresDriver: `master` (the only pool, or the primary's with replication). */
 interface PostgresDriverPools {
-  master?: PgPoolReleases & { connect(callback: (error: Error | undefined, client: PooledPgClient | undefined) => void): void };
+  master?: PgPoolEvents & { connect(callback: (error: Error | undefined, client: PooledPgClient | undefined) => void): void };
 }
 
 /** `cached plan must not change result type`: the table changed under a prepared statement. */
@@ -171,10 +171,10 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  * With `timeoutMs`, a free connection, then the statement's answer, are each bounded by it (the
  * second timer starts when the pool hands the connection over: after a stall of the process in
  * which the pool was to hand it over, the statement only then goes out). A wait for a connection
- * goes on past its bound while the pool moves: as long as each `timeoutMs` gives a connection back
- * to the pool or brings bytes to the store's running statements (`PoolProgress`: a busy database
- * works through its queue, the app's own queries' too, and pg-pool hands connections over in
- * order; a hung or locked one sends nothing). pg-pool's own `connectionTimeoutMillis` bounds that
+ * goes on past its bound while the pool moves: as long as each `timeoutMs` brings bytes to one of
+ * the pool's connections handed out, whoever holds it (`PoolProgress`: a busy database works
+ * through its queue, the app's own queries' too, and pg-pool hands connections over in order; a
+ * hung or locked one sends nothing). pg-pool's own `connectionTimeoutMillis` bounds that
  * wait, as it bounds every wait for its connections. Past a bound the call fails, the connection it waited on leaves the pool (its statement may still be running on the
  * server, so it is not reused, and `abandoned` is told its server process), and a connection
  * handed over later goes back at once. As with the Redis store's bound, a failure waits one turn
@@ -213,10 +213,7 @@ async function onPooled<T>(
         connected.on('error', release);
         if (expired) {
           connected.removeListener('error', release);
-          // Given back unused: no sign that the database moves.
-          const given = progress.quietly(connected);
           release();
-          given();
           return reject(new TypeORMError('The pool gave a connection after the bound'));
         }
         drop = release;
@@ -226,15 +223,17 @@ async function onPooled<T>(
         resolve({ client: connected, release });
       });
     });
-    const shows = !bound || bound.showsProgress;
-    const ended = bound && shows ? progress.started(() => client.connection?.stream?.bytesRead) : undefined;
-    const given = shows ? undefined : progress.quietly(client);
+    const given = bound && !bound.showsProgress ? progress.quietly(client) : undefined;
+    /** A failure that is not the statement's own (a lost connection, pg's `query_timeout`): the connection leaves the pool. */
+    let broken: Error | undefined;
     try {
       return await work(client);
+    } catch (error) {
+      if (!isStatementError(error)) broken = error as Error;
+      throw error;
     } finally {
-      ended?.();
       client.removeListener('error', release);
-      release();
+      release(broken);
       given?.();
     }
   })();
@@ -314,6 +313,17 @@ export async function claimUntilAnswered<T>(what: string, attempt: () => Promise
     if (i >= 2 && i < CLAIM_ATTEMPTS) await new Promise((resolve) => setTimeout(resolve, Math.random() * i));
   }
   throw new IdempotencyStoreError(`PostgreSQL ${what} found no answer in ${CLAIM_ATTEMPTS} attempts`);
+}
+
+/**
+ * Whether `error` is the answer to a statement on a connection that stays usable: a SQLSTATE
+ * other than a connection failure (class 08) or an operator's intervention (57P, the server
+ * ending the session). Anything else (pg's `query_timeout`, "Connection terminated", a socket's
+ * error) may leave the connection broken or still running the statement.
+ */
+function isStatementError(error: unknown): boolean {
+  const state = sqlStateOf(error);
+  return typeof state === 'string' && /^[0-9A-Z]{5}$/.test(state) && !state.startsWith('08') && !state.startsWith('57P');
 }
 
 /** The SQLSTATE of a database error (TypeORM's `QueryFailedError` or pg's own), e.g. `40P01`. */
