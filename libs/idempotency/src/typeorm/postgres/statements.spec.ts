@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from '@jest/globals';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
 import { DataSource, QueryFailedError } from 'typeorm';
 import { DATABASE_URL } from '../../../../../test/support/services.js';
@@ -10,6 +10,8 @@ import { uniqueViolationOf } from '../helpers/unique-violation.js';
 import { IDEMPOTENCY_MIGRATIONS } from '../migrations.js';
 import { PostgresIdempotencyStore } from '../store/postgres-idempotency.store.js';
 import { statementRunner } from './statements.js';
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 /** What this session has prepared: each statement's text and how many times it ran. */
 const PREPARED = `SELECT statement, generic_plans + custom_plans AS runs, from_sql FROM pg_prepared_statements`;
@@ -179,6 +181,64 @@ describe('statementRunner: named prepared statements on the pool or on a transac
       await proxy.stop();
       await timed.destroy().catch(() => undefined);
     }
+  });
+
+  // A reviewing helper (session 17): the bytes of a NOTIFY to a listening session are no answer,
+  // and go on through an outage; nor were connections handed out before the store's first call
+  // watched (their answers went unseen: a false outage).
+  describe('what shows the pool moving, on a pool of its own', () => {
+    let own: DataSource;
+    let ownSchema: string;
+    beforeEach(async () => {
+      ownSchema = testSchemaName();
+      own = await openSchemaDataSource(ownSchema, { extra: { max: 2 } });
+    });
+    afterEach(async () => {
+      await dropSchemaDataSource(own);
+    });
+
+    it('fails a wait at its bound through a lock, though a listening connection keeps getting NOTIFYs', async () => {
+      const { Client } = (await import('pg')).default;
+      const [locker, notifier] = [new Client({ connectionString: DATABASE_URL }), new Client({ connectionString: DATABASE_URL })];
+      await Promise.all([locker.connect(), notifier.connect()]);
+      const listener = own.createQueryRunner();
+      const locked = `"${ownSchema}".locked`;
+      let ticking: NodeJS.Timeout | undefined;
+      try {
+        await own.query(`CREATE TABLE ${locked} (id int)`);
+        const run = statementRunner(own, { timeoutMs: 300 });
+        await run('SELECT 1 AS one', []);
+        // The app's two connections: one listening, one waiting for the lock.
+        await listener.connect();
+        await listener.query('LISTEN idempotency_spec');
+        await locker.query('BEGIN');
+        await locker.query(`LOCK TABLE ${locked} IN ACCESS EXCLUSIVE MODE`);
+        const blocked = own.query(`SELECT * FROM ${locked}`).catch(() => undefined);
+        ticking = setInterval(() => void notifier.query(`NOTIFY idempotency_spec, '${'x'.repeat(500)}'`).catch(() => undefined), 20);
+        // Unwatched, the NOTIFYs kept it waiting for as long as the lock held (60 s here).
+        const unlock = setTimeout(() => void locker.query('ROLLBACK'), 3000);
+        const started = Date.now();
+        const outcome = await run('SELECT 1 AS one', []).then(() => 'answered', (error: Error) => error.message);
+        clearTimeout(unlock);
+        expect({ outcome, fast: Date.now() - started < 800 }).toEqual({ outcome: expect.stringMatching(/no answer within 300 ms/), fast: true });
+        await locker.query('ROLLBACK');
+        await blocked;
+      } finally {
+        clearInterval(ticking);
+        await listener.release();
+        await Promise.all([locker.end(), notifier.end()]);
+      }
+    });
+
+    it('counts the answer coming in on a connection the app had taken before the first bounded call', async () => {
+      const streaming = own.query(`SELECT repeat('x', 20000) AS part, pg_sleep(0.02) FROM generate_series(1, 30)`);
+      const holder = own.query('SELECT pg_sleep(0.8)');
+      await sleep(50);
+      const run = statementRunner(own, { timeoutMs: 300 });
+      const outcome = await run('SELECT 1 AS one', []).then(() => 'answered', (error: Error) => error.message);
+      await Promise.all([streaming, holder]);
+      expect(outcome).toBe('answered');
+    });
   });
 
   // An adversarial helper (session 17): a burst of 1 MB replays on a cold pool of 60 sent 60

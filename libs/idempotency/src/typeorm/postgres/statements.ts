@@ -316,14 +316,19 @@ export async function claimUntilAnswered<T>(what: string, attempt: () => Promise
 }
 
 /**
- * Whether `error` is the answer to a statement on a connection that stays usable: a SQLSTATE
- * other than a connection failure (class 08) or an operator's intervention (57P, the server
- * ending the session). Anything else (pg's `query_timeout`, "Connection terminated", a socket's
- * error) may leave the connection broken or still running the statement.
+ * Whether `error` is the answer to a statement on a connection that stays usable: a server error
+ * (it has a severity), not FATAL or PANIC (those end the session; pg gives the severity in the
+ * server's language, so a translated one is judged by its SQLSTATE alone), with a SQLSTATE other
+ * than a connection failure (class 08) or an operator's intervention (57P). Anything else (pg's
+ * `query_timeout`, "Connection terminated", a socket's error) may leave the connection broken or
+ * still running the statement.
  */
 function isStatementError(error: unknown): boolean {
   const state = sqlStateOf(error);
-  return typeof state === 'string' && /^[0-9A-Z]{5}$/.test(state) && !state.startsWith('08') && !state.startsWith('57P');
+  const shape = error as { severity?: unknown; driverError?: { severity?: unknown } } | undefined;
+  const severity = shape?.driverError?.severity ?? shape?.severity;
+  if (typeof severity !== 'string' || severity === 'FATAL' || severity === 'PANIC') return false;
+  return typeof state === 'string' && !state.startsWith('08') && !state.startsWith('57P');
 }
 
 /** The SQLSTATE of a database error (TypeORM's `QueryFailedError` or pg's own), e.g. `40P01`. */
