@@ -13,6 +13,17 @@ import { statementRunner } from './statements.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
+/** A DataSource whose connections go through a proxy (`delayMs` holds what comes back), with pg-pool's `extra`. */
+async function behindProxy(extra: Record<string, unknown>): Promise<{ proxy: TcpProxy; dataSource: DataSource }> {
+  const target = new URL(DATABASE_URL);
+  const proxy = await new TcpProxy({ host: target.hostname, port: Number(target.port || 5432) }).start();
+  const viaProxy = new URL(DATABASE_URL);
+  viaProxy.port = String(proxy.port);
+  const dataSource = new DataSource({ type: 'postgres', url: viaProxy.toString(), extra });
+  await dataSource.initialize();
+  return { proxy, dataSource };
+}
+
 /** What this session has prepared: each statement's text and how many times it ran. */
 const PREPARED = `SELECT statement, generic_plans + custom_plans AS runs, from_sql FROM pg_prepared_statements`;
 
@@ -137,12 +148,7 @@ describe('statementRunner: named prepared statements on the pool or on a transac
   // TypeORM's own queries), statements on a hung server fail and their connections go back to the
   // pool without an error, one each `query_timeout`. That is no sign of a database that moves.
   it("fails a wait for a connection at its bound when the app's queries only time out on a hung server", async () => {
-    const target = new URL(DATABASE_URL);
-    const proxy = await new TcpProxy({ host: target.hostname, port: Number(target.port || 5432) }).start();
-    const viaProxy = new URL(DATABASE_URL);
-    viaProxy.port = String(proxy.port);
-    const hung = new DataSource({ type: 'postgres', url: viaProxy.toString(), extra: { max: 1, query_timeout: 100 } });
-    await hung.initialize();
+    const { proxy, dataSource: hung } = await behindProxy({ max: 1, query_timeout: 100 });
     try {
       const run = statementRunner(hung, { timeoutMs: 300 });
       await run('SELECT 1 AS one', []);
@@ -164,12 +170,7 @@ describe('statementRunner: named prepared statements on the pool or on a transac
   // pg's `query_timeout` rejects a statement but leaves it on its connection: given back whole,
   // the connection served the next statement behind the one still waiting, which failed in turn.
   it("gives back as broken a connection whose statement failed on pg's query_timeout, and answers on a new one", async () => {
-    const target = new URL(DATABASE_URL);
-    const proxy = await new TcpProxy({ host: target.hostname, port: Number(target.port || 5432) }).start();
-    const viaProxy = new URL(DATABASE_URL);
-    viaProxy.port = String(proxy.port);
-    const timed = new DataSource({ type: 'postgres', url: viaProxy.toString(), extra: { max: 1, query_timeout: 100 } });
-    await timed.initialize();
+    const { proxy, dataSource: timed } = await behindProxy({ max: 1, query_timeout: 100 });
     try {
       const run = statementRunner(timed, { timeoutMs: 1000 });
       await run('SELECT 1 AS one', []);

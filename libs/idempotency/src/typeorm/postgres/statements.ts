@@ -174,10 +174,11 @@ async function onRunner<T>(runner: QueryRunner, work: (client: PgClient) => Prom
  * goes on past its bound while the pool moves: as long as each `timeoutMs` brings bytes to one of
  * the pool's connections handed out, whoever holds it (`PoolProgress`: a busy database works
  * through its queue, the app's own queries' too, and pg-pool hands connections over in order; a
- * hung or locked one sends nothing). pg-pool's own `connectionTimeoutMillis` bounds that
- * wait, as it bounds every wait for its connections. Past a bound the call fails, the connection it waited on leaves the pool (its statement may still be running on the
- * server, so it is not reused, and `abandoned` is told its server process), and a connection
- * handed over later goes back at once. As with the Redis store's bound, a failure waits one turn
+ * hung or locked one sends nothing). pg-pool's own `connectionTimeoutMillis` bounds that wait,
+ * as it bounds every wait for its connections. Past a bound the call fails, the connection it
+ * waited on leaves the pool (its statement may still be running on the server, so it is not
+ * reused, and `abandoned` is told its server process), and a connection handed over later goes
+ * back at once. As with the Redis store's bound, a failure waits one turn
  * of the event loop past its timer, so that an answer read after a stall of the process wins; and
  * while the answer comes in on the connection (a large one does not fit in the socket's receive
  * buffer: after a stall the first read takes a part) it waits on, as long as each `PROGRESS_MS`
@@ -242,7 +243,7 @@ async function onPooled<T>(
   return new Promise<T>((resolve, reject) => {
     let settled = false;
     let read: number | undefined;
-    /** What the pool's statements had got back when the wait for a connection last checked. */
+    /** What had come back on the pool when the wait for a connection last looked. */
     let moved = progress.mark();
     /** Bumped when the handover re-arms the bound: a check the earlier bound queued then stands down. */
     let generation = 0;
