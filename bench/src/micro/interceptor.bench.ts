@@ -12,6 +12,7 @@ import {
   IdempotencyInterceptor,
   IdempotencyModule,
   IdempotencyStore,
+  MemoryIdempotencyStore,
   NoRepeatSubmit,
   type ClaimInput,
   type ClaimResult,
@@ -160,10 +161,12 @@ export async function runInterceptorBench(calls = 50_000, rounds = 5): Promise<I
   const store = new ImmediateStore();
   const guarded = controllerWith(NoRepeatSubmit());
   const guardApp = await appOf([IdempotencyModule.forRoot({ store })], guarded);
-  // The default memory store warns once that it is one process only.
   const guard = guardApp.get(IdempotencyInterceptor);
   const guardedInMemory = controllerWith(NoRepeatSubmit());
-  const memoryApp = await appOf([IdempotencyModule.forRoot({})], guardedInMemory);
+  // Room for every key of the run: at the default 100,000 records (one hour's retention) the
+  // store was full from the third round on, and the arm timed its "memory store full" error.
+  const memoryStore = new MemoryIdempotencyStore({ maxEntries: calls * rounds + 1 });
+  const memoryApp = await appOf([IdempotencyModule.forRoot({ store: memoryStore })], guardedInMemory);
   const guardInMemory = memoryApp.get(IdempotencyInterceptor);
   const plain = controllerWith(() => undefined);
   const empty = new EmptyInterceptor();
