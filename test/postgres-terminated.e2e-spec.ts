@@ -64,5 +64,5 @@ describe('the PostgreSQL features while the database terminates their connection
       stderr: '',
     });
     expect(terminated).toBeGreaterThan(0);
-  }, 90_000);
+  }, 240_000);
 });

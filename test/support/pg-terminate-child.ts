@@ -19,7 +19,15 @@ import {
 } from '../../libs/idempotency/src/typeorm/index.js';
 
 const env = (name: string) => process.env[name] ?? '';
-setTimeout(() => process.exit(1), 60_000).unref();
+// A round that hangs ends the process, saying so (a round takes well under a second; a loaded
+// CI machine made the whole run take over a minute, so the bound is per round, not per run).
+let round = 0;
+let roundStarted = Date.now();
+setInterval(() => {
+  if (Date.now() - roundStarted < 30_000) return;
+  process.stderr.write(`hung: round ${round} of ${env('ROUNDS')} did not end within 30 s\n`);
+  process.exit(1);
+}, 1000).unref();
 
 const dataSource = new DataSource({
   type: 'postgres',
@@ -44,7 +52,8 @@ const call = calls[env('MODE')];
 process.stdout.write('ready\n');
 
 let errors = 0;
-for (let round = 0; round < Number(env('ROUNDS')); round++) {
+for (; round < Number(env('ROUNDS')); round++) {
+  roundStarted = Date.now();
   const claims = Array.from({ length: 20 }, () => call().catch(() => errors++));
   const busyUntil = Date.now() + 30;
   while (Date.now() < busyUntil);
