@@ -34,6 +34,29 @@ describe('RedisIdempotencyStore on a client with a keyPrefix', () => {
   );
 });
 
+// A client that reads integer replies as strings (`stringNumbers`, for 64-bit counters), as an
+// app may hand in: a renewal that succeeded read as failed stopped the lease, and a duplicate ran
+// the handler again.
+describe('RedisIdempotencyStore on a client with stringNumbers', () => {
+  let client: Redis;
+  beforeAll(async () => {
+    client = await connectRedis(REDIS_URL, { stringNumbers: true });
+  });
+  afterAll(async () => {
+    await client.quit();
+  });
+
+  describeStoreContract(
+    'redis (stringNumbers)',
+    async () => {
+      const store = new RedisIdempotencyStore(client);
+      return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
+    },
+    // A few round trips must fit in one lease: 200 ms did not on a loaded CI machine.
+    500,
+  );
+});
+
 describe('RedisIdempotencyStore', () => {
   let client: Redis;
   beforeAll(async () => {

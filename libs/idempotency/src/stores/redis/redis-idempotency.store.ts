@@ -29,7 +29,11 @@ import {
 import { RELEASE_LUA } from './release.lua.js';
 import { RENEW_LUA } from './renew.lua.js';
 
-/** The scripts as commands on the client (registered with `defineCommand`, sent as EVALSHA). */
+/**
+ * The scripts as commands on the client (registered with `defineCommand`, sent as EVALSHA). Their
+ * integer replies, and Redis's, are read through `Number()`: a client with `stringNumbers` gives
+ * them as strings.
+ */
 interface ScriptedClient {
   idempotencyClaimWait(key: string, processing: string, leaseMs: number): Promise<[record: string, pttlMs: number] | null>;
   idempotencyComplete(key: string, prefix: string, response: string, retentionMs: number, channel: string): Promise<0 | 1>;
@@ -109,6 +113,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
       [held, pttlMs] = wait
         ? ((await this.run(() => this.scripts.idempotencyClaimWait(key, processing, leaseMs))) ?? [null])
         : [await this.run(() => this.client.set(key, processing, 'PX', leaseMs, 'NX', 'GET'))];
+      if (pttlMs !== undefined) pttlMs = Number(pttlMs);
     } catch (error) {
       // At its maxmemory (noeviction) Redis refuses every write, a claim too, but still reads: a
       // key it holds is answered from its record (a replay, a 409); only a new key is refused.
@@ -126,25 +131,25 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   }
 
   async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
-    const reply = await this.run(() =>
-      this.scripts.idempotencyComplete(key, tokenPrefix(token), encodeResponse(response), retentionMs, this.channel),
+    const reply = Number(
+      await this.run(() => this.scripts.idempotencyComplete(key, tokenPrefix(token), encodeResponse(response), retentionMs, this.channel)),
     );
     if (reply === 1) await this.replicate().catch((error: Error) => this.logger.warn(error.message));
     return reply === 1;
   }
 
   async release(key: string, token: string): Promise<boolean> {
-    return (await this.run(() => this.scripts.idempotencyRelease(key, tokenPrefix(token), this.channel))) === 1;
+    return Number(await this.run(() => this.scripts.idempotencyRelease(key, tokenPrefix(token), this.channel))) === 1;
   }
 
   async renew(key: string, token: string, leaseMs: number): Promise<boolean> {
-    const reply = await this.run(() => this.scripts.idempotencyRenew(key, tokenPrefix(token), leaseMs, Date.now() + leaseMs));
+    const reply = Number(await this.run(() => this.scripts.idempotencyRenew(key, tokenPrefix(token), leaseMs, Date.now() + leaseMs)));
     if (reply === 1) await this.replicate().catch((error: Error) => this.logger.warn(error.message));
     return reply === 1;
   }
 
   override async forget(key: string): Promise<ForgetResult> {
-    const reply = await this.run(() => this.scripts.idempotencyForget(key));
+    const reply = Number(await this.run(() => this.scripts.idempotencyForget(key)));
     if (reply === -1) return { forgotten: false, reason: 'not_a_record' };
     if (reply === 0) return { forgotten: false, reason: 'absent' };
     if (reply === 2) return { forgotten: false, reason: 'in_progress' };
@@ -156,7 +161,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   private async replicate(undo?: () => Promise<unknown>): Promise<void> {
     const wanted = this.options.waitForReplicas;
     if (!wanted) return;
-    const acked = await this.run(() => (this.client as Redis).wait(wanted.replicas, wanted.timeoutMs), wanted.timeoutMs);
+    const acked = Number(await this.run(() => (this.client as Redis).wait(wanted.replicas, wanted.timeoutMs), wanted.timeoutMs));
     if (acked >= wanted.replicas) return;
     await undo?.();
     throw new IdempotencyStoreError(
@@ -208,7 +213,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   /** The record under `key` and its PTTL (a read: Redis answers it at its maxmemory too). */
   private async read(key: string): Promise<{ record: DecodedRecord; ttlMs: number } | undefined> {
     const [value, ttlMs] = await this.run(() => Promise.all([this.client.get(key), this.client.pttl(key)]));
-    return value === null ? undefined : { record: this.decode(value), ttlMs };
+    return value === null ? undefined : { record: this.decode(value), ttlMs: Number(ttlMs) };
   }
 
   /**
