@@ -2,7 +2,8 @@ import { createConnection, createServer, type Server, type Socket } from 'node:n
 
 /**
  * A loopback TCP proxy in front of a server, for fault tests: it can delay every chunk in both
- * directions, cut every connection, or cut one connection as its answer comes back.
+ * directions, cut every connection, cut one connection as its answer comes back, or swallow a
+ * request.
  */
 export class TcpProxy {
   private server!: Server;
@@ -12,6 +13,11 @@ export class TcpProxy {
   port = 0;
   /** Answers dropped by `dropNextResponse()` so far. */
   droppedResponses = 0;
+  /**
+   * Called with each chunk a client sends: true swallows it (the server never gets it, and the
+   * connection stays open, silent for that request); `cut` then ends that connection on both sides.
+   */
+  swallowRequest: ((chunk: Buffer, cut: () => void) => boolean) | undefined;
 
   constructor(private readonly target: { host: string; port: number }) {}
 
@@ -54,7 +60,8 @@ export class TcpProxy {
   }
 
   private pipe(from: Socket, to: Socket, fromServer: boolean): void {
-    from.on('data', (chunk) => {
+    from.on('data', (chunk: Buffer) => {
+      if (!fromServer && this.swallowRequest?.(chunk, () => (from.destroy(), to.destroy()))) return;
       if (fromServer && this.dropArmed) {
         this.dropArmed = false;
         this.droppedResponses++;

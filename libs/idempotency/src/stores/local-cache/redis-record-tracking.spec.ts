@@ -272,6 +272,22 @@ describe('the local cache on Redis (client-side caching)', () => {
     expect(store.cacheStats().live).toBe(false);
   });
 
+  it('caches on a client that reads integers as strings (stringNumbers), and stays live', async () => {
+    const own = new Redis(REDIS_URL, { maxRetriesPerRequest: 0, retryStrategy: () => 50, stringNumbers: true });
+    own.on('error', () => undefined);
+    opened.push({ close: () => own.quit() });
+    const store = await cache(own);
+    const key = `lc:stringnumbers:${randomUUID()}`;
+    // Before the fix: the entry's expiry was now + "60000" (a string), and the redirect never
+    // matched the subscriber's id, so the cache started afresh at each check.
+    await completeCached(store, key);
+    await sleep(2.5 * TRACKING_CHECK_MS);
+    expect(store.cacheStats()).toMatchObject({ live: true, entries: 1 });
+    expect(await commandsOn(client, key, () => replay(store, key))).toEqual([]);
+    await client.del(key);
+    await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+  });
+
   describe('on a Redis server of its own', () => {
     let server: RedisServer;
     let admin: Redis;
@@ -293,6 +309,54 @@ describe('the local cache on Redis (client-side caching)', () => {
       await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
       expect(await replay(store, 'flushed', 'again')).toEqual({ status: 'acquired', token: 'again' });
     });
+
+    it.each(['no keyPrefix', 'a keyPrefix'])(
+      'starts afresh, and crashes nothing, when a client publishes on the invalidation channel (%s)',
+      async (prefix) => {
+        const own = reconnectingClient(server.url, prefix === 'a keyPrefix' ? 'pfx:' : undefined);
+        opened.push({ close: () => own.quit() });
+        const store = await cache(own);
+        await completeCached(store, 'published');
+        // Redis sends an array of keys (or null, a flush); a PUBLISH sends one string. Before the
+        // fix, with a keyPrefix, it threw in ioredis's reply handler and ended the process.
+        await admin.publish('__redis__:invalidate', 'published');
+        await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+        expect(store.cacheStats().live).toBe(true);
+        await completeCached(store, 'published:2');
+        await admin.del(prefix === 'a keyPrefix' ? 'pfx:published:2' : 'published:2');
+        await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+      },
+    );
+
+    it.each(['goes silent', 'drops'])(
+      'turns tracking on again when the connection its command to turn it on went out on %s (a client with ioredis defaults)',
+      async (how) => {
+        const proxy = await new TcpProxy({ host: '127.0.0.1', port: server.port }).start();
+        // ioredis's defaults (maxRetriesPerRequest 20): a command in flight on a connection that
+        // drops is never settled on the cache's connections, which resend nothing.
+        const own = new Redis(proxy.url);
+        own.on('error', () => undefined);
+        opened.push({ close: async () => (own.disconnect(), await proxy.stop()) });
+        const store = await cache(own);
+        await completeCached(store, `${how}:1`);
+        let swallowed = 0;
+        proxy.swallowRequest = (chunk, cut) => {
+          if (swallowed > 0 || !/TRACKING\r\n\$2\r\nON\r\n/i.test(chunk.toString('latin1'))) return false;
+          swallowed++;
+          if (how === 'drops') setTimeout(cut, 100);
+          return true;
+        };
+        // Its subscriber reconnects, and tracking is turned on anew: that command goes unanswered.
+        const reader = ((await admin.client('LIST')) as string).split('\n').find((line) => / redir=\d+ /.test(line))!;
+        await admin.client('KILL', 'ID', / redir=(\d+) /.exec(reader)![1]);
+        await eventually(() => swallowed === 1, { timeoutMs: 3000 });
+        // Before the fix: never again (the try to turn it on waited for ever, and was the only one).
+        await eventually(() => store.cacheStats().live, { timeoutMs: 5 * TRACKING_CHECK_MS });
+        await completeCached(store, `${how}:2`);
+        await admin.del(`${how}:2`);
+        await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+      },
+    );
 
     it.each(['the subscriber', 'the reader (its tracked connection)', "the store's connection"])(
       'starts afresh when %s drops, and tracks again once it is back',

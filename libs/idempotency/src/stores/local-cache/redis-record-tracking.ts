@@ -8,7 +8,7 @@ import type { RecordTracking, TrackedRecord, TrackingListener } from './record-t
 const INVALIDATE_CHANNEL = '__redis__:invalidate';
 const INVALIDATE_CHANNEL_BYTES = Buffer.from(INVALIDATE_CHANNEL);
 
-/** How often both connections are checked, and how long each check may take, in milliseconds. */
+/** How often both connections are checked, and how long each check, and each command turning tracking on, may take, in milliseconds. */
 export const TRACKING_CHECK_MS = 1000;
 
 /**
@@ -22,7 +22,8 @@ export const TRACKING_CHECK_MS = 1000;
  *   before each): Redis remembers each key it read, and on any change of it (a write, a delete,
  *   an expiry, a flush, from any connection) sends an invalidation to the redirect connection.
  * - The subscriber, in RESP2, subscribed to `__redis__:invalidate`: each message is the array of
- *   keys (read as buffers: a key may hold a comma), or null for a flush.
+ *   keys (read as buffers: a key may hold a comma), or null for a flush; anything else (a
+ *   client's own PUBLISH there) empties the cache.
  *
  * Tracking lives with the connections. When either closes, the listener is reset and `live` turns
  * false until both are back and tracking is on again; when the store's connection closes (another
@@ -83,7 +84,8 @@ export class RedisRecordTracking implements RecordTracking {
     const replies = (await this.reader.pipeline().get(key).pttl(key).exec()) ?? [];
     for (const [error] of replies) if (error) throw error;
     const value = replies[0]?.[1] as string | null;
-    const ttlMs = replies[1]?.[1] as number;
+    // A client with `stringNumbers` reads the PTTL as a string.
+    const ttlMs = Number(replies[1]?.[1]);
     // A record without an expiry (-1) is not cached: nothing may outlive a retention it lacks.
     if (!value || !(ttlMs > 0)) return undefined;
     try {
@@ -119,10 +121,12 @@ export class RedisRecordTracking implements RecordTracking {
     return connection;
   }
 
-  private readonly onMessage = (channel: Buffer, keys: Buffer[] | null): void => {
+  private readonly onMessage = (channel: Buffer, keys: unknown): void => {
     if (!INVALIDATE_CHANNEL_BYTES.equals(channel)) return;
-    if (keys === null) {
-      this.listener?.reset(); // FLUSHALL or FLUSHDB
+    // Redis sends the keys as an array, or null for FLUSHALL / FLUSHDB. Anything else was
+    // published there by a client: not knowing what changed, the cache starts afresh.
+    if (!Array.isArray(keys)) {
+      this.listener?.reset();
       return;
     }
     const prefix = this.keyPrefix;
@@ -179,12 +183,13 @@ export class RedisRecordTracking implements RecordTracking {
     const epoch = this.epoch;
     try {
       if (this.subscriberId === undefined) {
-        const id = (await subscriber.client('ID')) as number;
-        await subscriber.subscribe(INVALIDATE_CHANNEL);
+        // A number, also on a client with `stringNumbers` (the redirect is compared with it).
+        const id = Number(await answerOf(subscriber, subscriber.client('ID')));
+        await answerOf(subscriber, subscriber.subscribe(INVALIDATE_CHANNEL));
         this.subscriberId = id;
       }
-      await reader.client('TRACKING', 'OFF');
-      await reader.client('TRACKING', 'ON', 'REDIRECT', String(this.subscriberId));
+      await answerOf(reader, reader.client('TRACKING', 'OFF'));
+      await answerOf(reader, reader.client('TRACKING', 'ON', 'REDIRECT', String(this.subscriberId)));
       // A connection that dropped meanwhile took the tracking with it: the next check enables again.
       if (epoch === this.epoch && !this.stopped) {
         this.live = true;
@@ -231,6 +236,24 @@ function redirectsTo(info: unknown, id: number | undefined): boolean {
     Array.isArray(info) ? info[info.indexOf(name) + 1] : info instanceof Map ? info.get(name) : (info as Record<string, unknown> | undefined)?.[name];
   const flags = field('flags');
   return Array.isArray(flags) && flags.includes('on') && !flags.includes('broken_redirect') && Number(field('redirect')) === id;
+}
+
+/**
+ * The answer to `command`, sent on `connection`; past `TRACKING_CHECK_MS` an error, and the
+ * connection reconnects. The cache's connections resend nothing, and ioredis never settles a
+ * command that was in flight on a connection that dropped (unless `maxRetriesPerRequest` is 0),
+ * nor one whose connection went silent: a try to turn tracking on must not wait for it for ever,
+ * as the next try waits for this one.
+ */
+function answerOf<T>(connection: Redis, command: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => {
+      connection.disconnect(true);
+      reject(new Error(`no answer within ${TRACKING_CHECK_MS} ms`));
+    }, TRACKING_CHECK_MS).unref();
+  });
+  return Promise.race([command, late]).finally(() => clearTimeout(timer));
 }
 
 /** The promise's value, or undefined when it rejects or takes longer than `ms`. */
