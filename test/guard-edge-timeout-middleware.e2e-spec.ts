@@ -12,6 +12,14 @@ import { makeApp, send, sleep, until, type EdgeApp } from './support/edge-app.js
 
 let runs = 0;
 let finished = 0;
+// The guarded handler works until the test has read the 503 (a fixed 2 s raced a loaded CI
+// machine's answer); 20 s at most, so a guard that holds the 503 until the handler ends still
+// fails the test (the request's own 5 s timeout).
+let endWork: () => void = () => undefined;
+const workGate = () => new Promise<void>((resolve) => {
+  endWork = resolve;
+  setTimeout(resolve, 20_000).unref();
+});
 
 @Controller('reports')
 class ReportsController {
@@ -20,7 +28,7 @@ class ReportsController {
   @NoRepeatSubmit()
   async create() {
     runs++;
-    await sleep(2000); // long past the 200 ms deadline, so a 503 held until it settles shows on a loaded machine
+    await workGate(); // past the 200 ms deadline
     finished++;
     return { report: runs };
   }
@@ -49,7 +57,10 @@ describe('an Express request-timeout middleware in front of a guarded handler', 
   beforeAll(async () => {
     a = await makeApp('express', [ReportsController], {}, { setup: (app) => void app.use(requestTimeout(200)) });
   });
-  afterAll(async () => a?.close());
+  afterAll(async () => {
+    endWork();
+    await a?.close();
+  });
 
   it('(control, no guard) answers 503 at the deadline', async () => {
     const answer = await send(a.url, '/reports/unguarded', { timeoutMs: 5000 });
@@ -62,6 +73,7 @@ describe('an Express request-timeout middleware in front of a guarded handler', 
     const agent = new Agent({ keepAlive: true, maxSockets: 1 }); // a browser or a proxy keeps the connection
     const first = await send(a.url, '/reports', { key, timeoutMs: 5000, agent });
     const handlerDone = finished;
+    endWork();
     await until(() => finished === 1, 8000, 'the handler to finish');
     const retry = await send(a.url, '/reports', { key, timeoutMs: 5000, agent });
     agent.destroy();

@@ -5,7 +5,7 @@
 // again (found by an adversarial helper on two instances). The stall is injected into the real
 // Redis store, just after it sent the renewal: the one place a test can time it exactly.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, Post } from '@nestjs/common';
+import { Controller, Post } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { LeaseSignal, NoRepeatSubmit, RedisIdempotencyStore } from '../libs/idempotency/src/index.js';
 import { codeOf, makeApp, raw, replayed, sleep, type EdgeApp } from './support/edge-app.js';
@@ -36,16 +36,24 @@ class StallingStore extends RedisIdempotencyStore {
 }
 
 let runs = 0;
+// The first run works until the test has sent its duplicate (20 s at most): a fixed 3.5 s left a
+// loaded CI machine ~1 s to send it.
+let endWork: () => void = () => undefined;
+const workGate = () => new Promise<void>((resolve) => {
+  endWork = resolve;
+  setTimeout(resolve, 20_000).unref();
+});
 
 @Controller()
 class PayController {
-  // Lease 1.5 s: the first renewal goes at 0.5 s; a 1.2 s stall after it ends at 1.7 s, past the
-  // old lease's end (1.5 s) and within the renewed one (2.0 s).
+  // Lease 3 s: the first renewal goes at 1 s; a 2.2 s stall after it ends at 3.2 s, past the old
+  // lease's end (3 s) and within the renewed one (4 s), which the next renewal then has 0.8 s to
+  // reach.
   @Post('pay')
-  @NoRepeatSubmit({ leaseSeconds: 1.5 })
-  async pay(@Body() body: { ms: number }, @LeaseSignal() signal: AbortSignal) {
-    runs++;
-    await sleep(body.ms);
+  @NoRepeatSubmit({ leaseSeconds: 3 })
+  async pay(@LeaseSignal() signal: AbortSignal) {
+    const run = ++runs;
+    await (run === 1 ? workGate() : sleep(10));
     return { aborted: signal.aborted };
   }
 }
@@ -60,6 +68,7 @@ describe('a stall past the lease\'s end, just after a renewal Redis took (Redis 
     edge = await makeApp('express', [PayController], { store, keyPrefix: `stall-${randomUUID().slice(0, 8)}` }, { setup: (app) => app.useLogger(false) });
   });
   afterAll(async () => {
+    endWork();
     await edge?.close();
     redis?.disconnect();
   });
@@ -69,17 +78,19 @@ describe('a stall past the lease\'s end, just after a renewal Redis took (Redis 
     async (where) => {
       runs = 0;
       const key = randomUUID();
-      store.stall = { ms: 1200, where };
-      const first = raw(edge.url, '/pay', { key, body: { ms: 3500 }, timeoutMs: 10_000 }).answer;
-      // Past the stall (1.7 s) and past where a lost claim's key frees (its last lease, 2.0 s).
-      await sleep(2400);
-      expect(codeOf(await raw(edge.url, '/pay', { key, body: { ms: 3500 } }).answer)).toBe('IDEMPOTENCY_IN_PROGRESS');
+      store.stall = { ms: 2200, where };
+      const first = raw(edge.url, '/pay', { key, timeoutMs: 30_000 }).answer;
+      // Past the stall (3.2 s) and past where a lost claim's key frees (its last lease, 4 s).
+      await sleep(4800);
+      const duplicate = await raw(edge.url, '/pay', { key }).answer;
+      endWork();
+      expect(codeOf(duplicate)).toBe('IDEMPOTENCY_IN_PROGRESS');
       const answer = await first;
       expect({ status: answer.status, body: JSON.parse(answer.text) }).toEqual({ status: 201, body: { aborted: false } });
-      const again = await raw(edge.url, '/pay', { key, body: { ms: 3500 } }).answer;
+      const again = await raw(edge.url, '/pay', { key }).answer;
       expect({ status: again.status, replayed: replayed(again), text: again.text }).toEqual({ status: 201, replayed: true, text: answer.text });
       expect(runs).toBe(1);
     },
-    20_000,
+    40_000,
   );
 });
