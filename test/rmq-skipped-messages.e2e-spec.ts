@@ -41,6 +41,9 @@ interface PaymentEvent {
 class Handled {
   orders: string[] = [];
   failed = new Set<string>();
+  /** @MessagePattern runs begun, and what they wait for before they work (when set). */
+  captures = 0;
+  gate: Promise<void> | undefined;
 }
 
 @Controller()
@@ -66,6 +69,8 @@ class PaymentsConsumer {
   @MessagePattern('payment.capture')
   @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
   async capture(@Payload() data: PaymentEvent, @Ctx() ctx: RmqContext) {
+    this.handled.captures++;
+    await this.handled.gate;
     await new Promise((resolve) => setTimeout(resolve, data.delayMs ?? 0));
     this.handled.orders.push(data.orderNo);
     ctx.getChannelRef().ack(ctx.getMessage());
@@ -186,12 +191,18 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
     const client: ClientProxy = ClientProxyFactory.create({ transport: Transport.RMQ, options: { urls: [RABBITMQ_URL], queue, queueOptions: { durable: false } } });
     try {
       const id = randomUUID();
-      const send = () => firstValueFrom(client.send('payment.capture', { messageId: id, orderNo: 'G', delayMs: 500 })).catch((error: unknown) => error);
+      const send = () => firstValueFrom(client.send('payment.capture', { messageId: id, orderNo: 'G' })).catch((error: unknown) => error);
+      // The first runs until the copy was answered (a 500 ms handler, with the copy sent 100 ms
+      // after it, let a loaded machine claim the copy first).
+      let open: () => void = () => undefined;
+      handled.gate = new Promise((resolve) => (open = resolve));
       const first = send();
-      await new Promise((resolve) => setTimeout(resolve, 100));
+      await until(() => handled.captures === 1, 10_000);
       const copy = await send();
+      open();
       expect(await first).toEqual({ captured: 'G' });
       expect(copy).toMatchObject({ code: 'IDEMPOTENCY_IN_PROGRESS' });
+      // A redelivery of the copy, were it not acked, would come back now.
       await new Promise((resolve) => setTimeout(resolve, 700));
       expect({ orders: handled.orders, skips: skips.map(({ reason, answered }) => `${reason} ${answered}`), left: await leftAfterClose() }).toEqual({
         orders: ['G'],
