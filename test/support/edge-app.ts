@@ -6,6 +6,7 @@ import { ExpressAdapter } from '@nestjs/platform-express';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
 import { IdempotencyModule, type IdempotencyModuleOptions } from '../../libs/idempotency/src/index.js';
+import { eventually } from './eventually.js';
 
 export type Adapter = 'express' | 'fastify';
 
@@ -91,13 +92,8 @@ export const send = (url: string, path: string, options: RawOptions = {}) => raw
 
 export const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-export async function until(check: () => boolean | Promise<boolean>, timeoutMs = 3000, what = 'condition'): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`${what} not met within ${timeoutMs} ms`);
-    await sleep(10);
-  }
-}
+export const until = (check: () => boolean | Promise<boolean>, timeoutMs = 3000, what = 'condition'): Promise<void> =>
+  eventually(check, { timeoutMs, intervalMs: 10, what });
 
 export const replayed = (a: RawAnswer) => a.headers['idempotent-replayed'] === 'true';
 export const codeOf = (a: RawAnswer): string | undefined => {

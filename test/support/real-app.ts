@@ -43,6 +43,7 @@ import {
   type IdempotencyModuleOptions,
 } from '../../libs/idempotency/src/index.js';
 import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS, PostgresIdempotencyStore } from '../../libs/idempotency/src/typeorm/index.js';
+import { eventually } from './eventually.js';
 import { DATABASE_URL, REDIS_URL } from './services.js';
 import { createTestSchema, dropTestSchema, testSchemaName } from './test-schema.js';
 
@@ -399,13 +400,8 @@ export function start(baseUrl: string, path: string, { as, key, body, headers = 
 export const send = (baseUrl: string, path: string, options?: SendOptions): Promise<Answer> => start(baseUrl, path, options).answer;
 
 /** Polls `check` every 10 ms until it holds, failing after `timeoutMs`. */
-export async function until(check: () => boolean | Promise<boolean>, timeoutMs = 5000, what = 'condition'): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`${what} not met within ${timeoutMs} ms`);
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}
+export const until = (check: () => boolean | Promise<boolean>, timeoutMs = 5000, what = 'condition'): Promise<void> =>
+  eventually(check, { timeoutMs, intervalMs: 10, what });
 
 /** Sends until the answer is no longer 409 IDEMPOTENCY_IN_PROGRESS (bounded), and returns the last one. */
 export async function sendPastInProgress(baseUrl: string, path: string, options: SendOptions, timeoutMs = 3000): Promise<Answer> {
