@@ -123,8 +123,9 @@ describe('RedisIdempotencyStore', () => {
   it('renews in one script: Redis sets the new lease, the head gets the new lease end, a waiter\'s mark stays', async () => {
     const store = new RedisIdempotencyStore(client);
     const key = `renew:${randomUUID()}`;
-    await store.claim({ key, token: 't', fingerprint: 'fp', leaseMs: 1_000 });
-    await store.claim({ key, token: 'w', fingerprint: 'fp', leaseMs: 1_000, wait: true });
+    // Leases of seconds, so that a stall of a loaded machine cannot end them before the renewal.
+    await store.claim({ key, token: 't', fingerprint: 'fp', leaseMs: 5_000 });
+    await store.claim({ key, token: 'w', fingerprint: 'fp', leaseMs: 5_000, wait: true });
     await store.renew(`warm:${randomUUID()}`, 't', 1_000); // loads the script: EVALSHA from here on
     const sent: string[] = [];
     const monitor = await client.monitor();
@@ -135,13 +136,13 @@ describe('RedisIdempotencyStore', () => {
     await sleep(50);
     monitor.disconnect();
     expect(sent).toEqual(['evalsha']);
-    expect(await client.pttl(key)).toBeGreaterThan(59_000);
+    expect(await client.pttl(key)).toBeGreaterThan(30_000);
     const value = (await client.get(key))!;
     // Still marked by the waiter, so the completion below publishes the key.
     expect(value[0]).toBe('W');
     const record = decodeRecord(value);
     expect(record).toMatchObject({ state: 'processing', token: 't', fingerprint: 'fp' });
-    expect(record.state === 'processing' && record.leaseEndMs).toBeGreaterThan(Date.now() + 59_000);
+    expect(record.state === 'processing' && record.leaseEndMs).toBeGreaterThan(Date.now() + 30_000);
     expect((await store.claim({ key, token: 'u', fingerprint: 'fp', leaseMs: 60_000 })).status).toBe('in_progress');
   });
 
@@ -152,11 +153,11 @@ describe('RedisIdempotencyStore', () => {
       Promise.all(keys.map((key) => store.claim({ key, token, fingerprint: '', leaseMs })));
     expect((await claimAll('stale', 100)).every((r) => r.status === 'acquired')).toBe(true);
     await sleep(150); // every stale lease runs out (Redis expiry under test)
-    expect((await claimAll('fresh', 5_000)).every((r) => r.status === 'acquired')).toBe(true);
+    expect((await claimAll('fresh', 60_000)).every((r) => r.status === 'acquired')).toBe(true);
     const renewed = await Promise.all(keys.map((key) => store.renew(key, 'stale', 600_000)));
     expect(renewed.filter(Boolean)).toHaveLength(0);
     const pttls = await Promise.all(keys.map((key) => client.pttl(key)));
-    expect(pttls.filter((pttl) => pttl > 0 && pttl <= 5_000)).toHaveLength(1000);
+    expect(pttls.filter((pttl) => pttl > 0 && pttl <= 60_000)).toHaveLength(1000);
   });
 
   it('forgets in one script: a waiter-marked claim is refused and kept', async () => {
@@ -213,7 +214,7 @@ describe('RedisIdempotencyStore', () => {
   it('keeps working after SCRIPT FLUSH (EVALSHA falls back to EVAL)', async () => {
     const store = new RedisIdempotencyStore(client);
     const key = `flush:${randomUUID()}`;
-    expect((await store.claim({ key, token: 't', fingerprint: '', leaseMs: 1000 })).status).toBe('acquired');
+    expect((await store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 })).status).toBe('acquired');
     await client.script('FLUSH');
     expect(await store.complete(key, 't', { statusCode: 200, headers: {} }, 1000)).toBe(true);
   });
