@@ -93,9 +93,12 @@ class OutcomesController {
     throw new UnprocessableEntityException({ code: 'NOPE' });
   }
 
-  /** Renewed every 100 ms; answers once the gate opens or the claim is lost. */
+  /**
+   * Renewed every second; answers once the gate opens or the claim is lost. A lease of seconds:
+   * a loaded machine's stall ended a 0.3 s one before its first renewal.
+   */
   @Post('leased')
-  @NoRepeatSubmit({ leaseSeconds: 0.3 })
+  @NoRepeatSubmit({ leaseSeconds: 3 })
   async leased(@LeaseSignal() signal: AbortSignal) {
     await Promise.race([this.gate.pass(), new Promise((resolve) => signal.addEventListener('abort', resolve))]);
     return { aborted: signal.aborted };
