@@ -34,7 +34,7 @@ let runs = new Map<string, number>();
 class RaceController {
   /** Short lease (a renewal every 100 ms) and handler times spread over many renewals, so saves race renewals. */
   @Post('race')
-  @NoRepeatSubmit({ idempotentKey: '#body.key', leaseSeconds: 0.3, expireSeconds: 60, waitForResultMs: 3000 })
+  @NoRepeatSubmit({ idempotentKey: '#body.key', leaseSeconds: 0.3, expireSeconds: 600, waitForResultMs: 3000 })
   async race(@Body() body: { ms: number; key: string }) {
     runs.set(body.key, (runs.get(body.key) ?? 0) + 1);
     await sleep(body.ms);
@@ -107,7 +107,9 @@ describe.each(Object.keys(stores))('renewals racing saves and releases (%s store
     const bad = keys.flatMap((key, i) => {
       const record = records[i];
       if (i % 4 === 3) return record ? [`${i}: released record still there (${record.state}, ttl ${record.ttlMs})`] : [];
-      if (record?.state !== 'completed' || record.ttlMs < 50_000) return [`${i}: ${record?.state} ttl ${record?.ttlMs}`];
+      // A retention of 600 s: the test's own time (46-48 s of 60 were left once on a loaded
+      // machine) never comes near the 540 s checked; a renewal's lease (0.3 s) would.
+      if (record?.state !== 'completed' || record.ttlMs < 540_000) return [`${i}: ${record?.state} ttl ${record?.ttlMs}`];
       return [];
     });
     expect(bad).toEqual([]);
@@ -211,7 +213,7 @@ describe('timers after many requests, then app.close()', () => {
     await edge.close();
     await sleep(100);
     expect(timers()).toBeLessThanOrEqual(before + 2);
-  }, 30_000);
+  }, 120_000);
 });
 
 @Injectable()
