@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import type { Redis } from 'ioredis';
+import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { connectRedis, REDIS_URL } from '../../../../../test/support/services.js';
 import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
@@ -55,6 +55,78 @@ describe('RedisIdempotencyStore on a client with stringNumbers', () => {
     // A few round trips must fit in one lease: 200 ms did not on a loaded CI machine.
     500,
   );
+});
+
+// A client of ioredis's defaults re-sends a command whose reply a dropped connection lost: Redis
+// runs it twice. An adversarial helper: the claim found its own record and answered 409, and the
+// key's only request was refused, the key held for a lease with nothing running; a completion
+// found its own saved record and reported it not saved.
+describe('RedisIdempotencyStore on a client of ioredis defaults whose connection drops with a reply on its way', () => {
+  let proxy: TcpProxy;
+  let client: Redis;
+  beforeAll(async () => {
+    const { hostname, port } = new URL(REDIS_URL);
+    proxy = await new TcpProxy({ host: hostname, port: Number(port || 6379) }).start();
+    client = new Redis(proxy.url);
+    client.on('error', () => undefined);
+    await client.ping();
+  });
+  afterAll(async () => {
+    client.disconnect();
+    await proxy.stop();
+  });
+
+  it('takes its own claim, sent again, as acquired', async () => {
+    const store = new RedisIdempotencyStore(client);
+    const key = `resent-claim:${randomUUID()}`;
+    const dropped = proxy.droppedResponses;
+    proxy.dropNextResponse();
+    expect(await store.claim({ key, token: 't', fingerprint: 'fp', leaseMs: 10_000 })).toEqual({ status: 'acquired', token: 't' });
+    expect(proxy.droppedResponses).toBe(dropped + 1);
+    expect(await store.complete(key, 't', { statusCode: 201, headers: {}, body: '{}' }, 60_000)).toBe(true);
+    expect(await store.claim({ key, token: 'u', fingerprint: 'fp', leaseMs: 10_000 })).toMatchObject({ status: 'completed' });
+  });
+
+  it('takes its own completion, sent again, as saved; another owner\'s completed record is still refused', async () => {
+    const store = new RedisIdempotencyStore(client);
+    const key = `resent-complete:${randomUUID()}`;
+    await store.claim({ key, token: 't', fingerprint: 'fp', leaseMs: 10_000 });
+    const dropped = proxy.droppedResponses;
+    proxy.dropNextResponse();
+    expect(await store.complete(key, 't', { statusCode: 201, headers: {}, body: '{}' }, 60_000)).toBe(true);
+    expect(proxy.droppedResponses).toBe(dropped + 1);
+    expect(await store.complete(key, 'other', { statusCode: 201, headers: {}, body: '{"x":1}' }, 60_000)).toBe(false);
+    expect(await store.release(key, 't')).toBe(false);
+    expect(await store.get(key)).toMatchObject({ state: 'completed', response: { body: '{}' } });
+  });
+});
+
+// An adversarial helper: the completion script wrote the record, then failed on PUBLISH (NOPERM),
+// so every save of such a user counted as failed, and the release of a waited-for key too.
+it('saves and releases for a user whose ACL refuses PUBLISH (waiters then sleep to their bound)', async () => {
+  const server = await startRedisServer();
+  const admin = await connectRedis(server.url);
+  try {
+    await admin.call('ACL', 'SETUSER', 'nopublish', 'on', 'nopass', '~*', '&*', '+@all', '-publish');
+    const limited = await connectRedis(server.url, { username: 'nopublish', password: 'any' });
+    const store = new RedisIdempotencyStore(limited);
+    try {
+      for (const settle of ['complete', 'release'] as const) {
+        const key = `nopublish:${settle}`;
+        await store.claim({ key, token: 't', fingerprint: '', leaseMs: 10_000 });
+        // A waiting duplicate marks the record: its settling publishes the key.
+        expect(await store.claim({ key, token: 'w', fingerprint: '', leaseMs: 10_000, wait: true })).toMatchObject({ status: 'in_progress' });
+        const settled = settle === 'complete' ? store.complete(key, 't', { statusCode: 201, headers: {} }, 60_000) : store.release(key, 't');
+        expect(await settled).toBe(true);
+        expect((await store.get(key))?.state).toBe(settle === 'complete' ? 'completed' : undefined);
+      }
+    } finally {
+      limited.disconnect();
+    }
+  } finally {
+    admin.disconnect();
+    await server.kill();
+  }
 });
 
 describe('RedisIdempotencyStore', () => {

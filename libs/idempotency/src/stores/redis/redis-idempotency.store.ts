@@ -127,6 +127,12 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
       return { status: 'acquired', token };
     }
     const record = this.decode(held);
+    // This very claim, landed already: ioredis sent it again after a dropped connection lost its
+    // reply (a client with its defaults re-sends such commands), and the record holds our token.
+    if (record.state === 'processing' && record.token === token) {
+      await this.replicate(() => this.release(key, token));
+      return { status: 'acquired', token };
+    }
     return claimResultOf(record, fingerprint, leaseLeft(record, pttlMs, leaseMs));
   }
 

@@ -1,4 +1,4 @@
-import { OWNER_CHECK_LUA } from './owner-check.lua.js';
+import { ownerCheckLua } from './owner-check.lua.js';
 
 /**
  * Extend a processing claim, only while the caller's token still owns it (fencing): a completed
@@ -16,7 +16,7 @@ import { OWNER_CHECK_LUA } from './owner-check.lua.js';
  * (`complete.lua.ts`); only new claims are refused.
  */
 export const RENEW_LUA = `#!lua flags=allow-oom
-${OWNER_CHECK_LUA}
+${ownerCheckLua(0)}
 local head = string.match(rec, '^(.*,)')
 redis.call('SET', key, head .. ARGV[3] .. ']', 'PX', ARGV[2])
 return 1
