@@ -1,5 +1,5 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
-import { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import type { Socket } from 'node:net';
 import { eventually } from '../../../../../test/support/eventually.js';
@@ -283,6 +283,20 @@ describe('the local cache on Redis (client-side caching)', () => {
     await completeCached(store, key);
     await sleep(2.5 * TRACKING_CHECK_MS);
     expect(store.cacheStats()).toMatchObject({ live: true, entries: 1 });
+    expect(await commandsOn(client, key, () => replay(store, key))).toEqual([]);
+    await client.del(key);
+    await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });
+  });
+
+  // An adversarial helper: the cache's RESP2 subscriber inherited the client's `replyMapping:
+  // 'resp3'` (ioredis 6), which ioredis refuses without protocol 3: the app failed to start.
+  it("works on a RESP3 client with replyMapping 'resp3'", async () => {
+    const resp3 = new Redis(REDIS_URL, { maxRetriesPerRequest: 0, retryStrategy: () => 50, protocol: 3, replyMapping: 'resp3' } as RedisOptions);
+    resp3.on('error', () => undefined);
+    opened.push({ close: () => resp3.quit() });
+    const store = await cache(resp3);
+    const key = `lc:resp3:${randomUUID()}`;
+    await completeCached(store, key);
     expect(await commandsOn(client, key, () => replay(store, key))).toEqual([]);
     await client.del(key);
     await eventually(() => store.cacheStats().entries === 0, { timeoutMs: 1000, intervalMs: 1 });

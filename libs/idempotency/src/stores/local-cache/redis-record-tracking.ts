@@ -62,7 +62,8 @@ export class RedisRecordTracking implements RecordTracking {
     // writes go out with the turn's others, one syscall, as on the store's own connection (a
     // write each measured ~5 µs).
     coalesceWrites(reader);
-    const subscriber = this.own({ protocol: 2, keyPrefix: '', enableOfflineQueue: true, autoResubscribe: false });
+    // RESP2 (`replyMapping: 'resp3'`, ioredis 6, is refused there: its default mapping instead).
+    const subscriber = this.own({ protocol: 2, replyMapping: undefined, keyPrefix: '', enableOfflineQueue: true, autoResubscribe: false } as RedisOptions);
     this.reader = reader;
     this.subscriber = subscriber;
     reader.on('close', this.lost);

@@ -3,6 +3,7 @@ import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { connectRedis, REDIS_URL } from '../../../../../test/support/services.js';
 import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
+import { eventually } from '../../../../../test/support/eventually.js';
 import { startRedisServer } from '../../../../../test/support/redis-server.js';
 import { describeStoreContract } from '../../testing/index.js';
 import { createStore } from '../create-store.js';
@@ -124,6 +125,32 @@ it('saves and releases for a user whose ACL refuses PUBLISH (waiters then sleep 
       limited.disconnect();
     }
   } finally {
+    admin.disconnect();
+    await server.kill();
+  }
+});
+
+// An adversarial helper: the store's subscriber inherited a client's `autoResubscribe: false`, and
+// after any reconnect no waiter was woken again (each slept to its bound).
+it("wakes waiters after its subscriber reconnects, on a client with autoResubscribe: false", async () => {
+  const server = await startRedisServer();
+  const admin = await connectRedis(server.url);
+  const client = new Redis(server.url, { autoResubscribe: false, maxRetriesPerRequest: 0, retryStrategy: () => 20 });
+  client.on('error', () => undefined);
+  try {
+    const store = new RedisIdempotencyStore(client);
+    await (await store.watch('warm')).cancel();
+    await admin.call('CLIENT', 'KILL', 'TYPE', 'pubsub');
+    // Subscribed again on its new connection (before the fix: connected, and subscribed to nothing).
+    await eventually(async () => Number(((await admin.call('PUBSUB', 'NUMSUB', 'idempotency:settled')) as [string, number])[1]) === 1, { timeoutMs: 5000 });
+    await store.claim({ key: 'resubscribed', token: 't', fingerprint: '', leaseMs: 10_000 });
+    await store.claim({ key: 'resubscribed', token: 'w', fingerprint: '', leaseMs: 10_000, wait: true });
+    const watch = await store.watch('resubscribed');
+    await store.complete('resubscribed', 't', { statusCode: 201, headers: {} }, 60_000);
+    expect(await Promise.race([watch.settled.then(() => 'woken'), sleep(2000).then(() => 'slept')])).toBe('woken');
+    await store.onApplicationShutdown();
+  } finally {
+    client.disconnect();
     admin.disconnect();
     await server.kill();
   }

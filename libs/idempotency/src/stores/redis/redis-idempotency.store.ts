@@ -198,9 +198,11 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   }
 
   private newSubscriber(): Redis | Cluster {
+    // It subscribes again after a reconnect, whatever the client's `autoResubscribe` says (a waiter
+    // otherwise slept to its bound after any reconnect).
     const subscriber = isCluster(this.client)
       ? this.client.duplicate(undefined, { enableOfflineQueue: true })
-      : this.client.duplicate({ enableOfflineQueue: true });
+      : this.client.duplicate({ enableOfflineQueue: true, autoResubscribe: true });
     subscriber.on('error', () => undefined);
     // The scripts publish the key as Redis holds it: with the client's keyPrefix, which the
     // watchers' keys (as the guard names them) lack. Another prefix's keys are not ours.
