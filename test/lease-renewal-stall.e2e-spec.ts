@@ -46,11 +46,11 @@ const workGate = () => new Promise<void>((resolve) => {
 
 @Controller()
 class PayController {
-  // Lease 3 s: the first renewal goes at 1 s; a 2.2 s stall after it ends at 3.2 s, past the old
-  // lease's end (3 s) and within the renewed one (4 s), which the next renewal then has 0.8 s to
-  // reach.
+  // Lease 6 s: the first renewal goes at 2 s; a 4.5 s stall after it ends at 6.5 s, past the old
+  // lease's end (6 s) and within the renewed one (8 s), which the next renewal then has 1.5 s to
+  // reach (0.8 s of a 3 s lease was overrun once, by a CI run sharing the machine with others).
   @Post('pay')
-  @NoRepeatSubmit({ leaseSeconds: 3 })
+  @NoRepeatSubmit({ leaseSeconds: 6 })
   async pay(@LeaseSignal() signal: AbortSignal) {
     const run = ++runs;
     await (run === 1 ? workGate() : sleep(10));
@@ -78,10 +78,10 @@ describe('a stall past the lease\'s end, just after a renewal Redis took (Redis 
     async (where) => {
       runs = 0;
       const key = randomUUID();
-      store.stall = { ms: 2200, where };
+      store.stall = { ms: 4500, where };
       const first = raw(edge.url, '/pay', { key, timeoutMs: 30_000 }).answer;
-      // Past the stall (3.2 s) and past where a lost claim's key frees (its last lease, 4 s).
-      await sleep(4800);
+      // Past the stall (6.5 s) and past where a lost claim's key frees (its last lease, 8 s).
+      await sleep(8800);
       const duplicate = await raw(edge.url, '/pay', { key }).answer;
       endWork();
       expect(codeOf(duplicate)).toBe('IDEMPOTENCY_IN_PROGRESS');
