@@ -1,4 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { connectRedis, REDIS_URL } from '../../../../../test/support/services.js';
@@ -151,6 +152,31 @@ it("wakes waiters after its subscriber reconnects, on a client with autoResubscr
     await store.onApplicationShutdown();
   } finally {
     client.disconnect();
+    admin.disconnect();
+    await server.kill();
+  }
+});
+
+// An adversarial helper: a user whose ACL refuses scripts claimed keys (a plain SET), and then
+// every save and renewal failed: each key ran again once a lease ended, with nothing said.
+it('says at start-up when its Redis user may not run scripts', async () => {
+  const server = await startRedisServer();
+  const admin = await connectRedis(server.url);
+  const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+  try {
+    await admin.call('ACL', 'SETUSER', 'noscripts', 'on', 'nopass', '~*', '&*', '+@all', '-@scripting');
+    const limited = await connectRedis(server.url, { username: 'noscripts', password: 'any' });
+    try {
+      await new RedisIdempotencyStore(limited).onModuleInit();
+      expect(errors.mock.calls.map(([message]) => String(message)).filter((m) => /may not run the guard's scripts/.test(m))).toHaveLength(1);
+      errors.mockClear();
+      await new RedisIdempotencyStore(admin).onModuleInit();
+      expect(errors).not.toHaveBeenCalled();
+    } finally {
+      limited.disconnect();
+    }
+  } finally {
+    errors.mockRestore();
     admin.disconnect();
     await server.kill();
   }

@@ -231,8 +231,31 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   async onModuleInit(): Promise<void> {
     await this.ready();
     // A Redis that comes up later is checked when the client first gets ready.
-    if ((this.client.status as string) === 'ready') await this.warnOfEviction();
-    else this.client.once('ready', () => void this.warnOfEviction());
+    if ((this.client.status as string) === 'ready') await this.checkServer();
+    else this.client.once('ready', () => void this.checkServer());
+  }
+
+  private async checkServer(): Promise<void> {
+    await this.warnOfEviction();
+    await this.warnOfScriptsRefused();
+  }
+
+  /**
+   * A Redis user whose ACL refuses scripts (`-@scripting`) claims keys (a plain `SET`) but can
+   * neither save an answer nor renew a claim: every duplicate runs the handler again once a lease
+   * ends. Said at start-up, from one renewal of a key nobody holds (it changes nothing).
+   */
+  private async warnOfScriptsRefused(): Promise<void> {
+    try {
+      await this.run(() => this.scripts.idempotencyRenew('idempotency:script-check', '["script-check",', 1, 0));
+    } catch (error) {
+      if (!/\bNOPERM\b/.test((error as Error).message)) return;
+      this.logger.error(
+        `This Redis user may not run the guard's scripts (${(error as Error).message}): claims land, but no answer is saved ` +
+          'and no claim renewed, so every duplicate runs the handler again once its lease ends. Grant it +@scripting ' +
+          '(EVAL and EVALSHA).',
+      );
+    }
   }
 
   /**
