@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
-import { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { connectRedis, REDIS_URL } from '../../../../../test/support/services.js';
 import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
@@ -14,42 +14,25 @@ import { decodeRecord, encodeProcessing } from './redis-record.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
-// A client with the app's own keyPrefix: the scripts then publish prefixed keys, which the
-// store's watchers must still hear (a waiting duplicate otherwise sleeps to its bound: 409).
-describe('RedisIdempotencyStore on a client with a keyPrefix', () => {
+// Clients as apps hand them in, each through the whole contract:
+// - the app's own keyPrefix: the scripts then publish prefixed keys, which the store's watchers
+//   must still hear (a waiting duplicate otherwise sleeps to its bound: 409);
+// - `stringNumbers` (integer replies as strings, for 64-bit counters): a renewal that succeeded
+//   was read as failed, the lease stopped, and a duplicate ran the handler again.
+describe.each<[string, RedisOptions]>([
+  ['keyPrefix', { keyPrefix: 'app-prefix:' }],
+  ['stringNumbers', { stringNumbers: true }],
+])('RedisIdempotencyStore on a client with %s', (name, options) => {
   let client: Redis;
   beforeAll(async () => {
-    client = await connectRedis(REDIS_URL, { keyPrefix: 'app-prefix:' });
+    client = await connectRedis(REDIS_URL, options);
   });
   afterAll(async () => {
     await client.quit();
   });
 
   describeStoreContract(
-    'redis (keyPrefix)',
-    async () => {
-      const store = new RedisIdempotencyStore(client);
-      return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
-    },
-    // A few round trips must fit in one lease: 200 ms did not on a loaded CI machine.
-    500,
-  );
-});
-
-// A client that reads integer replies as strings (`stringNumbers`, for 64-bit counters), as an
-// app may hand in: a renewal that succeeded read as failed stopped the lease, and a duplicate ran
-// the handler again.
-describe('RedisIdempotencyStore on a client with stringNumbers', () => {
-  let client: Redis;
-  beforeAll(async () => {
-    client = await connectRedis(REDIS_URL, { stringNumbers: true });
-  });
-  afterAll(async () => {
-    await client.quit();
-  });
-
-  describeStoreContract(
-    'redis (stringNumbers)',
+    `redis (${name})`,
     async () => {
       const store = new RedisIdempotencyStore(client);
       return { store, elapse: sleep, close: () => store.onApplicationShutdown() };
