@@ -13,15 +13,23 @@ import { statementRunner } from './statements.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
-/** A DataSource whose connections go through a proxy (`delayMs` holds what comes back), with pg-pool's `extra`. */
-async function behindProxy(extra: Record<string, unknown>): Promise<{ proxy: TcpProxy; dataSource: DataSource }> {
+/**
+ * Runs `work` on a DataSource whose connections go through a proxy (`delayMs` holds what comes
+ * back), with pg-pool's `extra`; stops both after, whatever `work` did.
+ */
+async function withProxy(extra: Record<string, unknown>, work: (proxy: TcpProxy, dataSource: DataSource) => Promise<void>): Promise<void> {
   const target = new URL(DATABASE_URL);
   const proxy = await new TcpProxy({ host: target.hostname, port: Number(target.port || 5432) }).start();
   const viaProxy = new URL(DATABASE_URL);
   viaProxy.port = String(proxy.port);
   const dataSource = new DataSource({ type: 'postgres', url: viaProxy.toString(), extra });
-  await dataSource.initialize();
-  return { proxy, dataSource };
+  try {
+    await dataSource.initialize();
+    await work(proxy, dataSource);
+  } finally {
+    await proxy.stop();
+    await dataSource.destroy().catch(() => undefined);
+  }
 }
 
 /** What this session has prepared: each statement's text and how many times it ran. */
@@ -148,8 +156,7 @@ describe('statementRunner: named prepared statements on the pool or on a transac
   // TypeORM's own queries), statements on a hung server fail and their connections go back to the
   // pool without an error, one each `query_timeout`. That is no sign of a database that moves.
   it("fails a wait for a connection at its bound when the app's queries only time out on a hung server", async () => {
-    const { proxy, dataSource: hung } = await behindProxy({ max: 1, query_timeout: 100 });
-    try {
+    await withProxy({ max: 1, query_timeout: 100 }, async (proxy, hung) => {
       const run = statementRunner(hung, { timeoutMs: 300 });
       await run('SELECT 1 AS one', []);
       proxy.delayMs = 60_000;
@@ -163,27 +170,20 @@ describe('statementRunner: named prepared statements on the pool or on a transac
       );
       expect({ outcome, fast: Date.now() - started < 2000 }).toEqual({ outcome: expect.stringMatching(/no answer within 300 ms/), fast: true });
       await Promise.all(appQueries);
-    } finally {
-      await proxy.stop();
-      await hung.destroy().catch(() => undefined);
-    }
+    });
   });
 
   // pg's `query_timeout` rejects a statement but leaves it on its connection: given back whole,
   // the connection served the next statement behind the one still waiting, which failed in turn.
   it("gives back as broken a connection whose statement failed on pg's query_timeout, and answers on a new one", async () => {
-    const { proxy, dataSource: timed } = await behindProxy({ max: 1, query_timeout: 100 });
-    try {
+    await withProxy({ max: 1, query_timeout: 100 }, async (proxy, timed) => {
       const run = statementRunner(timed, { timeoutMs: 1000 });
       await run('SELECT 1 AS one', []);
       proxy.delayMs = 60_000;
       await expect(run('SELECT 2 AS two', [])).rejects.toThrow(/Query read timeout/);
       proxy.delayMs = 0;
       expect((await run('SELECT 3 AS three', [])).records).toEqual([{ three: 3 }]);
-    } finally {
-      await proxy.stop();
-      await timed.destroy().catch(() => undefined);
-    }
+    });
   });
 
   // A reviewing helper (session 17): the bytes of a NOTIFY to a listening session are no answer,
@@ -248,9 +248,11 @@ describe('statementRunner: named prepared statements on the pool or on a transac
   // statements at once, and none had finished within the bound while their answers came in:
   // counting answers only failed the 340 waiting calls (on a fail-open route, 34 runs a key).
   it('waits for a connection past its bound while an answer comes in on the pool, before any statement ends', async () => {
-    const run = statementRunner(single, { timeoutMs: 300 });
-    // 30 rows of 20 KB, one each 20 ms: each fills pg's send buffer, so it goes out as it comes.
-    const streaming = run(`SELECT repeat('x', 20000) AS part, pg_sleep(0.02) FROM generate_series(1, 30)`, []);
+    // A 1 s bound against rows 20 ms apart: a loaded machine that stalls the process or the server
+    // for a few hundred ms (seen once at a 300 ms bound) still leaves the stream moving.
+    const run = statementRunner(single, { timeoutMs: 1000 });
+    // 80 rows of 20 KB, one each 20 ms (1.6 s, past the bound): each fills pg's send buffer, so it goes out as it comes.
+    const streaming = run(`SELECT repeat('x', 20000) AS part, pg_sleep(0.02) FROM generate_series(1, 80)`, []);
     const queued = run('SELECT 1 AS one', []);
     const [first, second] = await Promise.allSettled([streaming, queued]);
     expect([first.status, second.status]).toEqual(['fulfilled', 'fulfilled']);
