@@ -85,9 +85,13 @@ class GuardTestController {
     return this.probe.run({ run: this.probe.runs + 1 });
   }
 
-  /** A lease shorter than the handler can take, never renewed (`maxHoldSeconds` = the lease). */
+  /**
+   * A lease shorter than the handler can take, never renewed (`maxHoldSeconds` = the lease). 2 s:
+   * at 0.3 s, a machine that stalled the test between the claim and its first retry let that
+   * retry take the key over before the test saw it refused.
+   */
   @Post('short-lease')
-  @NoRepeatSubmit({ leaseSeconds: 0.3, maxHoldSeconds: 0.3 })
+  @NoRepeatSubmit({ leaseSeconds: 2, maxHoldSeconds: 2 })
   shortLease() {
     return this.probe.run({ run: this.probe.runs + 1 });
   }

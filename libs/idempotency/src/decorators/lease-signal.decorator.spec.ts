@@ -4,6 +4,7 @@
 import { describe, expect, it } from '@jest/globals';
 import { ROUTE_ARGS_METADATA } from '@nestjs/common/constants.js';
 import type { ExecutionContext } from '@nestjs/common';
+import { eventually } from '../../../../test/support/eventually.js';
 import { LeaseRenewal } from '../interceptors/lease-renewal.js';
 import { LeaseSignal, leaseSignalOf, rememberLeaseSignal } from './lease-signal.decorator.js';
 
@@ -60,8 +61,8 @@ describe('@LeaseSignal() hand-over', () => {
       lost: (why) => (lost = why),
     });
     expect((renewal as unknown as { aborter?: AbortController }).aborter).toBeUndefined();
-    await new Promise((resolve) => setTimeout(resolve, 80));
-    expect(lost).not.toBe('');
+    // Waited for, not slept on: after a stall, the 30 ms deadline decides a turn after its timer.
+    await eventually(() => lost !== '', { timeoutMs: 5000, what: 'the claim lost' });
     const signal = renewal.signal;
     expect(signal.aborted).toBe(true);
     expect((signal.reason as Error).message).toContain(lost);
@@ -72,8 +73,7 @@ describe('@LeaseSignal() hand-over', () => {
     const renewal = new LeaseRenewal(30, 30, { renew: async () => false, renewed: () => undefined, failed: () => undefined, lost: () => undefined });
     const signal = renewal.signal;
     expect(signal.aborted).toBe(false);
-    await new Promise((resolve) => setTimeout(resolve, 80));
-    expect(signal.aborted).toBe(true);
+    await eventually(() => signal.aborted, { timeoutMs: 5000, what: 'the signal aborted' });
     renewal.stop();
   });
 });

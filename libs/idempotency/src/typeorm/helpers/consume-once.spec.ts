@@ -160,13 +160,17 @@ describe('consumeOnce (PostgreSQL)', () => {
     const messageId = `m-raced-${randomUUID()}`;
     const message = { consumer: 'billing', messageId };
     const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+    // The redelivery starts once the first delivery's work runs: its log row is inserted and locked.
+    let working!: () => void;
+    const started = new Promise<void>((resolve) => (working = resolve));
     const aborted = consumeOnce(dataSource, message, async (manager) => {
+      working();
       await manager.insert(LedgerLine, { consumer: 'A', messageId });
       await manager.query('SELECT no_such_column FROM ledger_lines').catch(() => undefined);
       await sleep(300);
       return 'A';
     });
-    await sleep(50);
+    await started;
     const redelivered = consumeOnce(dataSource, message, async (manager) => {
       await manager.insert(LedgerLine, { consumer: 'B', messageId });
       await sleep(100);
