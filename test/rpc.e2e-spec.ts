@@ -12,7 +12,7 @@ import {
 } from '@nestjs/microservices';
 import { randomUUID } from 'node:crypto';
 import { firstValueFrom } from 'rxjs';
-import { IdempotencyModule, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { IdempotencyModule, NoRepeatSubmit, type IdempotencyEvent } from '../libs/idempotency/src/index.js';
 import { until } from './support/http.js';
 import { REDIS_URL } from './support/services.js';
 
@@ -25,7 +25,23 @@ interface OrderMessage {
 class Handled {
   messages = 0;
   events: string[] = [];
+  /** The message ids the handlers with results JSON cannot hold ran for, once per run. */
+  unkept: string[] = [];
 }
+
+/** Results JSON cannot hold: a BigInt, an object that refers to itself (an AxiosResponse, an entity with two-way relations), a Buffer. */
+type Unkept = 'bigint' | 'cycle' | 'buffer';
+function unkeptResult(kind: Unkept): unknown {
+  if (kind === 'bigint') return { processed: 1n };
+  if (kind === 'buffer') return Buffer.from('done');
+  const cycle: Record<string, unknown> = { processed: 1 };
+  cycle.self = cycle;
+  return cycle;
+}
+
+/** What the guard reported settling, per handler: `completed` or `released` events. */
+const settled: IdempotencyEvent[] = [];
+const settledOf = (handler: string) => settled.filter((event) => event.handler === handler).length;
 
 @Controller()
 class RpcController {
@@ -44,13 +60,36 @@ class RpcController {
   paid(@Payload() data: OrderMessage) {
     this.handled.events.push(data.orderNo);
   }
+
+  @EventPattern('payment.unkept')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  unkeptEvent(@Payload() data: OrderMessage & { result: Unkept }) {
+    this.handled.unkept.push(data.messageId!);
+    return unkeptResult(data.result);
+  }
+
+  @MessagePattern('orders.unkept')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  unkeptMessage(@Payload() data: OrderMessage & { result: Unkept }) {
+    this.handled.unkept.push(data.messageId!);
+    // Nest's Redis transport sends a Buffer (as JSON); a BigInt or a cycle it cannot send at all.
+    return unkeptResult(data.result);
+  }
 }
 
 const { hostname: host, port } = new URL(REDIS_URL);
 const transport: RedisOptions = { transport: Transport.REDIS, options: { host, port: Number(port) } };
 
 @Module({
-  imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL }, keyPrefix: `rpc-${randomUUID()}` })],
+  imports: [
+    IdempotencyModule.forRoot({
+      store: { redis: REDIS_URL },
+      keyPrefix: `rpc-${randomUUID()}`,
+      onEvent: (event) => {
+        if (event.type === 'completed' || event.type === 'released') settled.push(event);
+      },
+    }),
+  ],
   controllers: [RpcController],
   providers: [Handled],
 })
@@ -108,5 +147,36 @@ describe('@NoRepeatSubmit on microservice handlers, over the Redis transport', (
     await firstValueFrom(client.emit('payment.succeeded', { messageId: randomUUID(), orderNo: marker }));
     await until(() => handled.events.includes(marker));
     expect(handled.events.filter((no) => no === orderNo)).toHaveLength(1);
+  });
+
+  // An adversarial helper (session 19): a result JSON cannot hold released the key after the
+  // handler's effect, and every redelivery ran it again (3 runs of 3 deliveries), with no log.
+  it.each(['bigint', 'cycle', 'buffer'] as const)(
+    'drops every redelivery of an event whose handler returned what JSON cannot hold (%s): one run',
+    async (result) => {
+      const messageId = randomUUID();
+      const before = settledOf('RpcController.unkeptEvent');
+      await firstValueFrom(client.emit('payment.unkept', { messageId, orderNo: 'U-1', result }));
+      // Redelivered once the first delivery settled, not while it runs (that copy is dropped either way).
+      await until(() => settledOf('RpcController.unkeptEvent') > before);
+      for (let copy = 0; copy < 2; copy++) await firstValueFrom(client.emit('payment.unkept', { messageId, orderNo: 'U-1', result }));
+      const marker = randomUUID();
+      await firstValueFrom(client.emit('payment.unkept', { messageId: marker, orderNo: 'U-marker', result }));
+      await until(() => handled.unkept.includes(marker));
+      expect(handled.unkept.filter((id) => id === messageId)).toHaveLength(1);
+    },
+  );
+
+  it('refuses a duplicate message whose first result JSON could not hold IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE, without running it again', async () => {
+    const messageId = randomUUID();
+    await firstValueFrom(client.send('orders.unkept', { messageId, orderNo: 'U-2', result: 'buffer' }));
+    await expect(firstValueFrom(client.send('orders.unkept', { messageId, orderNo: 'U-2', result: 'buffer' }))).rejects.toMatchObject({
+      code: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE',
+    });
+    expect(handled.unkept.filter((id) => id === messageId)).toHaveLength(1);
+    expect(settled.filter((event) => event.handler === 'RpcController.unkeptMessage').at(-1)).toMatchObject({
+      type: 'completed',
+      unreplayable: 'not_serializable',
+    });
   });
 });

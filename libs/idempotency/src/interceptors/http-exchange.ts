@@ -36,6 +36,8 @@ const NOT_REPLAYABLE: Record<UnreplayableReason, string> = {
   too_large: 'the response was larger than the server keeps',
   not_delivered: 'the first request was answered before its handler finished, e.g. by a timeout',
   server_error: 'the server failed while answering the first request',
+  // Written for message handlers only (RpcExchange); said here for a record an app moved over.
+  not_serializable: 'the first answer could not be kept as JSON',
 };
 /** What a duplicate is told when the first answer was a 304 that does not fit it (`notModifiedFits`). */
 const NOT_MODIFIED_ELSEWHERE =

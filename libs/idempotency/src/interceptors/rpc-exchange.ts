@@ -24,8 +24,11 @@ let loadedRpcException: RpcExceptionClass | undefined;
  * no user (see `MESSAGE_USER`). A duplicate message gets the saved result; a duplicate event is
  * dropped (the handler does not run). Refusals of messages are `RpcException`s with
  * `{ code, message }`. The saved result is the handler's first value as JSON text, saved before
- * it is sent on (a failure after it leaves it saved: the client got it); a result JSON cannot hold (a stream, a BigInt) is not kept, and the key is
- * released.
+ * it is sent on (a failure after it leaves it saved: the client got it). A result JSON cannot
+ * hold (a BigInt, an object that refers to itself, a Buffer, a stream) is not kept, but the run
+ * is: a duplicate event is dropped, and a duplicate message is refused
+ * `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE` (its record says `not_serializable`); the handler never
+ * runs again.
  */
 export class RpcExchange implements GuardExchange {
   private readonly isEvent: boolean;
@@ -60,7 +63,13 @@ export class RpcExchange implements GuardExchange {
           // A handler that nacked or rejected its message reported a failure without throwing.
           if (nackedByHandler?.()) return claim.release();
           const body = serialize(value);
-          if (body === null) return claim.release();
+          // Its effect happened: releasing the key let every redelivery run it again. An event's
+          // result goes nowhere, and its record needs none; a message's duplicate is told it is not kept.
+          if (body === null && this.isEvent) return claim.save({ statusCode: 0, headers: {} });
+          if (body === null) {
+            warnUnkept(this.route.handler);
+            return claim.save({ statusCode: 0, headers: {}, unreplayable: 'not_serializable' });
+          }
           return claim.save(body === undefined ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, body });
         },
         failed: () => claim.release(),
@@ -109,6 +118,17 @@ function settleSkipped(onSkipped: SkippedMessageHandler, ctx: ExecutionContext, 
 }
 
 const logger = new Logger('Idempotency');
+
+/** Handlers already warned that their results are not kept (said once per handler and process). */
+const warnedUnkept = new Set<string>();
+function warnUnkept(handler: string): void {
+  if (warnedUnkept.has(handler)) return;
+  warnedUnkept.add(handler);
+  logger.warn(
+    `${handler}: its result cannot be kept as JSON (a BigInt, an object that refers to itself, a Buffer, a stream), so a ` +
+      'duplicate message is refused IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE (the handler does not run again). Return plain data to have it replayed.',
+  );
+}
 
 function toRpcError(refusal: GuardRefusal): { code: string; message: string; retryAfterMs?: number } {
   switch (refusal.reason) {

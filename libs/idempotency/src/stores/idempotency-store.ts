@@ -19,13 +19,14 @@ export interface SavedResponse {
    * gets 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE`, never a second run. `too_large`: the body
    * was over `maxResponseBytes`; `not_delivered`: the first client got another answer (an outer
    * timeout answered before the handler settled); `server_error`: the app answered 5xx after
-   * the handler succeeded.
+   * the handler succeeded; `not_serializable`: a message handler's result JSON cannot hold (a
+   * BigInt, an object that refers to itself, a Buffer, a stream).
    */
   unreplayable?: UnreplayableReason;
 }
 
 /** Why a completed record holds no replayable answer (see `SavedResponse.unreplayable`). */
-export type UnreplayableReason = 'too_large' | 'not_delivered' | 'server_error';
+export type UnreplayableReason = 'too_large' | 'not_delivered' | 'server_error' | 'not_serializable';
 
 /** What a claim found; expected outcomes are values, not exceptions. */
 export type ClaimResult =

@@ -1,4 +1,5 @@
 import { Column, Entity, Index, PrimaryColumn } from 'typeorm';
+import type { UnreplayableReason } from '../../index.js';
 
 /**
  * Table of `PostgresIdempotencyStore`, as `IdempotencyRecords1764460800000` creates it and
@@ -48,7 +49,7 @@ export class IdempotencyRecordEntity {
 
   /** Why a completed record holds no replayable answer, or NULL (`SavedResponse.unreplayable`). */
   @Column({ type: 'varchar', length: 32, nullable: true })
-  unreplayable!: 'too_large' | 'not_delivered' | 'server_error' | null;
+  unreplayable!: UnreplayableReason | null;
 
   /** End of the lease (processing) or of the retention (completed), by the database clock. */
   @Column({ name: 'expires_at', type: 'timestamptz' })
