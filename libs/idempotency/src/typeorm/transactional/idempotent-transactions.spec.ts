@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
 import { Column, DataSource, Entity, PrimaryGeneratedColumn, type DataSourceOptions, type EntityManager } from 'typeorm';
-import { IdempotencyConfigError, IdempotencyKeyError } from '../../index.js';
+import { IdempotencyConfigError, IdempotencyError, IdempotencyKeyError, IdempotencyStoreError } from '../../index.js';
 import { IDEMPOTENCY_ENTITIES } from '../entities.js';
 import { IDEMPOTENCY_MIGRATIONS } from '../migrations.js';
 import { PostgresIdempotencyStore } from '../store/postgres-idempotency.store.js';
@@ -328,6 +328,22 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
       await expect(transactions.run({ key }, async () => ({ body: ++ran }))).rejects.toThrow(IdempotencyKeyError);
     }
     expect(ran).toBe(0);
+  });
+
+  // An adversarial helper (session 19): a fingerprint of 129 characters failed in the database and
+  // was reported as an IdempotencyStoreError, a store outage, where the caller's value was at fault.
+  it('refuses a fingerprint the table cannot hold as given (over 128 characters, a NUL, a lone surrogate), before any transaction', async () => {
+    let ran = 0;
+    for (const fingerprint of ['f'.repeat(129), 'fp\0', 'fp\uD83D']) {
+      const refused = await transactions.run({ key: `fp-${randomUUID()}`, fingerprint }, async () => ({ body: ++ran })).catch((error: unknown) => error);
+      expect(refused).toBeInstanceOf(IdempotencyError);
+      expect(refused).not.toBeInstanceOf(IdempotencyStoreError);
+      expect((refused as Error).message).toMatch(/fingerprint/);
+    }
+    expect(ran).toBe(0);
+    // 128 characters, each outside the BMP (256 UTF-16 units), fit.
+    const wide = '\u{1F600}'.repeat(128);
+    expect(await transactions.run({ key: `fp-${randomUUID()}`, fingerprint: wide }, async () => ({ body: ++ran }))).toMatchObject({ status: 'ran' });
   });
 
   it('refuses an empty key, a DataSource other than postgres and a wait bound that is not positive', async () => {

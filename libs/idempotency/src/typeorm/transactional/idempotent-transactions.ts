@@ -15,7 +15,7 @@
 import { Logger, type FactoryProvider, type InjectionToken } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { DataSource, type EntityManager, type QueryRunner } from 'typeorm';
-import { IDEMPOTENCY_DEFAULTS, IdempotencyKeyError, IdempotencyStoreError } from '../../index.js';
+import { IDEMPOTENCY_DEFAULTS, IdempotencyError, IdempotencyKeyError, IdempotencyStoreError } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from '../store/idempotency-record.entity.js';
 import { recordKey } from '../store/record-key.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
@@ -57,6 +57,27 @@ const DEFAULT_LOCK_TIMEOUT_MS = 3000;
 const LOCK_NOT_AVAILABLE = '55P03';
 /** PostgreSQL `query_canceled`: the app's `statement_timeout` (or a cancel) ended the claim's wait. */
 const QUERY_CANCELED = '57014';
+/** The longest fingerprint the table holds, in characters (`varchar(128)`). */
+const MAX_FINGERPRINT_CHARS = 128;
+
+/**
+ * Why the table cannot hold a fingerprint as given, or undefined: the caller's mistake, said
+ * before any statement (the database's refusal read as an outage). Over 128 characters (a
+ * SHA-256 in hex is 64); a NUL (PostgreSQL text holds none); a lone surrogate (sent as UTF-8 it
+ * becomes U+FFFD, so two fingerprints that differ would compare equal and a key reused with
+ * another payload would be replayed).
+ */
+function fingerprintProblem(fingerprint: unknown): string | undefined {
+  if (fingerprint === undefined) return undefined;
+  if (typeof fingerprint !== 'string') return `is a ${typeof fingerprint}, not a string`;
+  if (fingerprint.length > MAX_FINGERPRINT_CHARS && [...fingerprint].length > MAX_FINGERPRINT_CHARS) {
+    return `is ${[...fingerprint].length} characters long; at most ${MAX_FINGERPRINT_CHARS} (a SHA-256 in hex is 64)`;
+  }
+  if (fingerprint.includes('\0')) return 'contains a NUL';
+  if (/\p{Cs}/u.test(fingerprint)) return 'is not well-formed text (a lone surrogate)';
+  return undefined;
+}
+
 /** Saved with the answer, so a record reads like one the guard saved. */
 const JSON_HEADERS = JSON.stringify({ 'content-type': 'application/json; charset=utf-8' });
 
@@ -112,13 +133,16 @@ export class IdempotentTransactions {
    * Runs `work` once for `input.key`: claims the key, runs `work` with the transaction's
    * `EntityManager` and saves its answer, in one transaction; or answers from what holds the key.
    * Rethrows what `work` throws, after the rollback. Throws `IdempotencyStoreError` when the
-   * database fails, `IdempotencyKeyError` for an empty key, one with a lone surrogate or a NUL.
+   * database fails, `IdempotencyKeyError` for an empty key, one with a lone surrogate or a NUL,
+   * and `IdempotencyError` for a fingerprint the table cannot hold as given (see `fingerprintProblem`).
    */
   async run<T>(input: IdempotentRunInput, work: (manager: EntityManager) => Promise<IdempotentAnswer<T>>): Promise<IdempotentRunResult<T>> {
     if (typeof input.key !== 'string' || input.key === '') throw new IdempotencyKeyError('empty');
     // Sent as UTF-8, every lone surrogate is U+FFFD (two such keys would be one); PostgreSQL text holds no NUL.
     if (/\p{Cs}/u.test(input.key)) throw new IdempotencyKeyError('it is not well-formed text: a lone surrogate');
     if (input.key.includes('\0')) throw new IdempotencyKeyError('it contains a NUL');
+    const problem = fingerprintProblem(input.fingerprint);
+    if (problem) throw new IdempotencyError(`IdempotentTransactions.run: the fingerprint ${problem}`);
     const key = recordKey(input.key);
     const token = randomUUID();
     coverNewConnections(this.dataSource);
