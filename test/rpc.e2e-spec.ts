@@ -1,5 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Injectable, Module, type INestMicroservice } from '@nestjs/common';
+import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Controller, Injectable, Logger, Module, type INestMicroservice } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import {
   ClientProxyFactory,
@@ -169,6 +169,7 @@ describe('@NoRepeatSubmit on microservice handlers, over the Redis transport', (
 
   it('refuses a duplicate message whose first result JSON could not hold IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE, without running it again', async () => {
     const messageId = randomUUID();
+    const warn = jest.spyOn(Logger.prototype, 'warn');
     await firstValueFrom(client.send('orders.unkept', { messageId, orderNo: 'U-2', result: 'buffer' }));
     await expect(firstValueFrom(client.send('orders.unkept', { messageId, orderNo: 'U-2', result: 'buffer' }))).rejects.toMatchObject({
       code: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE',
@@ -178,5 +179,8 @@ describe('@NoRepeatSubmit on microservice handlers, over the Redis transport', (
       type: 'completed',
       unreplayable: 'not_serializable',
     });
+    // Said once per handler: the developer learns why duplicates are refused.
+    expect(warn.mock.calls.filter(([message]) => String(message).startsWith('RpcController.unkeptMessage: its result cannot be kept'))).toHaveLength(1);
+    warn.mockRestore();
   });
 });

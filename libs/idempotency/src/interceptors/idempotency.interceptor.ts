@@ -164,7 +164,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
         return HttpExchange.create(req, res, route, this.adapterHost.httpAdapter, this.options.replayHeaders);
       }
       case 'rpc':
-        return RpcExchange.create(ctx, route, this.options.onSkippedMessage);
+        return RpcExchange.create(ctx, route, this.memory, this.options.onSkippedMessage);
       default:
         // GraphQL, WebSockets: not guarded; said once per handler rather than silently.
         this.onceFor(`${route.handler}:${ctx.getType()}`, () =>

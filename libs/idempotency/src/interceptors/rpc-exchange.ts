@@ -7,6 +7,7 @@ import { watchRmqNacks } from '../messages/rmq-nacks.js';
 import type { SkippedMessage, SkippedMessageHandler, SkippedMessageReason } from '../messages/skipped-message.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
 import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
+import type { GuardMemory } from './guard-memory.js';
 import { runHeld } from './held-run.js';
 import type { GuardedRoute } from './route-options.js';
 
@@ -37,16 +38,17 @@ export class RpcExchange implements GuardExchange {
     private readonly ctx: ExecutionContext,
     private readonly route: GuardedRoute,
     private readonly RpcException: RpcExceptionClass,
+    private readonly memory: GuardMemory,
     private readonly onSkipped: SkippedMessageHandler | undefined,
   ) {
     this.isEvent = Reflect.getMetadata(HANDLER_TYPE_METADATA, ctx.getHandler()) === EVENT_HANDLER;
   }
 
   /** Loads `@nestjs/microservices` (an optional peer) on the first message: a promise until then. */
-  static create(ctx: ExecutionContext, route: GuardedRoute, onSkipped?: SkippedMessageHandler): RpcExchange | Promise<RpcExchange> {
-    if (loadedRpcException) return new RpcExchange(ctx, route, loadedRpcException, onSkipped);
+  static create(ctx: ExecutionContext, route: GuardedRoute, memory: GuardMemory, onSkipped?: SkippedMessageHandler): RpcExchange | Promise<RpcExchange> {
+    if (loadedRpcException) return new RpcExchange(ctx, route, loadedRpcException, memory, onSkipped);
     rpcException ??= import('@nestjs/microservices').then((m) => (loadedRpcException = m.RpcException as RpcExceptionClass));
-    return rpcException.then((RpcException) => new RpcExchange(ctx, route, RpcException, onSkipped));
+    return rpcException.then((RpcException) => new RpcExchange(ctx, route, RpcException, memory, onSkipped));
   }
 
   /** The message's payload, under the handler's name. */
@@ -67,7 +69,13 @@ export class RpcExchange implements GuardExchange {
           // result goes nowhere, and its record needs none; a message's duplicate is told it is not kept.
           if (body === null && this.isEvent) return claim.save({ statusCode: 0, headers: {} });
           if (body === null) {
-            warnUnkept(this.route.handler);
+            const { handler } = this.route;
+            this.memory.onceFor(`${handler}:unkept`, () =>
+              logger.warn(
+                `${handler}: its result cannot be kept as JSON (a BigInt, an object that refers to itself, a Buffer, a stream), so a ` +
+                  'duplicate message is refused IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE (the handler does not run again). Return plain data to have it replayed.',
+              ),
+            );
             return claim.save({ statusCode: 0, headers: {}, unreplayable: 'not_serializable' });
           }
           return claim.save(body === undefined ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, body });
@@ -118,17 +126,6 @@ function settleSkipped(onSkipped: SkippedMessageHandler, ctx: ExecutionContext, 
 }
 
 const logger = new Logger('Idempotency');
-
-/** Handlers already warned that their results are not kept (said once per handler and process). */
-const warnedUnkept = new Set<string>();
-function warnUnkept(handler: string): void {
-  if (warnedUnkept.has(handler)) return;
-  warnedUnkept.add(handler);
-  logger.warn(
-    `${handler}: its result cannot be kept as JSON (a BigInt, an object that refers to itself, a Buffer, a stream), so a ` +
-      'duplicate message is refused IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE (the handler does not run again). Return plain data to have it replayed.',
-  );
-}
 
 function toRpcError(refusal: GuardRefusal): { code: string; message: string; retryAfterMs?: number } {
   switch (refusal.reason) {
