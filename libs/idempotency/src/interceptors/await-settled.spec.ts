@@ -48,6 +48,24 @@ describe('awaitSettled when the store fails its last look', () => {
     await expect(awaitSettled(store, duplicate, found, 200, () => undefined)).resolves.toMatchObject({ status: 'in_progress' });
   });
 
+  // An adversarial helper (session 19): the look right after the watch had no catch, so its
+  // failure became the guard's outage, and a fail-open route ran every waiter beside the holder.
+  it('answers in progress when a look while waiting fails, reports the failure, and frees what the look may have claimed', async () => {
+    const store = new DeafStore();
+    const { duplicate, found } = await heldByAnother(store, 'k4');
+    const claim = store.claim.bind(store);
+    store.claim = async (input) => {
+      await store.release('k4', 'first'); // the holder's handler failed meanwhile
+      await claim(input); // the look lands...
+      throw new Error('no answer within 1000 ms'); // ...after the caller stopped waiting for it
+    };
+    const failures: unknown[] = [];
+    await expect(awaitSettled(store, duplicate, found, 5_000, (error) => failures.push(error))).resolves.toMatchObject({ status: 'in_progress' });
+    expect(failures).toHaveLength(1);
+    await sleep(10);
+    expect(await store.get('k4')).toBeUndefined();
+  });
+
   // A slow store's claim can fail at the caller (a timeout) and still land: the holder released
   // meanwhile, so the late claim takes the key for a token nobody runs, and every retry got 409
   // until its lease ended. The waiter frees what it may have claimed (compare-and-delete).

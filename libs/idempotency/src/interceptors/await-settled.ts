@@ -5,8 +5,10 @@ import type { ClaimInput, ClaimResult, IdempotencyStore, SettleWatch } from '../
  * between is not missed), then sleep until the store pushes the settlement or the lease ends.
  * A sleep that reaches the bound claims once more: a notice can be lost (pub/sub drops messages
  * while its connection is down). Returns the last claim: completed (replay), acquired (the first
- * one failed: run), or still in progress at the bound (409). A store that cannot watch ends the
- * wait at once (`onWatchError`).
+ * one failed: run), or still in progress at the bound (409). A store that cannot watch, or
+ * fails a look, ends the wait at once (`onWatchError`) with what the wait had: in progress (409).
+ * A waiter is a known duplicate of a live call, so a store failure never becomes an outage for
+ * it (on a fail-open route that ran the handler beside the holder).
  */
 export async function awaitSettled(
   store: IdempotencyStore,
@@ -21,16 +23,8 @@ export async function awaitSettled(
   while (claim.status === 'in_progress') {
     const leftMs = deadline - Date.now();
     if (leftMs <= 0) {
-      // A store that fails this last look leaves the answer the wait had: in progress (409),
-      // never an outage, under which a fail-open route would run beside the holder. The failed
-      // claim may still land (a slow store) on a key the holder freed meanwhile: freed again
-      // (compare-and-delete by this call's token), it does not hold the key for a lease.
-      if (slept) {
-        claim = await store.claim({ ...input, wait: true }).catch(() => {
-          store.release(input.key, input.token).catch(() => undefined);
-          return claim;
-        });
-      }
+      // The last look, after a sleep: a notice of the settlement may have been lost.
+      if (slept) claim = await lookAgain(store, input, claim);
       break;
     }
     let watch: SettleWatch;
@@ -42,8 +36,12 @@ export async function awaitSettled(
     }
     let timer: NodeJS.Timeout | undefined;
     try {
-      claim = await store.claim({ ...input, wait: true });
-      if (claim.status !== 'in_progress') break;
+      let failed = false;
+      claim = await lookAgain(store, input, claim, (error) => {
+        failed = true;
+        onWatchError(error);
+      });
+      if (failed || claim.status !== 'in_progress') break;
       const sleepMs = Math.min(leftMs, claim.retryAfterMs + 1);
       await Promise.race([watch.settled, new Promise((resolve) => (timer = setTimeout(resolve, sleepMs)))]);
       slept = true;
@@ -53,4 +51,17 @@ export async function awaitSettled(
     }
   }
   return claim;
+}
+
+/**
+ * Claims again while waiting. A store that fails the look leaves the answer the wait had (in
+ * progress). The failed claim may still land (a slow store) on a key the holder freed meanwhile:
+ * freed again (compare-and-delete by this call's token), it does not hold the key for a lease.
+ */
+function lookAgain(store: IdempotencyStore, input: ClaimInput, had: ClaimResult, onError?: (error: unknown) => void): Promise<ClaimResult> {
+  return store.claim({ ...input, wait: true }).catch((error: unknown) => {
+    onError?.(error);
+    store.release(input.key, input.token).catch(() => undefined);
+    return had;
+  });
 }
