@@ -2,7 +2,7 @@ import type { ExecutionContext } from '@nestjs/common';
 import { DEFAULTS } from './idempotency.constants.js';
 import { IdempotencyConfigError } from './errors/idempotency.errors.js';
 import { ERROR_FORMATS, type ErrorFormat } from './errors/problem-details.js';
-import type { AnonymousPolicy, FailMode, IdempotencyModuleOptions, SaveStatuses } from './idempotency.options.js';
+import type { AnonymousPolicy, FailMode, IdempotencyModuleOptions, NoRepeatSubmitOptions, SaveStatuses } from './idempotency.options.js';
 import type { HttpRequest } from './interceptors/http-request.js';
 import type { SkippedMessageHandler } from './messages/skipped-message.js';
 import { userObjectOf } from './interceptors/key-user.js';
@@ -89,6 +89,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
   assertBytes(resolved.maxResponseBytes);
   assertSaveStatuses(options.saveStatuses);
   assertErrorFormat(options.errorFormat);
+  assertShared(options);
   resolveLocalCache(options.localCache);
   if ('interceptor' in options) {
     // forRoot() takes it off the options; a forRootAsync() factory cannot give it (Nest builds
@@ -109,6 +110,31 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
 export function assertPositive(name: string, value: number | undefined, where = 'IdempotencyModule'): void {
   if (value !== undefined && !(Number.isFinite(value) && value > 0)) {
     throw new IdempotencyConfigError(`${where}: ${name} must be a positive number of seconds (got ${value})`);
+  }
+}
+
+/**
+ * The options the module and the decorator share whose wrong type would not fail loudly by
+ * itself: a string from the environment (ConfigService) as `failMode: 'CLOSED'` failed open,
+ * `ignoreFields: 'nonce'` ignored the fields n, o, c and e, `required: 'false'` required a key.
+ */
+export function assertShared(
+  options: Pick<NoRepeatSubmitOptions, 'failMode' | 'ignoreFields' | 'required'>,
+  where = 'IdempotencyModule',
+): void {
+  const { failMode, ignoreFields, required } = options as Record<string, unknown>;
+  if (failMode !== undefined && failMode !== 'open' && failMode !== 'closed') {
+    throw new IdempotencyConfigError(`${where}: failMode must be 'open' or 'closed' (got ${JSON.stringify(failMode)})`);
+  }
+  if (ignoreFields !== undefined && !(Array.isArray(ignoreFields) && ignoreFields.every((field) => typeof field === 'string'))) {
+    throw new IdempotencyConfigError(`${where}: ignoreFields must be a list of field names, e.g. ['nonce'] (got ${JSON.stringify(ignoreFields)})`);
+  }
+  assertBoolean('required', required, where);
+}
+
+export function assertBoolean(name: string, value: unknown, where: string): void {
+  if (value !== undefined && typeof value !== 'boolean') {
+    throw new IdempotencyConfigError(`${where}: ${name} must be true or false (got ${JSON.stringify(value)})`);
   }
 }
 

@@ -3,6 +3,7 @@ import { Controller, Post } from '@nestjs/common';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { resolveOptions } from '../idempotency.config.js';
 import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
+import type { IdempotencyModuleOptions, NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { NoRepeatSubmit } from './no-repeat-submit.decorator.js';
 import type { NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
 
@@ -56,6 +57,44 @@ describe('@NoRepeatSubmit()', () => {
       return OrdersController;
     };
     expect(define).toThrow(/OrdersController\.create: expireSeconds/);
+  });
+
+  // An adversarial helper (session 19): options read from the environment through ConfigService
+  // are strings. failMode 'CLOSED' failed open (the handler ran twice for one key in an outage),
+  // and ignoreFields 'nonce' ignored the fields n, o, c and e (another payload was replayed the
+  // first answer). Each is refused at start-up, on a method and on the module.
+  it.each<[string, Record<string, unknown>, RegExp]>([
+    ['failMode', { failMode: 'CLOSED' }, /failMode must be 'open' or 'closed'/],
+    ['failMode', { failMode: 'close' }, /failMode must be 'open' or 'closed'/],
+    ['ignoreFields', { ignoreFields: 'nonce' }, /ignoreFields must be a list of field names/],
+    ['ignoreFields', { ignoreFields: ['nonce', 3] }, /ignoreFields must be a list of field names/],
+    ['required', { required: 'false' }, /required must be true or false/],
+  ])('refuses %s given as %p, on a method and on the module', (_name, options, message) => {
+    const define = () => {
+      class OrdersController {
+        @NoRepeatSubmit(options as NoRepeatSubmitOptions)
+        create() {}
+      }
+      return OrdersController;
+    };
+    expect(define).toThrow(IdempotencyConfigError);
+    expect(define).toThrow(message);
+    expect(() => resolveOptions(options as IdempotencyModuleOptions)).toThrow(message);
+  });
+
+  it.each<[string, Record<string, unknown>, RegExp]>([
+    ['useRequestFingerprint', { useRequestFingerprint: 'true' }, /useRequestFingerprint must be true or false/],
+    ['waitForResultMs', { waitForResultMs: '5000' }, /waitForResultMs must be a number of milliseconds, 0 or more/],
+    ['waitForResultMs', { waitForResultMs: -1 }, /waitForResultMs must be a number of milliseconds, 0 or more/],
+  ])('refuses %s given as %p on a method', (_name, options, message) => {
+    const define = () => {
+      class OrdersController {
+        @NoRepeatSubmit(options as NoRepeatSubmitOptions)
+        create() {}
+      }
+      return OrdersController;
+    };
+    expect(define).toThrow(message);
   });
 
   it.each([[[500]], [[200, 409]], [[409.5]], ['409']])('refuses saveStatuses %p, on a method and on the module', (saveStatuses) => {

@@ -1,6 +1,6 @@
 import { RequestMethod, SetMetadata, UseInterceptors, applyDecorators } from '@nestjs/common';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
-import { assertBytes, assertErrorFormat, assertPositive, assertSaveStatuses } from '../idempotency.config.js';
+import { assertBoolean, assertBytes, assertErrorFormat, assertPositive, assertSaveStatuses, assertShared } from '../idempotency.config.js';
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import type { NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { NoRepeatSubmitInterceptor } from '../interceptors/no-repeat-submit.interceptor.js';
@@ -39,6 +39,12 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     assertBytes(options.maxResponseBytes, where);
     assertSaveStatuses(options.saveStatuses, where);
     assertErrorFormat(options.errorFormat, where);
+    assertShared(options, where);
+    assertBoolean('useRequestFingerprint', options.useRequestFingerprint, where);
+    const { waitForResultMs } = options as { waitForResultMs?: unknown };
+    if (waitForResultMs !== undefined && !(typeof waitForResultMs === 'number' && waitForResultMs >= 0 && Number.isFinite(waitForResultMs))) {
+      throw new IdempotencyConfigError(`${where}: waitForResultMs must be a number of milliseconds, 0 or more (got ${JSON.stringify(waitForResultMs)})`);
+    }
     const unknown = options.methods?.filter((method) => typeof RequestMethod[method as keyof typeof RequestMethod] !== 'number');
     if (unknown?.length) throw new IdempotencyConfigError(`${where}: methods holds unknown HTTP methods (${unknown.join(', ')})`);
     const { idempotentKey } = options;
