@@ -281,4 +281,20 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
     expect(again.headers['idempotent-replayed']).toBe('true');
     expect(probe.runs).toBe(1);
   });
+
+  // An adversarial helper (session 19): a key function reading `body.ref` gave null, an array or
+  // an object as the client sent it: a TypeError (500), or every object the one key
+  // `[object Object]` (the second object got 422). They are no key, as in a key expression.
+  it("takes a key function's number as its text, and null, an array or an object as no key (400, never a 500)", async () => {
+    for (const ref of [null, Array.from({ length: 300 }, (_, i) => i), { a: 1 }, { b: 2 }]) {
+      const answer = await http().post('/refs').send({ ref });
+      expect({ status: answer.status, code: answer.body.code }).toEqual({ status: 400, code: 'IDEMPOTENCY_KEY_MISSING' });
+    }
+    expect(probe.runs).toBe(0);
+    const ref = Date.now() * 1000 + Math.floor(Math.random() * 1000);
+    expect((await http().post('/refs').send({ ref })).status).toBe(201);
+    const again = await http().post('/refs').send({ ref });
+    expect(again.headers['idempotent-replayed']).toBe('true');
+    expect(probe.runs).toBe(1);
+  });
 });

@@ -124,6 +124,13 @@ class GuardTestController {
     return { contentHash };
   }
 
+  /** Keyed by a function that reads what the client sent, as users write them (`body.ref` may be anything). */
+  @Post('refs')
+  @NoRepeatSubmit({ idempotentKey: (ctx) => ctx.switchToHttp().getRequest<{ body?: { ref?: string } }>().body?.ref })
+  ref() {
+    return this.probe.run({ run: this.probe.runs + 1 });
+  }
+
   @Post('tenants/:tenant/jobs')
   @NoRepeatSubmit({ idempotentKey: (ctx) => ctx.switchToHttp().getRequest<{ params: { tenant: string } }>().params.tenant })
   job(@Req() req: { params: { tenant: string } }) {

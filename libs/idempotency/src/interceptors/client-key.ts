@@ -1,7 +1,7 @@
 import type { ExecutionContext } from '@nestjs/common';
 import { IdempotencyKeyError } from '../errors/idempotency.errors.js';
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
-import { evaluateKeyPath } from '../keys/key-expression.js';
+import { evaluateKeyPath, keyText } from '../keys/key-expression.js';
 import type { HttpRequest } from './http-request.js';
 import { userObjectOf } from './key-user.js';
 import type { GuardedRoute } from './route-options.js';
@@ -27,7 +27,9 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
     }
     clientKey = parsed?.key;
   } else if ('resolve' in source) {
-    clientKey = source.resolve(ctx);
+    // Typed to give a string, but it reads what the client sent: `req.body.ref` may be null, a
+    // number or an object (which threw a TypeError, a 500, or all keyed one `[object Object]`).
+    clientKey = keyText(source.resolve(ctx));
   } else {
     clientKey = evaluateKeyPath(
       source.path,

@@ -168,14 +168,23 @@ export function evaluateKeyPath(path: KeyPath, sources: KeySources): string | un
     if (FORBIDDEN.has(segment) || !Object.hasOwn(current, segment)) return undefined;
     current = (current as Record<string, unknown>)[segment];
   }
-  switch (typeof current) {
+  return keyText(current);
+}
+
+/**
+ * A value a key expression or a key function found, as key text: a string as it is, a finite
+ * number, a bigint or a boolean as its text; anything else (null, an object, an array) is no
+ * key, never its `String()` (every object would be the one key `[object Object]`).
+ */
+export function keyText(value: unknown): string | undefined {
+  switch (typeof value) {
     case 'string':
-      return current;
+      return value;
     case 'number':
-      return Number.isFinite(current) ? String(current) : undefined;
+      return Number.isFinite(value) ? String(value) : undefined;
     case 'bigint':
     case 'boolean':
-      return String(current);
+      return String(value);
     default:
       return undefined;
   }
