@@ -7,14 +7,17 @@ export const MESSAGE_USER: KeyUser = Object.freeze({ id: '' });
 
 /**
  * Whose record an HTTP request's is, from the id `getUser` gave: the user's id; an anonymous
- * request's follows `anonymous`. `undefined` for an authenticated request without a usable id:
+ * request's follows `anonymous` (`'address'` without an address, as on a unix socket, keys it
+ * as `'client-key'` does). `undefined` for an authenticated request without a usable id:
  * it is refused, never keyed by address (which many users can share).
  */
 export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy, properties: readonly string[] = USER): KeyUser | undefined {
   const text = idText(id);
   if (text !== undefined) return { id: text };
   if (userObjectOf(req, properties) || (id !== undefined && id !== null && id !== '')) return undefined;
-  return anonymous === 'address' ? { ip: req.ip ?? 'unknown' } : { anonymous: true };
+  // No address (a unix socket): keyed as under 'client-key', never as one shared address
+  // ('unknown'), under which every caller's same request was one.
+  return anonymous === 'address' && req.ip ? { ip: req.ip } : { anonymous: true };
 }
 
 /**
