@@ -35,6 +35,8 @@ interface PaymentEvent {
   delayMs?: number;
   /** The first attempt fails as manual-ack handlers often settle a failure: nack (requeue; `all`: nackAll), return. */
   failFirst?: boolean | 'all';
+  /** Acks, then fails: as an ack that throws on a channel that closed mid-handler. */
+  failAfterAck?: boolean;
 }
 
 @Injectable()
@@ -64,6 +66,7 @@ class PaymentsConsumer {
     }
     this.handled.orders.push(data.orderNo);
     rmq.getChannelRef().ack(rmq.getMessage());
+    if (data.failAfterAck) throw new Error('Channel closed');
   }
 
   @MessagePattern('payment.capture')
@@ -129,6 +132,20 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
     consumer = started.app;
     return started.handled;
   };
+
+  // An adversarial helper (session 19): a handler's ack that threw (its channel had closed
+  // mid-handler) or work that failed after the ack released the key, and the redelivery ran the
+  // effect again (20 of 40 messages twice when a channel closed). The handler settled its message
+  // as done: the run is kept, and the copy is dropped as a duplicate.
+  it('keeps the run of a handler that acked its message and then failed: the copy is dropped, the effect happens once', async () => {
+    const handled = await startWith(settleRmqMessage);
+    const id = randomUUID();
+    publish({ messageId: id, orderNo: 'A', failAfterAck: true });
+    publish({ messageId: id, orderNo: 'A', failAfterAck: true }); // the redelivery
+    publish({ messageId: randomUUID(), orderNo: 'B' });
+    await until(() => handled.orders.includes('B'), 10_000);
+    expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['A', 'B'], left: 0 });
+  });
 
   it('acks a duplicate event it drops, so the next message is handled (settleRmqMessage)', async () => {
     const handled = await startWith(settleRmqMessage);

@@ -3,7 +3,7 @@ import { Readable } from 'node:stream';
 import { isObservable, of, type Observable } from 'rxjs';
 import { IdempotencyErrorCode, keyInvalidMessage } from '../errors/idempotency-http.exceptions.js';
 import type { FingerprintInput } from '../keys/fingerprint.js';
-import { watchRmqNacks } from '../messages/rmq-nacks.js';
+import { watchRmqSettlement } from '../messages/rmq-settlement.js';
 import type { SkippedMessage, SkippedMessageHandler, SkippedMessageReason } from '../messages/skipped-message.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
 import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
@@ -57,13 +57,13 @@ export class RpcExchange implements GuardExchange {
   }
 
   run(next: CallHandler, claim: HeldClaim): Observable<unknown> {
-    const nackedByHandler = watchRmqNacks(this.ctx);
+    const settledByHandler = watchRmqSettlement(this.ctx);
     return runHeld(
       next.handle(),
       {
         succeeded: async (value) => {
           // A handler that nacked or rejected its message reported a failure without throwing.
-          if (nackedByHandler?.()) return claim.release();
+          if (settledByHandler?.() === 'nacked') return claim.release();
           const body = serialize(value);
           // Its effect happened: releasing the key let every redelivery run it again. An event's
           // result goes nowhere, and its record needs none; a message's duplicate is told it is not kept.
@@ -80,7 +80,13 @@ export class RpcExchange implements GuardExchange {
           }
           return claim.save(body === undefined ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, body });
         },
-        failed: () => claim.release(),
+        // A handler that acked its message before it failed settled it as done (an ack that threw
+        // on a channel that closed meanwhile): its effect happened, and releasing the key let the
+        // redelivery run it again. Kept, with no result to replay.
+        failed: () =>
+          settledByHandler?.() === 'acked'
+            ? claim.save(this.isEvent ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, unreplayable: 'server_error' })
+            : claim.release(),
       },
       claim.holdMs,
     );

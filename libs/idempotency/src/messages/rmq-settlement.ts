@@ -14,16 +14,22 @@ const MARKS = Symbol.for('nestjs-idempotency.rmq-nacks');
 
 type Channel = Record<PropertyKey, unknown> & { [MARKS]?: ChannelMarks };
 
+/** How a handler settled its own message: `nacked` (or rejected), `acked`, or not at all (undefined). */
+export type HandlerSettlement = 'nacked' | 'acked' | undefined;
+
 /**
- * Whether the handler nacked or rejected its own message, for Nest's RabbitMQ transport with
- * manual acknowledgement (`noAck: false`); undefined for other transports. Such handlers often
- * settle a failure themselves (`nack`, then return) instead of throwing: the guard must not take
- * that run for a handled message, or the redelivery is dropped as a duplicate and the message is
- * lost. The channel's settling methods are wrapped once (they call through unchanged) to note
- * what they settle. A `nackAll()` (or a `nack` of all up to a message) during the run counts for
- * its message unless the handler acked it, and no `ackAll()` came meanwhile.
+ * How the handler settled its own message, for Nest's RabbitMQ transport with manual
+ * acknowledgement (`noAck: false`); undefined (no watch) for other transports. Such handlers
+ * often settle a failure themselves (`nack`, then return) instead of throwing: the guard must not
+ * take that run for a handled message, or the redelivery is dropped as a duplicate and the message
+ * is lost. And a handler that acked its message settled it as done, whatever it does after (an
+ * ack that throws on a channel that closed meanwhile, work after the ack that fails): its effect
+ * happened, and the redelivery must not run it again. The channel's settling methods are wrapped
+ * once (they call through unchanged) to note what they settle, before they are called. A
+ * `nackAll()` (or a `nack` of all up to a message) during the run counts for its message unless
+ * the handler acked it, and no `ackAll()` came meanwhile; an `ackAll()` acks it.
  */
-export function watchRmqNacks(ctx: ExecutionContext): (() => boolean) | undefined {
+export function watchRmqSettlement(ctx: ExecutionContext): (() => HandlerSettlement) | undefined {
   const rmq = ctx.switchToRpc().getContext<{ getChannelRef?: unknown; getMessage?: unknown } | undefined>();
   if (typeof rmq?.getChannelRef !== 'function' || typeof rmq.getMessage !== 'function') return undefined;
   const channel: unknown = rmq.getChannelRef();
@@ -33,9 +39,10 @@ export function watchRmqNacks(ctx: ExecutionContext): (() => boolean) | undefine
   if (!marks) return undefined;
   const { nackAlls, ackAlls } = marks;
   return () => {
-    if (nacked.has(message)) return true;
-    if (acked.has(message)) return false;
-    return marks.nackAlls !== nackAlls && marks.ackAlls === ackAlls;
+    if (nacked.has(message)) return 'nacked';
+    if (acked.has(message)) return 'acked';
+    if (marks.ackAlls !== ackAlls) return 'acked';
+    return marks.nackAlls !== nackAlls ? 'nacked' : undefined;
   };
 }
 
