@@ -3,9 +3,11 @@ import { Controller, Injectable, Logger, Module, type INestMicroservice } from '
 import { NestFactory } from '@nestjs/core';
 import {
   ClientProxyFactory,
+  Ctx,
   EventPattern,
   MessagePattern,
   Payload,
+  RedisContext,
   Transport,
   type ClientProxy,
   type RedisOptions,
@@ -27,6 +29,8 @@ class Handled {
   events: string[] = [];
   /** The message ids the handlers with results JSON cannot hold ran for, once per run. */
   unkept: string[] = [];
+  /** `<pattern> <orderNo>`, once per run of the handler of two patterns. */
+  orderEvents: string[] = [];
 }
 
 /** Results JSON cannot hold: a BigInt, an object that refers to itself (an AxiosResponse, an entity with two-way relations), a Buffer. */
@@ -59,6 +63,12 @@ class RpcController {
   @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
   paid(@Payload() data: OrderMessage) {
     this.handled.events.push(data.orderNo);
+  }
+
+  @EventPattern(['order.created', 'order.cancelled'])
+  @NoRepeatSubmit({ idempotentKey: '#data.orderNo' })
+  orderEvent(@Payload() data: OrderMessage, @Ctx() ctx: RedisContext) {
+    this.handled.orderEvents.push(`${ctx.getChannel()} ${data.orderNo}`);
   }
 
   @EventPattern('payment.unkept')
@@ -147,6 +157,21 @@ describe('@NoRepeatSubmit on microservice handlers, over the Redis transport', (
     await firstValueFrom(client.emit('payment.succeeded', { messageId: randomUUID(), orderNo: marker }));
     await until(() => handled.events.includes(marker));
     expect(handled.events.filter((no) => no === orderNo)).toHaveLength(1);
+  });
+
+  // An adversarial helper (session 19): one handler of two patterns keyed by the order number took
+  // `order.cancelled` of an order for a duplicate of its `order.created`, and dropped it.
+  it('keys a handler of several patterns by the pattern too: another pattern with the same key runs, a copy is dropped', async () => {
+    const orderNo = `O-${randomUUID()}`;
+    await firstValueFrom(client.emit('order.created', { orderNo }));
+    await until(() => handled.orderEvents.includes(`order.created ${orderNo}`));
+    await firstValueFrom(client.emit('order.cancelled', { orderNo }));
+    await until(() => handled.orderEvents.includes(`order.cancelled ${orderNo}`));
+    await firstValueFrom(client.emit('order.created', { orderNo })); // a copy
+    const marker = `M-${randomUUID()}`;
+    await firstValueFrom(client.emit('order.created', { orderNo: marker }));
+    await until(() => handled.orderEvents.includes(`order.created ${marker}`));
+    expect(handled.orderEvents.filter((event) => event.endsWith(` ${orderNo}`))).toEqual([`order.created ${orderNo}`, `order.cancelled ${orderNo}`]);
   });
 
   // An adversarial helper (session 19): a result JSON cannot hold released the key after the

@@ -38,6 +38,12 @@ export interface HeldClaim {
  */
 export interface GuardExchange {
   /**
+   * The handler segment of the call's storage key, where the call's route is narrower than its
+   * handler (a message handler of several patterns: the handler and the pattern). Absent: the
+   * route's handler.
+   */
+  keyHandler?(): string;
+  /**
    * What the fingerprint hashes: the route, its parameters, query and body; or the message. A
    * promise when the transport must wait for part of it (HTTP: an uploaded file on disk).
    * Throws (or rejects with) `IdempotencyError` for a call that cannot be fingerprinted.

@@ -142,7 +142,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
       fingerprint = `unmatchable:${claimToken()}`;
     }
     const keySegment = clientKey ?? fingerprint;
-    const storageKey = buildStorageKey({ prefix: this.options.keyPrefix, user, handler: route.handler, key: keySegment });
+    const handler = exchange.keyHandler?.() ?? route.handler;
+    const storageKey = buildStorageKey({ prefix: this.options.keyPrefix, user, handler, key: keySegment });
     const input = { key: storageKey, token: claimToken(), fingerprint, leaseMs: route.leaseMs };
     const events =
       startedAt === undefined

@@ -13,6 +13,8 @@ import type { GuardedRoute } from './route-options.js';
 
 /** `@nestjs/microservices` marks `@EventPattern` handlers with this (PatternHandler.EVENT). */
 const HANDLER_TYPE_METADATA = 'microservices:handler_type';
+/** `@nestjs/microservices`' PATTERN_METADATA: the patterns a handler takes, as a list. */
+const PATTERN_METADATA = 'microservices:pattern';
 const EVENT_HANDLER = 2;
 
 type RpcExceptionClass = new (error: object) => Error;
@@ -51,9 +53,23 @@ export class RpcExchange implements GuardExchange {
     return rpcException.then((RpcException) => new RpcExchange(ctx, route, RpcException, memory, onSkipped));
   }
 
-  /** The message's payload, under the handler's name. */
+  /**
+   * A handler of several patterns (`@EventPattern(['order.created', 'order.cancelled'])`) keys
+   * each pattern apart: keyed by an order number, its `order.cancelled` was taken for a copy of the
+   * order's `order.created` and dropped. The pattern as the transport tells it (RabbitMQ and TCP
+   * `getPattern()`, Redis `getChannel()`, NATS `getSubject()`, MQTT and Kafka `getTopic()`). A
+   * handler of one pattern keeps its handler's name, as HTTP routes do.
+   */
+  keyHandler(): string {
+    const patterns: unknown = Reflect.getMetadata(PATTERN_METADATA, this.ctx.getHandler());
+    if (!Array.isArray(patterns) || patterns.length < 2) return this.route.handler;
+    const pattern = messagePatternOf(this.ctx.switchToRpc().getContext());
+    return pattern === undefined ? this.route.handler : `${this.route.handler}#${pattern}`;
+  }
+
+  /** The message's payload, under its key's handler segment. */
   fingerprintInput(): FingerprintInput {
-    return { method: 'RPC', path: this.route.handler, body: this.ctx.switchToRpc().getData() };
+    return { method: 'RPC', path: this.keyHandler(), body: this.ctx.switchToRpc().getData() };
   }
 
   run(next: CallHandler, claim: HeldClaim): Observable<unknown> {
@@ -117,6 +133,18 @@ export class RpcExchange implements GuardExchange {
     if (this.isEvent && (refusal.reason === 'in_progress' || refusal.reason === 'key_reused')) return of(undefined);
     throw new this.RpcException(toRpcError(refusal));
   }
+}
+
+/** The pattern a message came with, as its transport's context tells it; undefined where it does not. */
+function messagePatternOf(context: unknown): string | undefined {
+  if (typeof context !== 'object' || context === null) return undefined;
+  for (const name of ['getPattern', 'getChannel', 'getSubject', 'getTopic']) {
+    const read = (context as Record<string, unknown>)[name];
+    if (typeof read !== 'function') continue;
+    const pattern: unknown = read.call(context);
+    if (typeof pattern === 'string') return pattern;
+  }
+  return undefined;
 }
 
 /** Settles a message whose handler does not run (`onSkippedMessage`); a failure to is logged, never thrown. */
