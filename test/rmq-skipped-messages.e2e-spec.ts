@@ -37,6 +37,10 @@ interface PaymentEvent {
   failFirst?: boolean | 'all';
   /** Acks, then fails: as an ack that throws on a channel that closed mid-handler. */
   failAfterAck?: boolean;
+  /** The first attempt fails before its effect, with nothing acked or nacked. */
+  throwFirst?: boolean;
+  /** Settles with `ackAll()` (every message in flight on the channel), not `ack(message)`. */
+  ackAll?: boolean;
 }
 
 @Injectable()
@@ -58,6 +62,10 @@ class PaymentsConsumer {
   async paid(@Payload() data: PaymentEvent, @Ctx() ctx: unknown) {
     await new Promise((resolve) => setTimeout(resolve, data.delayMs ?? 0));
     const rmq = ctx as RmqContext;
+    if (data.throwFirst && !this.handled.failed.has(data.orderNo)) {
+      this.handled.failed.add(data.orderNo);
+      throw new Error('failed before its effect');
+    }
     if (data.failFirst && !this.handled.failed.has(data.orderNo)) {
       this.handled.failed.add(data.orderNo);
       if (data.failFirst === 'all') rmq.getChannelRef().nackAll(true);
@@ -65,7 +73,8 @@ class PaymentsConsumer {
       return;
     }
     this.handled.orders.push(data.orderNo);
-    rmq.getChannelRef().ack(rmq.getMessage());
+    if (data.ackAll) rmq.getChannelRef().ackAll();
+    else rmq.getChannelRef().ack(rmq.getMessage());
     if (data.failAfterAck) throw new Error('Channel closed');
   }
 
@@ -145,6 +154,21 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
     publish({ messageId: randomUUID(), orderNo: 'B' });
     await until(() => handled.orders.includes('B'), 10_000);
     expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['A', 'B'], left: 0 });
+  });
+
+  // An adversarial helper (session 19), against the fix above when it counted any ackAll() on the
+  // channel: another handler's ackAll() while this one failed before its effect saved the failed
+  // run as done, and the message was lost (its redelivery, or the producer's retry, dropped).
+  it("takes another handler's ackAll() for no settlement of a run that failed: the producer's retry runs it", async () => {
+    const handled = await startWith(settleRmqMessage, 2);
+    const id = randomUUID();
+    publish({ messageId: id, orderNo: 'A', throwFirst: true, delayMs: 400 });
+    publish({ messageId: randomUUID(), orderNo: 'C', ackAll: true, delayMs: 50 });
+    await until(() => handled.failed.has('A') && handled.orders.includes('C'), 10_000);
+    await new Promise((resolve) => setTimeout(resolve, 200)); // A's failure settles its key
+    publish({ messageId: id, orderNo: 'A' }); // the producer's retry
+    await until(() => handled.orders.includes('A'), 10_000);
+    expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['C', 'A'], left: 0 });
   });
 
   it('acks a duplicate event it drops, so the next message is handled (settleRmqMessage)', async () => {

@@ -27,7 +27,9 @@ export type HandlerSettlement = 'nacked' | 'acked' | undefined;
  * happened, and the redelivery must not run it again. The channel's settling methods are wrapped
  * once (they call through unchanged) to note what they settle, before they are called. A
  * `nackAll()` (or a `nack` of all up to a message) during the run counts for its message unless
- * the handler acked it, and no `ackAll()` came meanwhile; an `ackAll()` acks it.
+ * the handler acked it, and no `ackAll()` came meanwhile. Only the handler's `ack` of its own
+ * message counts as acked (noted as it is called: an ack that throws on a channel that closed
+ * still says the handler took its work for done).
  */
 export function watchRmqSettlement(ctx: ExecutionContext): (() => HandlerSettlement) | undefined {
   const rmq = ctx.switchToRpc().getContext<{ getChannelRef?: unknown; getMessage?: unknown } | undefined>();
@@ -41,8 +43,10 @@ export function watchRmqSettlement(ctx: ExecutionContext): (() => HandlerSettlem
   return () => {
     if (nacked.has(message)) return 'nacked';
     if (acked.has(message)) return 'acked';
-    if (marks.ackAlls !== ackAlls) return 'acked';
-    return marks.nackAlls !== nackAlls ? 'nacked' : undefined;
+    // An ackAll() is no sign of this handler's: another handler on the channel may have made it
+    // while this one failed before its effect (then, on a channel that closed, the broker
+    // redelivers, and the copy must run). It only says that a nackAll() meanwhile was not ours.
+    return marks.nackAlls !== nackAlls && marks.ackAlls === ackAlls ? 'nacked' : undefined;
   };
 }
 
