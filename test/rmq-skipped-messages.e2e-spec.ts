@@ -78,6 +78,15 @@ class PaymentsConsumer {
     if (data.failAfterAck) throw new Error('Channel closed');
   }
 
+  /** A handler of two object patterns (its keys name the pattern). */
+  @EventPattern([{ cmd: 'refund', v: 1 }, { cmd: 'void' }])
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  refund(@Payload() data: PaymentEvent, @Ctx() ctx: unknown) {
+    const rmq = ctx as RmqContext;
+    this.handled.orders.push(`refund ${data.orderNo}`);
+    rmq.getChannelRef().ack(rmq.getMessage());
+  }
+
   @MessagePattern('payment.capture')
   @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
   async capture(@Payload() data: PaymentEvent, @Ctx() ctx: RmqContext) {
@@ -169,6 +178,21 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
     publish({ messageId: id, orderNo: 'A' }); // the producer's retry
     await until(() => handled.orders.includes('A'), 10_000);
     expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['C', 'A'], left: 0 });
+  });
+
+  // An adversarial helper (session 19): the pattern in a key was the string as sent, and a copy
+  // whose object pattern named its keys in another order (a publisher other than Nest's client)
+  // ran again, though Nest routes both to the one handler.
+  it('keys an object pattern by its fields, in any order they come: the copy is dropped', async () => {
+    const handled = await startWith(settleRmqMessage);
+    const id = randomUUID();
+    const send = (pattern: object, orderNo: string, messageId = id) =>
+      channel.sendToQueue(queue, Buffer.from(JSON.stringify({ pattern, data: { messageId, orderNo } })));
+    send({ cmd: 'refund', v: 1 }, 'R');
+    send({ v: 1, cmd: 'refund' }, 'R');
+    send({ cmd: 'refund', v: 1 }, 'marker', randomUUID());
+    await until(() => handled.orders.includes('refund marker'), 10_000);
+    expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['refund R', 'refund marker'], left: 0 });
   });
 
   it('acks a duplicate event it drops, so the next message is handled (settleRmqMessage)', async () => {

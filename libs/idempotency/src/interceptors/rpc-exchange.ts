@@ -2,7 +2,7 @@ import { Logger, StreamableFile, type CallHandler, type ExecutionContext } from 
 import { Readable } from 'node:stream';
 import { isObservable, of, type Observable } from 'rxjs';
 import { IdempotencyErrorCode, keyInvalidMessage } from '../errors/idempotency-http.exceptions.js';
-import type { FingerprintInput } from '../keys/fingerprint.js';
+import { canonicalJson, type FingerprintInput } from '../keys/fingerprint.js';
 import { watchRmqSettlement } from '../messages/rmq-settlement.js';
 import type { SkippedMessage, SkippedMessageHandler, SkippedMessageReason } from '../messages/skipped-message.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
@@ -135,16 +135,28 @@ export class RpcExchange implements GuardExchange {
   }
 }
 
-/** The pattern a message came with, as its transport's context tells it; undefined where it does not. */
+/**
+ * The pattern a message came with, as its transport's context tells it; undefined where it does
+ * not. An object pattern (`{ cmd: 'sum' }`, JSON in the message) as sorted JSON: Nest routes its
+ * keys in any order to one handler, and a publisher other than Nest's client may not sort them.
+ */
 function messagePatternOf(context: unknown): string | undefined {
   if (typeof context !== 'object' || context === null) return undefined;
   for (const name of ['getPattern', 'getChannel', 'getSubject', 'getTopic']) {
     const read = (context as Record<string, unknown>)[name];
     if (typeof read !== 'function') continue;
     const pattern: unknown = read.call(context);
-    if (typeof pattern === 'string') return pattern;
+    if (typeof pattern === 'string') return pattern.startsWith('{') ? sortedJson(pattern) : pattern;
   }
   return undefined;
+}
+
+function sortedJson(text: string): string {
+  try {
+    return canonicalJson(JSON.parse(text)) ?? text;
+  } catch {
+    return text;
+  }
 }
 
 /** Settles a message whose handler does not run (`onSkippedMessage`); a failure to is logged, never thrown. */
