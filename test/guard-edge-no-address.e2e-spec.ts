@@ -1,9 +1,11 @@
-// `anonymous: 'address'` on a server whose requests carry no client address (a unix socket, as
-// behind a local reverse proxy that speaks to the app over one). An adversarial helper (session
-// 19): every anonymous caller was keyed `ip:unknown`, one shared namespace keyed also by the
-// fingerprint, so a second caller who sent the same request got the first caller's answer as a
-// replay. With no address, a call is keyed as under `anonymous: 'client-key'`: only a key the
-// caller chose keys it, and a fingerprint route refuses it without one.
+// `anonymous: 'address'` on requests that carry no usable client address: a unix socket (as
+// behind a local reverse proxy that speaks to the app over one), or a trusted proxy's
+// `X-Forwarded-For: unknown` (Squid's `forwarded_for off`) or `_hidden` (RFC 7239's obfuscated
+// node). Adversarial helpers (session 19): every such caller was keyed by one shared address
+// (`ip:unknown`, `ip:unknown` again, `ip:_hidden`), so a second caller who sent the same request
+// got the first caller's answer as a replay. With no address, a call is keyed as under
+// `anonymous: 'client-key'`: only a key the caller chose keys it. And one address written two
+// ways (IPv6 in full or short, upper or lower case, IPv4-mapped) is one caller.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Body, Controller, Module, Post, type INestApplication } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
@@ -11,7 +13,7 @@ import { ExpressAdapter } from '@nestjs/platform-express';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { randomUUID } from 'node:crypto';
 import { rm } from 'node:fs/promises';
-import { request } from 'node:http';
+import { request, type IncomingHttpHeaders } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { IdempotencyModule, MemoryIdempotencyStore, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
@@ -30,14 +32,24 @@ class ProfileController {
   }
 }
 
-/** POSTs `body` over the unix socket at `socketPath`. */
-function post(socketPath: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; text: string; replayed: boolean }> {
+/** POSTs `body` over the unix socket at `socketPath` (or to `url`). */
+function post(
+  target: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+): Promise<{ status: number; text: string; replayed: boolean; headers: IncomingHttpHeaders }> {
   return new Promise((resolve, reject) => {
-    const req = request({ socketPath, path: '/profile', method: 'POST', headers: { 'content-type': 'application/json', ...headers } }, (res) => {
+    const where = target.startsWith('http') ? { host: new URL(target).hostname, port: new URL(target).port } : { socketPath: target };
+    const req = request({ ...where, path: '/profile', method: 'POST', agent: false, headers: { 'content-type': 'application/json', ...headers } }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (chunk: Buffer) => chunks.push(chunk));
       res.on('end', () =>
-        resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString('utf8'), replayed: res.headers['idempotent-replayed'] === 'true' }),
+        resolve({
+          status: res.statusCode ?? 0,
+          text: Buffer.concat(chunks).toString('utf8'),
+          replayed: res.headers['idempotent-replayed'] === 'true',
+          headers: res.headers,
+        }),
       );
     });
     req.on('error', reject);
@@ -73,6 +85,44 @@ describe.each<Adapter>(['express', 'fastify'])("anonymous: 'address' on requests
     const key = randomUUID();
     await post(socketPath, { caller: 'x' }, { 'idempotency-key': key });
     const again = await post(socketPath, { caller: 'x' }, { 'idempotency-key': key });
+    expect(again.replayed).toBe(true);
+    expect(runs).toBe(1);
+  });
+});
+
+describe.each<Adapter>(['express', 'fastify'])("anonymous: 'address' behind a trusted proxy (%s)", (adapter) => {
+  let app: INestApplication;
+  let url: string;
+
+  beforeAll(async () => {
+    @Module({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore(), anonymous: 'address' })], controllers: [ProfileController] })
+    class ProxiedModule {}
+    app =
+      adapter === 'fastify'
+        ? await NestFactory.create(ProxiedModule, new FastifyAdapter({ trustProxy: true }), { logger: false })
+        : await NestFactory.create(ProxiedModule, new ExpressAdapter(), { logger: false });
+    if (adapter === 'express') (app.getHttpAdapter().getInstance() as { set(name: string, value: unknown): void }).set('trust proxy', true);
+    await app.listen(0, '127.0.0.1');
+    url = `http://127.0.0.1:${(app.getHttpServer().address() as { port: number }).port}`;
+  });
+  afterAll(async () => app?.close());
+
+  it.each(['unknown', '_hidden'])('keys no two callers the proxy names %p as one', async (name) => {
+    runs = 0;
+    const first = await post(url, { caller: 'x' }, { 'x-forwarded-for': name });
+    const second = await post(url, { caller: 'x' }, { 'x-forwarded-for': name });
+    expect([first.replayed, second.replayed]).toEqual([false, false]);
+    expect(runs).toBe(2);
+  });
+
+  it.each([
+    ['2001:db8::1', '2001:DB8:0:0:0:0:0:1'],
+    ['::ffff:198.51.100.7', '198.51.100.7'],
+  ])('takes %p and %p for one caller', async (one, other) => {
+    runs = 0;
+    const body = { caller: randomUUID() };
+    await post(url, body, { 'x-forwarded-for': one });
+    const again = await post(url, body, { 'x-forwarded-for': other });
     expect(again.replayed).toBe(true);
     expect(runs).toBe(1);
   });

@@ -200,8 +200,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
     if (user && 'anonymous' in user && this.options.anonymous === 'address') {
       this.onceFor(`${route.handler}:address`, () =>
         this.logger.warn(
-          `${route.handler}: anonymous is 'address', but a call came with no client address (request.ip is empty, as on a unix ` +
-            "socket); such calls are keyed as under 'client-key': only a key the caller sends keys them.",
+          `${route.handler}: anonymous is 'address', but a call came with no client address (request.ip is empty or no IP ` +
+            "address: a unix socket, a proxy's X-Forwarded-For: unknown); such calls are keyed as under 'client-key': only a key " +
+            'the caller sends keys them.',
         ),
       );
     }

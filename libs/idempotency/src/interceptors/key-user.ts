@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import type { AnonymousPolicy } from '../idempotency.options.js';
 import type { KeyUser } from '../keys/storage-key.js';
 import type { HttpRequest } from './http-request.js';
@@ -15,9 +16,33 @@ export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousP
   const text = idText(id);
   if (text !== undefined) return { id: text };
   if (userObjectOf(req, properties) || (id !== undefined && id !== null && id !== '')) return undefined;
-  // No address (a unix socket): keyed as under 'client-key', never as one shared address
-  // ('unknown'), under which every caller's same request was one.
-  return anonymous === 'address' && req.ip ? { ip: req.ip } : { anonymous: true };
+  // No address (a unix socket; a proxy's `unknown` or `_hidden`): keyed as under 'client-key',
+  // never as one shared address, under which every caller's same request was one.
+  const ip = anonymous === 'address' ? addressOf(req.ip) : undefined;
+  return ip === undefined ? { anonymous: true } : { ip };
+}
+
+/**
+ * A client address as one text per address, or undefined for what is none (empty, `unknown`,
+ * `_hidden`, anything but an IP address): IPv6 in its short lower-case form, and an IPv4-mapped
+ * IPv6 address (`::ffff:198.51.100.7`, what a dual-stack server reports) as its IPv4 address.
+ */
+export function addressOf(ip: string | undefined): string | undefined {
+  if (!ip) return undefined;
+  const version = isIP(ip);
+  if (version === 4) return ip;
+  if (version !== 6) return undefined;
+  let short: string;
+  try {
+    // The URL parser writes an IPv6 host in its canonical form (RFC 5952).
+    short = new URL(`http://[${ip}]/`).hostname.slice(1, -1);
+  } catch {
+    return ip.toLowerCase(); // a zone index (fe80::1%eth0), which URLs do not take
+  }
+  const mapped = /^::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/.exec(short);
+  if (!mapped) return short;
+  const [high, low] = [parseInt(mapped[1]!, 16), parseInt(mapped[2]!, 16)];
+  return `${high >> 8}.${high & 255}.${low >> 8}.${low & 255}`;
 }
 
 /**
