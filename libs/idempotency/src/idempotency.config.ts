@@ -90,6 +90,11 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
   assertSaveStatuses(options.saveStatuses);
   assertErrorFormat(options.errorFormat);
   assertShared(options);
+  for (const name of ['getUser', 'onSkippedMessage', 'onEvent'] as const) assertFunction(name, options[name], 'IdempotencyModule');
+  const { memoryMaxEntries } = options as { memoryMaxEntries?: unknown };
+  if (memoryMaxEntries !== undefined && !(Number.isInteger(memoryMaxEntries) && (memoryMaxEntries as number) >= 1)) {
+    throw new IdempotencyConfigError(`IdempotencyModule: memoryMaxEntries must be a whole number, 1 or more (got ${JSON.stringify(memoryMaxEntries)})`);
+  }
   resolveLocalCache(options.localCache);
   if ('interceptor' in options) {
     // forRoot() takes it off the options; a forRootAsync() factory cannot give it (Nest builds
@@ -119,10 +124,15 @@ export function assertPositive(name: string, value: number | undefined, where = 
  * `ignoreFields: 'nonce'` ignored the fields n, o, c and e, `required: 'false'` required a key.
  */
 export function assertShared(
-  options: Pick<NoRepeatSubmitOptions, 'failMode' | 'ignoreFields' | 'required'>,
+  options: Pick<NoRepeatSubmitOptions, 'failMode' | 'ignoreFields' | 'required' | 'keyHeader'>,
   where = 'IdempotencyModule',
 ): void {
-  const { failMode, ignoreFields, required } = options as Record<string, unknown>;
+  const { failMode, ignoreFields, required, keyHeader } = options as Record<string, unknown>;
+  // A header name is a token: 'Idempotency-Key ' (a trailing space from a .env file) matched no
+  // header, and a route that does not require a key ran every call unguarded, saying nothing.
+  if (keyHeader !== undefined && !(typeof keyHeader === 'string' && HEADER_NAME.test(keyHeader))) {
+    throw new IdempotencyConfigError(`${where}: keyHeader must be a header name, e.g. 'Idempotency-Key' (got ${JSON.stringify(keyHeader)})`);
+  }
   if (failMode !== undefined && failMode !== 'open' && failMode !== 'closed') {
     throw new IdempotencyConfigError(`${where}: failMode must be 'open' or 'closed' (got ${JSON.stringify(failMode)})`);
   }
@@ -130,6 +140,16 @@ export function assertShared(
     throw new IdempotencyConfigError(`${where}: ignoreFields must be a list of field names, e.g. ['nonce'] (got ${JSON.stringify(ignoreFields)})`);
   }
   assertBoolean('required', required, where);
+}
+
+/** An HTTP field name (RFC 9110's token). */
+const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+
+/** A function option given something else (a string from the environment: `getUser: 'user.id'`) fails at its first call, on every request. */
+export function assertFunction(name: string, value: unknown, where: string): void {
+  if (value !== undefined && typeof value !== 'function') {
+    throw new IdempotencyConfigError(`${where}: ${name} must be a function (got ${JSON.stringify(value) ?? typeof value})`);
+  }
 }
 
 export function assertBoolean(name: string, value: unknown, where: string): void {

@@ -69,6 +69,9 @@ describe('@NoRepeatSubmit()', () => {
     ['ignoreFields', { ignoreFields: 'nonce' }, /ignoreFields must be a list of field names/],
     ['ignoreFields', { ignoreFields: ['nonce', 3] }, /ignoreFields must be a list of field names/],
     ['required', { required: 'false' }, /required must be true or false/],
+    // A trailing space from a .env file: the header never matched, and every call ran unguarded.
+    ['keyHeader', { keyHeader: 'Idempotency-Key ' }, /keyHeader must be a header name/],
+    ['keyHeader', { keyHeader: 5 }, /keyHeader must be a header name/],
   ])('refuses %s given as %p, on a method and on the module', (_name, options, message) => {
     const define = () => {
       class OrdersController {
@@ -86,6 +89,8 @@ describe('@NoRepeatSubmit()', () => {
     ['useRequestFingerprint', { useRequestFingerprint: 'true' }, /useRequestFingerprint must be true or false/],
     ['waitForResultMs', { waitForResultMs: '5000' }, /waitForResultMs must be a number of milliseconds, 0 or more/],
     ['waitForResultMs', { waitForResultMs: -1 }, /waitForResultMs must be a number of milliseconds, 0 or more/],
+    ['skipIf', { skipIf: 'true' }, /skipIf must be a function/],
+    ['methods', { methods: 'POST' }, /methods must be a list of HTTP methods/],
   ])('refuses %s given as %p on a method', (_name, options, message) => {
     const define = () => {
       class OrdersController {
@@ -95,6 +100,15 @@ describe('@NoRepeatSubmit()', () => {
       return OrdersController;
     };
     expect(define).toThrow(message);
+  });
+
+  it.each<[string, Record<string, unknown>, RegExp]>([
+    ['getUser', { getUser: 'user.id' }, /getUser must be a function/],
+    ['onSkippedMessage', { onSkippedMessage: 'settleRmqMessage' }, /onSkippedMessage must be a function/],
+    ['onEvent', { onEvent: 'log' }, /onEvent must be a function/],
+    ['memoryMaxEntries', { memoryMaxEntries: 'abc' }, /memoryMaxEntries must be a whole number/],
+  ])('refuses %s given as %p on the module', (_name, options, message) => {
+    expect(() => resolveOptions(options as IdempotencyModuleOptions)).toThrow(message);
   });
 
   it.each([[[500]], [[200, 409]], [[409.5]], ['409']])('refuses saveStatuses %p, on a method and on the module', (saveStatuses) => {
