@@ -131,6 +131,13 @@ class GuardTestController {
     return this.probe.run({ run: this.probe.runs + 1 });
   }
 
+  /** A key function written async by mistake. */
+  @Post('async-key')
+  @NoRepeatSubmit({ idempotentKey: (async () => 'k') as unknown as () => string })
+  asyncKey() {
+    return this.probe.run({ run: this.probe.runs + 1 });
+  }
+
   @Post('tenants/:tenant/jobs')
   @NoRepeatSubmit({ idempotentKey: (ctx) => ctx.switchToHttp().getRequest<{ params: { tenant: string } }>().params.tenant })
   job(@Req() req: { params: { tenant: string } }) {

@@ -29,7 +29,12 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
   } else if ('resolve' in source) {
     // Typed to give a string, but it reads what the client sent: `req.body.ref` may be null, a
     // number or an object (which threw a TypeError, a 500, or all keyed one `[object Object]`).
-    clientKey = keyText(source.resolve(ctx));
+    const resolved: unknown = source.resolve(ctx);
+    // A promise is the developer's mistake, not the client's: said loudly (a 500 Nest logs), never a 400 that blames the client.
+    if (typeof (resolved as { then?: unknown } | null)?.then === 'function') {
+      throw new TypeError(`${route.handler}: the idempotentKey function returned a promise; it must return the key itself`);
+    }
+    clientKey = keyText(resolved);
   } else {
     clientKey = evaluateKeyPath(
       source.path,
