@@ -7,6 +7,15 @@ import type { IdempotencyModuleOptions, NoRepeatSubmitOptions } from '../idempot
 import { NoRepeatSubmit } from './no-repeat-submit.decorator.js';
 import type { NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
 
+/** A controller whose method takes `options` (options as the environment may give them: any type). */
+function decoratedWith(options: Record<string, unknown>) {
+  class OrdersController {
+    @NoRepeatSubmit(options as NoRepeatSubmitOptions)
+    create() {}
+  }
+  return OrdersController;
+}
+
 describe('@NoRepeatSubmit()', () => {
   it('records the parsed key path on the method', () => {
     class OrdersController {
@@ -73,13 +82,7 @@ describe('@NoRepeatSubmit()', () => {
     ['keyHeader', { keyHeader: 'Idempotency-Key ' }, /keyHeader must be a header name/],
     ['keyHeader', { keyHeader: 5 }, /keyHeader must be a header name/],
   ])('refuses %s given as %p, on a method and on the module', (_name, options, message) => {
-    const define = () => {
-      class OrdersController {
-        @NoRepeatSubmit(options as NoRepeatSubmitOptions)
-        create() {}
-      }
-      return OrdersController;
-    };
+    const define = () => decoratedWith(options);
     expect(define).toThrow(IdempotencyConfigError);
     expect(define).toThrow(message);
     expect(() => resolveOptions(options as IdempotencyModuleOptions)).toThrow(message);
@@ -92,13 +95,7 @@ describe('@NoRepeatSubmit()', () => {
     ['skipIf', { skipIf: 'true' }, /skipIf must be a function/],
     ['methods', { methods: 'POST' }, /methods must be a list of HTTP methods/],
   ])('refuses %s given as %p on a method', (_name, options, message) => {
-    const define = () => {
-      class OrdersController {
-        @NoRepeatSubmit(options as NoRepeatSubmitOptions)
-        create() {}
-      }
-      return OrdersController;
-    };
+    const define = () => decoratedWith(options);
     expect(define).toThrow(message);
   });
 
