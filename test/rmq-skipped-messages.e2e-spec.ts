@@ -41,6 +41,8 @@ interface PaymentEvent {
   throwFirst?: boolean;
   /** Settles with `ackAll()` (every message in flight on the channel), not `ack(message)`. */
   ackAll?: boolean;
+  /** Acks, then a later step fails and its catch nacks the message (the broker closes the channel: the tag was acked). */
+  ackThenNack?: boolean;
 }
 
 @Injectable()
@@ -76,6 +78,10 @@ class PaymentsConsumer {
     if (data.ackAll) rmq.getChannelRef().ackAll();
     else rmq.getChannelRef().ack(rmq.getMessage());
     if (data.failAfterAck) throw new Error('Channel closed');
+    if (data.ackThenNack) {
+      rmq.getChannelRef().nack(rmq.getMessage(), false, true);
+      throw new Error('the audit write after the ack failed');
+    }
   }
 
   /** A handler of two object patterns (its keys name the pattern). */
@@ -164,6 +170,22 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
     await until(() => handled.orders.includes('B'), 10_000);
     expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['A', 'B'], left: 0 });
   });
+
+  // An adversarial helper (session 19), against the fix above: a handler that worked, acked, and
+  // nacked in its catch (`try { work; ack } catch { nack }`) counted as nacked, so its key was
+  // released and the producer's retry (or, on a closed channel, the redelivery) ran it again.
+  it('keeps the run of a handler that acked and then nacked its message in its catch: the retry is dropped', async () => {
+    const handled = await startWith(settleRmqMessage);
+    const id = randomUUID();
+    publish({ messageId: id, orderNo: 'A', ackThenNack: true });
+    await until(() => handled.orders.includes('A'), 10_000);
+    await new Promise((resolve) => setTimeout(resolve, 200)); // its failure settles the key
+    publish({ messageId: id, orderNo: 'A', ackThenNack: true }); // the producer's retry
+    publish({ messageId: randomUUID(), orderNo: 'B' });
+    // The nack of an acked tag makes the broker close the channel: Nest opens another.
+    await until(() => handled.orders.includes('B'), 20_000);
+    expect(handled.orders).toEqual(['A', 'B']);
+  }, 30_000);
 
   // An adversarial helper (session 19), against the fix above when it counted any ackAll() on the
   // channel: another handler's ackAll() while this one failed before its effect saved the failed

@@ -41,8 +41,11 @@ export function watchRmqSettlement(ctx: ExecutionContext): (() => HandlerSettlem
   if (!marks) return undefined;
   const { nackAlls, ackAlls } = marks;
   return () => {
-    if (nacked.has(message)) return 'nacked';
+    // An ack wins over a nack of the same message: a handler that worked, acked, then nacked in
+    // its catch (its ack threw on a closed channel, or a step after the ack failed) has done its
+    // effect, and a redelivery or the producer's retry must not run it again.
     if (acked.has(message)) return 'acked';
+    if (nacked.has(message)) return 'nacked';
     // An ackAll() is no sign of this handler's: another handler on the channel may have made it
     // while this one failed before its effect (then, on a channel that closed, the broker
     // redelivers, and the copy must run). It only says that a nackAll() meanwhile was not ours.
