@@ -115,9 +115,12 @@ describe.each<Adapter>(['express', 'fastify'])("anonymous: 'address' behind a tr
     expect(runs).toBe(2);
   });
 
+  // Some load balancers write the client's port too: an address with a port is still that address.
   it.each([
     ['2001:db8::1', '2001:DB8:0:0:0:0:0:1'],
     ['::ffff:198.51.100.7', '198.51.100.7'],
+    ['10.0.0.1:1234', '10.0.0.1:1234'],
+    ['[2001:db8::1]:80', '2001:db8::1'],
   ])('takes %p and %p for one caller', async (one, other) => {
     runs = 0;
     const body = { caller: randomUUID() };

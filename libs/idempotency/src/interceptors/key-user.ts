@@ -22,13 +22,18 @@ export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousP
   return ip === undefined ? { anonymous: true } : { ip };
 }
 
+/** An address with a port: IPv4 `a.b.c.d:port`, or IPv6 in brackets `[...]:port`. */
+const WITH_PORT = /^(?:(\d{1,3}(?:\.\d{1,3}){3})|\[([0-9A-Fa-f:.%\w]+)\]):\d{1,5}$/;
+
 /**
- * A client address as one text per address, or undefined for what is none (empty, `unknown`,
+ * A client address as one text per address (its port, where a proxy wrote one, left out), or undefined for what is none (empty, `unknown`,
  * `_hidden`, anything but an IP address): IPv6 in its short lower-case form, and an IPv4-mapped
  * IPv6 address (`::ffff:198.51.100.7`, what a dual-stack server reports) as its IPv4 address.
  */
-export function addressOf(ip: string | undefined): string | undefined {
-  if (!ip) return undefined;
+export function addressOf(given: string | undefined): string | undefined {
+  if (!given) return undefined;
+  // Some load balancers write the client's port too (`10.0.0.1:1234`, `[2001:db8::1]:80`).
+  const ip = isIP(given) ? given : (WITH_PORT.exec(given)?.slice(1).find(Boolean) ?? given);
   const version = isIP(ip);
   if (version === 4) return ip;
   if (version !== 6) return undefined;
