@@ -300,9 +300,11 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
 
   // An adversarial helper (session 19): an async key function answered every call 400
   // IDEMPOTENCY_KEY_MISSING, blaming the client, with nothing logged.
-  it('answers 500, not a 400 that blames the client, when the key function returns a promise; the handler does not run', async () => {
-    const answer = await http().post('/async-key').send({});
-    expect(answer.status).toBe(500);
+  it('answers 500, not a 400 that blames the client, when the key function returns a promise or an Observable; the handler does not run', async () => {
+    for (const path of ['/async-key', '/observable-key']) {
+      const answer = await http().post(path).send({});
+      expect(answer.status).toBe(500);
+    }
     expect(probe.runs).toBe(0);
   });
 });

@@ -12,6 +12,7 @@ import {
   type DynamicModule,
   type INestApplication,
 } from '@nestjs/common';
+import { of } from 'rxjs';
 import { NestFactory } from '@nestjs/core';
 import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-express';
 import { FastifyAdapter, type NestFastifyApplication } from '@nestjs/platform-fastify';
@@ -135,6 +136,13 @@ class GuardTestController {
   @Post('async-key')
   @NoRepeatSubmit({ idempotentKey: (async () => 'k') as unknown as () => string })
   asyncKey() {
+    return this.probe.run({ run: this.probe.runs + 1 });
+  }
+
+  /** A key function that returns an Observable by mistake. */
+  @Post('observable-key')
+  @NoRepeatSubmit({ idempotentKey: (() => of('k')) as unknown as () => string })
+  observableKey() {
     return this.probe.run({ run: this.probe.runs + 1 });
   }
 

@@ -93,7 +93,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
   for (const name of ['getUser', 'onSkippedMessage', 'onEvent'] as const) assertFunction(name, options[name], 'IdempotencyModule');
   const { memoryMaxEntries } = options as { memoryMaxEntries?: unknown };
   if (memoryMaxEntries !== undefined && !(Number.isInteger(memoryMaxEntries) && (memoryMaxEntries as number) >= 1)) {
-    throw new IdempotencyConfigError(`IdempotencyModule: memoryMaxEntries must be a whole number, 1 or more (got ${JSON.stringify(memoryMaxEntries)})`);
+    throw new IdempotencyConfigError(`IdempotencyModule: memoryMaxEntries must be a whole number, 1 or more (got ${shown(memoryMaxEntries)})`);
   }
   resolveLocalCache(options.localCache);
   if ('interceptor' in options) {
@@ -131,15 +131,24 @@ export function assertShared(
   // A header name is a token: 'Idempotency-Key ' (a trailing space from a .env file) matched no
   // header, and a route that does not require a key ran every call unguarded, saying nothing.
   if (keyHeader !== undefined && !(typeof keyHeader === 'string' && HEADER_NAME.test(keyHeader))) {
-    throw new IdempotencyConfigError(`${where}: keyHeader must be a header name, e.g. 'Idempotency-Key' (got ${JSON.stringify(keyHeader)})`);
+    throw new IdempotencyConfigError(`${where}: keyHeader must be a header name, e.g. 'Idempotency-Key' (got ${shown(keyHeader)})`);
   }
   if (failMode !== undefined && failMode !== 'open' && failMode !== 'closed') {
-    throw new IdempotencyConfigError(`${where}: failMode must be 'open' or 'closed' (got ${JSON.stringify(failMode)})`);
+    throw new IdempotencyConfigError(`${where}: failMode must be 'open' or 'closed' (got ${shown(failMode)})`);
   }
   if (ignoreFields !== undefined && !(Array.isArray(ignoreFields) && ignoreFields.every((field) => typeof field === 'string'))) {
-    throw new IdempotencyConfigError(`${where}: ignoreFields must be a list of field names, e.g. ['nonce'] (got ${JSON.stringify(ignoreFields)})`);
+    throw new IdempotencyConfigError(`${where}: ignoreFields must be a list of field names, e.g. ['nonce'] (got ${shown(ignoreFields)})`);
   }
   assertBoolean('required', required, where);
+}
+
+/** A value as an error message shows it: JSON where it has one (a BigInt has none). */
+export function shown(value: unknown): string {
+  try {
+    return JSON.stringify(value) ?? typeof value;
+  } catch {
+    return String(value);
+  }
 }
 
 /** An HTTP field name (RFC 9110's token). */
@@ -148,13 +157,13 @@ const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 /** A function option given something else (a string from the environment: `getUser: 'user.id'`) fails at its first call, on every request. */
 export function assertFunction(name: string, value: unknown, where: string): void {
   if (value !== undefined && typeof value !== 'function') {
-    throw new IdempotencyConfigError(`${where}: ${name} must be a function (got ${JSON.stringify(value) ?? typeof value})`);
+    throw new IdempotencyConfigError(`${where}: ${name} must be a function (got ${shown(value)})`);
   }
 }
 
 export function assertBoolean(name: string, value: unknown, where: string): void {
   if (value !== undefined && typeof value !== 'boolean') {
-    throw new IdempotencyConfigError(`${where}: ${name} must be true or false (got ${JSON.stringify(value)})`);
+    throw new IdempotencyConfigError(`${where}: ${name} must be true or false (got ${shown(value)})`);
   }
 }
 

@@ -104,6 +104,7 @@ describe('@NoRepeatSubmit()', () => {
     ['onSkippedMessage', { onSkippedMessage: 'settleRmqMessage' }, /onSkippedMessage must be a function/],
     ['onEvent', { onEvent: 'log' }, /onEvent must be a function/],
     ['memoryMaxEntries', { memoryMaxEntries: 'abc' }, /memoryMaxEntries must be a whole number/],
+    ['memoryMaxEntries', { memoryMaxEntries: 10n }, /memoryMaxEntries must be a whole number, 1 or more \(got 10\)/],
   ])('refuses %s given as %p on the module', (_name, options, message) => {
     expect(() => resolveOptions(options as IdempotencyModuleOptions)).toThrow(message);
   });

@@ -30,9 +30,11 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
     // Typed to give a string, but it reads what the client sent: `req.body.ref` may be null, a
     // number or an object (which threw a TypeError, a 500, or all keyed one `[object Object]`).
     const resolved: unknown = source.resolve(ctx);
-    // A promise is the developer's mistake, not the client's: said loudly (a 500 Nest logs), never a 400 that blames the client.
-    if (typeof (resolved as { then?: unknown } | null)?.then === 'function') {
-      throw new TypeError(`${route.handler}: the idempotentKey function returned a promise; it must return the key itself`);
+    // A promise or an Observable is the developer's mistake, not the client's: said loudly (a 500
+    // Nest logs), never a 400 that blames the client.
+    const later = resolved as { then?: unknown; subscribe?: unknown } | null;
+    if (typeof later?.then === 'function' || typeof later?.subscribe === 'function') {
+      throw new TypeError(`${route.handler}: the idempotentKey function returned a promise or an Observable; it must return the key itself`);
     }
     clientKey = keyText(resolved);
   } else {
