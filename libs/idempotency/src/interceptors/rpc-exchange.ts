@@ -35,6 +35,7 @@ let loadedRpcException: RpcExceptionClass | undefined;
  */
 export class RpcExchange implements GuardExchange {
   private readonly isEvent: boolean;
+  private keyHandlerSegment: string | undefined;
 
   private constructor(
     private readonly ctx: ExecutionContext,
@@ -61,6 +62,11 @@ export class RpcExchange implements GuardExchange {
    * handler of one pattern keeps its handler's name, as HTTP routes do.
    */
   keyHandler(): string {
+    // Read once a message: the fingerprint and the storage key both ask.
+    return (this.keyHandlerSegment ??= this.keyHandlerOfMessage());
+  }
+
+  private keyHandlerOfMessage(): string {
     const patterns: unknown = Reflect.getMetadata(PATTERN_METADATA, this.ctx.getHandler());
     if (!Array.isArray(patterns) || patterns.length < 2) return this.route.handler;
     const pattern = messagePatternOf(this.ctx.switchToRpc().getContext());
