@@ -284,11 +284,18 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard on Redis (%s
 
   // An adversarial helper (session 19): a key function reading `body.ref` gave null, an array or
   // an object as the client sent it: a TypeError (500), or every object the one key
-  // `[object Object]` (the second object got 422). They are no key, as in a key expression.
-  it("takes a key function's number as its text, and null, an array or an object as no key (400, never a 500)", async () => {
-    for (const ref of [null, Array.from({ length: 300 }, (_, i) => i), { a: 1 }, { b: 2 }]) {
+  // `[object Object]` (the second object got 422). Null is no key; an array or an object is no
+  // one key (400 IDEMPOTENCY_KEY_INVALID), as in a key expression.
+  it("takes a key function's number as its text, null as no key, and refuses an array or an object (400, never a 500)", async () => {
+    const refs: [unknown, string][] = [
+      [null, 'IDEMPOTENCY_KEY_MISSING'],
+      [Array.from({ length: 300 }, (_, i) => i), 'IDEMPOTENCY_KEY_INVALID'],
+      [{ a: 1 }, 'IDEMPOTENCY_KEY_INVALID'],
+      [{ b: 2 }, 'IDEMPOTENCY_KEY_INVALID'],
+    ];
+    for (const [ref, code] of refs) {
       const answer = await http().post('/refs').send({ ref });
-      expect({ status: answer.status, code: answer.body.code }).toEqual({ status: 400, code: 'IDEMPOTENCY_KEY_MISSING' });
+      expect({ status: answer.status, code: answer.body.code }).toEqual({ status: 400, code });
     }
     expect(probe.runs).toBe(0);
     const ref = Date.now() * 1000 + Math.floor(Math.random() * 1000);

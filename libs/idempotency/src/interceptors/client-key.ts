@@ -27,8 +27,9 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
     }
     clientKey = parsed?.key;
   } else if ('resolve' in source) {
-    // Typed to give a string, but it reads what the client sent: `req.body.ref` may be null, a
-    // number or an object (which threw a TypeError, a 500, or all keyed one `[object Object]`).
+    // Typed to give a string, but it reads what the client sent: `req.body.ref` may be null (no
+    // key), a number or an object (refused; it threw a TypeError, a 500, or all keyed one
+    // `[object Object]`).
     const resolved: unknown = source.resolve(ctx);
     // A promise or an Observable is the developer's mistake, not the client's: said loudly (a 500
     // Nest logs), never a 400 that blames the client.
@@ -36,7 +37,7 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
     if (typeof later?.then === 'function' || typeof later?.subscribe === 'function') {
       throw new TypeError(`${route.handler}: the idempotentKey function returned a promise or an Observable; it must return the key itself`);
     }
-    clientKey = keyText(resolved);
+    clientKey = keyText(resolved, () => 'the value the idempotentKey function read');
   } else {
     clientKey = evaluateKeyPath(
       source.path,

@@ -1,5 +1,5 @@
 import { describe, it, expect } from '@jest/globals';
-import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
+import { IdempotencyConfigError, IdempotencyKeyError } from '../errors/idempotency.errors.js';
 import { describeKeyPath, evaluateKeyPath, parseKeyExpression, type KeySources } from './key-expression.js';
 
 const WHERE = 'OrdersController.create';
@@ -94,13 +94,13 @@ describe('evaluateKeyPath', () => {
   it('reads the whole body when it is a primitive', () => {
     expect(evaluate('#body', { body: 'abc' })).toBe('abc');
     expect(evaluate('#body', { body: 12 })).toBe('12');
-    expect(evaluate('#body', { body: { a: 1 } })).toBeUndefined();
+    expect(() => evaluate('#body', { body: { a: 1 } })).toThrow(IdempotencyKeyError);
   });
 
   it('matches header names case-insensitively and refuses repeated headers', () => {
     const headers = { 'x-request-id': 'req-1', 'x-dup': ['a', 'b'] };
     expect(evaluate("#headers['X-Request-ID']", { headers })).toBe('req-1');
-    expect(evaluate('#headers["x-dup"]', { headers })).toBeUndefined();
+    expect(() => evaluate('#headers["x-dup"]', { headers })).toThrow('the x-dup header is a list (was it sent more than once?), not one value');
     expect(evaluate('#headers["x-none"]', { headers })).toBeUndefined();
   });
 
@@ -112,14 +112,23 @@ describe('evaluateKeyPath', () => {
     ['bigint', 12345678901234567890n, '12345678901234567890'],
     ['true', true, 'true'],
     ['false', false, 'false'],
-    ['NaN', NaN, undefined],
-    ['Infinity', Infinity, undefined],
     ['null', null, undefined],
     ['undefined', undefined, undefined],
-    ['object', { a: 1 }, undefined],
-    ['array', ['a'], undefined],
   ])('converts a %s', (_name, value, expected) => {
     expect(evaluate('#body.k', { body: { k: value } })).toBe(expected);
+  });
+
+  // Taken for no key, a route with `required: false` ran every such call unguarded.
+  it.each([
+    ['NaN', NaN, 'NaN'],
+    ['Infinity', Infinity, 'Infinity'],
+    ['object', { a: 1 }, 'an object'],
+    ['array', ['a', 'a'], 'a list (was it sent more than once?)'],
+    ['function', () => 'k', 'a function'],
+  ])('refuses a %s as no one key, naming where it was found', (_name, value, kind) => {
+    expect(() => evaluate('#query.k', { query: { k: value } })).toThrow(
+      new IdempotencyKeyError(`the query parameter "k" is ${kind}, not one value`),
+    );
   });
 
   it('returns undefined for missing sources and paths through primitives', () => {

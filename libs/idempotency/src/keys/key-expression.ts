@@ -1,4 +1,4 @@
-import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
+import { IdempotencyConfigError, IdempotencyKeyError } from '../errors/idempotency.errors.js';
 
 /** Where a key expression starts reading. `#req` is accepted as the legacy alias of `#body`. */
 export type KeyRoot = 'body' | 'headers' | 'query' | 'params' | 'user' | 'data';
@@ -157,8 +157,10 @@ export function parseKeyExpression(expr: string, where: string): KeyPath {
  * `__proto__`, `constructor` or `prototype`.
  *
  * @returns a string as is; a finite number, bigint or boolean as `String(value)`; `undefined`
- *   for anything else (object, array, null, undefined, NaN, Infinity), for a missing property
- *   and for a repeated header (an array value).
+ *   for null, undefined, a missing property or a path through a primitive (no key was sent)
+ * @throws IdempotencyKeyError for a value that is there but is no one key: an object, an array (a
+ *   form field, query parameter or header sent twice), NaN or Infinity. Taking it for no key ran
+ *   every such call unguarded on a route that does not require a key.
  */
 export function evaluateKeyPath(path: KeyPath, sources: KeySources): string | undefined {
   if (!Object.hasOwn(sources, path.root)) return undefined;
@@ -168,24 +170,38 @@ export function evaluateKeyPath(path: KeyPath, sources: KeySources): string | un
     if (FORBIDDEN.has(segment) || !Object.hasOwn(current, segment)) return undefined;
     current = (current as Record<string, unknown>)[segment];
   }
-  return keyText(current);
+  return keyText(current, () => describeKeyPath(path));
 }
 
 /**
  * A value a key expression or a key function found, as key text: a string as it is, a finite
- * number, a bigint or a boolean as its text; anything else (null, an object, an array) is no
- * key, never its `String()` (every object would be the one key `[object Object]`).
+ * number, a bigint or a boolean as its text; null or undefined is no key.
+ *
+ * @param where names the value in the client's words, for the refusal's message
+ * @throws IdempotencyKeyError for anything else (an object, an array, NaN): it is never its
+ *   `String()` (every object would be the one key `[object Object]`), and never no key
  */
-export function keyText(value: unknown): string | undefined {
+export function keyText(value: unknown, where: () => string): string | undefined {
   switch (typeof value) {
     case 'string':
       return value;
     case 'number':
-      return Number.isFinite(value) ? String(value) : undefined;
+      if (Number.isFinite(value)) return String(value);
+      break;
     case 'bigint':
     case 'boolean':
       return String(value);
-    default:
+    case 'undefined':
       return undefined;
+    case 'object':
+      if (value === null) return undefined;
+      break;
   }
+  throw new IdempotencyKeyError(`${where()} is ${kindOf(value)}, not one value`);
+}
+
+function kindOf(value: unknown): string {
+  if (Array.isArray(value)) return 'a list (was it sent more than once?)';
+  if (typeof value === 'number') return String(value);
+  return typeof value === 'object' ? 'an object' : `a ${typeof value}`;
 }

@@ -1,0 +1,79 @@
+// A key expression that finds a list or an object: a form field or a query parameter sent twice
+// (`orderNo=A1&orderNo=A1`, `?ref=A1&ref=A1`, which the parsers give as lists) or an object
+// (`{"orderNo":{"id":"A1"}}`). The guard took such a value for no key, so on a route with
+// `required: false` every call ran unguarded (an adversarial helper: 5 identical calls, 5 runs),
+// and a route that requires a key told the client to send what it had sent. It is refused 400
+// `IDEMPOTENCY_KEY_INVALID`, as a key header sent twice is.
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Body, Controller, Post, Query } from '@nestjs/common';
+import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { codeOf, makeApp, replayed, send, type Adapter, type EdgeApp, type RawOptions } from './support/edge-app.js';
+
+const runs: string[] = [];
+
+@Controller('orders')
+class OrdersController {
+  @Post()
+  @NoRepeatSubmit({ required: false, idempotentKey: '#body.orderNo' })
+  create(@Body() body: { orderNo?: unknown }) {
+    runs.push(`create ${JSON.stringify(body.orderNo)}`);
+    return { run: runs.length };
+  }
+
+  @Post('by-ref')
+  @NoRepeatSubmit({ required: false, idempotentKey: '#query.ref' })
+  byRef(@Query('ref') ref: unknown) {
+    runs.push(`by-ref ${JSON.stringify(ref)}`);
+    return { run: runs.length };
+  }
+
+  @Post('required')
+  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
+  required(@Body() body: { orderNo?: unknown }) {
+    runs.push(`required ${JSON.stringify(body.orderNo)}`);
+    return { run: runs.length };
+  }
+}
+
+const form = (text: string): RawOptions => ({ body: text, headers: { 'content-type': 'application/x-www-form-urlencoded' } });
+
+describe.each<Adapter>(['express', 'fastify'])('a key expression that finds a list or an object (%s)', (adapter) => {
+  let a: EdgeApp;
+  beforeAll(async () => {
+    a = await makeApp(adapter, [OrdersController]);
+  });
+  afterAll(async () => a?.close());
+
+  it.each<[string, string, () => RawOptions, string]>([
+    ['a form field sent twice', '/orders', () => form('orderNo=A1&orderNo=A1&amount=5'), 'the body field "orderNo" is a list'],
+    ['a query parameter sent twice', '/orders/by-ref?ref=A1&ref=A1', () => ({}), 'the query parameter "ref" is a list'],
+    ['an object', '/orders', () => ({ body: { orderNo: { id: 'A1' } } }), 'the body field "orderNo" is an object'],
+  ])('is refused 400 IDEMPOTENCY_KEY_INVALID on a route that does not require a key: %s, 5 at once', async (_name, path, options, problem) => {
+    runs.length = 0;
+    const answers = await Promise.all(Array.from({ length: 5 }, () => send(a.url, path, options())));
+    expect({ statuses: answers.map((x) => x.status), codes: answers.map(codeOf), runs }).toEqual({
+      statuses: [400, 400, 400, 400, 400],
+      codes: Array(5).fill('IDEMPOTENCY_KEY_INVALID'),
+      runs: [],
+    });
+    expect((JSON.parse(answers[0]!.text) as { message: string }).message).toContain(problem);
+  });
+
+  it('is refused as invalid, not missing, on a route that requires a key', async () => {
+    runs.length = 0;
+    const answer = await send(a.url, '/orders/required', form('orderNo=A1&orderNo=A1'));
+    expect({ status: answer.status, code: codeOf(answer), runs }).toEqual({ status: 400, code: 'IDEMPOTENCY_KEY_INVALID', runs: [] });
+  });
+
+  it('(control) one value is one key: 5 at once run once; null and no field are no key', async () => {
+    runs.length = 0;
+    const once = `B-${adapter}-${Date.now()}`;
+    const answers = await Promise.all(Array.from({ length: 5 }, () => send(a.url, '/orders', form(`orderNo=${once}`))));
+    expect(answers.filter((x) => x.status === 201 && !replayed(x))).toHaveLength(1);
+    expect(runs).toEqual([`create "${once}"`]);
+    runs.length = 0;
+    expect((await send(a.url, '/orders', { body: { orderNo: null } })).status).toBe(201);
+    expect((await send(a.url, '/orders/by-ref')).status).toBe(201);
+    expect(runs).toHaveLength(2);
+  });
+});
