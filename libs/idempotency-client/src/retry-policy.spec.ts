@@ -37,6 +37,7 @@ describe('isRetryableAnswer', () => {
     [500, null, undefined, true],
     [502, null, undefined, true],
     [503, '1', { code: 'IDEMPOTENCY_STORE_UNAVAILABLE' }, true],
+    [500, null, { code: 'IDEMPOTENCY_USER_UNRESOLVED' }, false],
     [409, '1', { code: 'IDEMPOTENCY_IN_PROGRESS' }, true],
     [409, null, { code: 'IDEMPOTENCY_IN_PROGRESS' }, true],
     [409, '1', undefined, true],

@@ -1,5 +1,6 @@
 /** The guard's code for "a request with this key is still being processed" (a 409). */
 export const IN_PROGRESS_CODE = 'IDEMPOTENCY_IN_PROGRESS';
+const USER_UNRESOLVED_CODE = 'IDEMPOTENCY_USER_UNRESOLVED';
 
 /** Delays between attempts. */
 export interface BackoffOptions {
@@ -42,7 +43,9 @@ export function parseRetryAfterMs(value: string | null, now: number = Date.now()
 /**
  * Whether an answer is worth another attempt with the same key:
  * - 5xx: the server failed; the retry runs again (the handler failed, so the key was released) or
- *   gets the first answer (a 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE` when that was the 5xx);
+ *   gets the first answer (a 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE` when that was the 5xx).
+ *   Not a 500 `IDEMPOTENCY_USER_UNRESOLVED`: the server cannot tell its callers apart (its
+ *   configuration), the same on every attempt, and nothing ran;
  * - 409 with `Retry-After` or the code `IDEMPOTENCY_IN_PROGRESS`: the first attempt is still
  *   running; the retry gets its replay once it completes. A 409 without either is final: a
  *   business conflict (e.g. the demo's `ORDER_EXISTS`), or `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE`
@@ -52,8 +55,8 @@ export function parseRetryAfterMs(value: string | null, now: number = Date.now()
  * the other 4xx.
  */
 export function isRetryableAnswer(status: number, retryAfter: string | null, body: unknown): boolean {
-  if (status >= 500 && status <= 599) return true;
-  if (status !== 409) return false;
   const code = typeof body === 'object' && body !== null ? (body as { code?: unknown }).code : undefined;
+  if (status >= 500 && status <= 599) return code !== USER_UNRESOLVED_CODE;
+  if (status !== 409) return false;
   return retryAfter !== null || code === IN_PROGRESS_CODE;
 }
