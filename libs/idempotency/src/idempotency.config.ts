@@ -139,6 +139,13 @@ export function assertShared(
   if (ignoreFields !== undefined && !(Array.isArray(ignoreFields) && ignoreFields.every((field) => typeof field === 'string'))) {
     throw new IdempotencyConfigError(`${where}: ignoreFields must be a list of field names, e.g. ['nonce'] (got ${shown(ignoreFields)})`);
   }
+  // A path ('meta.nonce') was taken for a field of that name, matched nothing, and every retry
+  // that changed the field got 422: the names are removed at any depth already.
+  const path = (ignoreFields as string[] | undefined)?.find((field) => field.includes('.'));
+  if (path !== undefined) {
+    const name = path.slice(path.lastIndexOf('.') + 1);
+    throw new IdempotencyConfigError(`${where}: ignoreFields names fields, not paths: they are removed at any depth, so write ${shown(name)} for ${shown(path)}`);
+  }
   assertBoolean('required', required, where);
 }
 

@@ -77,6 +77,8 @@ describe('@NoRepeatSubmit()', () => {
     ['failMode', { failMode: 'close' }, /failMode must be 'open' or 'closed'/],
     ['ignoreFields', { ignoreFields: 'nonce' }, /ignoreFields must be a list of field names/],
     ['ignoreFields', { ignoreFields: ['nonce', 3] }, /ignoreFields must be a list of field names/],
+    // A path matched no field, and every retry that changed it got 422 (an adversarial helper).
+    ['ignoreFields', { ignoreFields: ['meta.nonce'] }, /ignoreFields names fields, not paths: .* write "nonce" for "meta.nonce"/],
     ['required', { required: 'false' }, /required must be true or false/],
     // A trailing space from a .env file: the header never matched, and every call ran unguarded.
     ['keyHeader', { keyHeader: 'Idempotency-Key ' }, /keyHeader must be a header name/],
