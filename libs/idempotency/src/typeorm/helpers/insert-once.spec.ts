@@ -237,6 +237,24 @@ describe('insertOnce (PostgreSQL)', () => {
     expect(published).toEqual(['Booking R-ev-kept']);
   });
 
+  // An adversarial helper (session 20): `Promise.all` over one transaction's manager interleaved
+  // the calls' savepoints (SAVEPOINT a; SAVEPOINT b; ... RELEASE a, which releases b too), and
+  // b's RELEASE aborted the transaction: rows answered `created: true` were never committed.
+  it('takes concurrent calls on one transaction in turn: every row answered created is committed, duplicates found', async () => {
+    await insertOnce(dataSource.getRepository(Booking), { reference: 'R-par-taken', guest: 'first' }, byReference('R-par-taken'));
+    const references = ['R-par-1', 'R-par-taken', 'R-par-2', 'R-par-3', 'R-par-taken', 'R-par-4'];
+    const results = await dataSource.transaction((manager) =>
+      Promise.all(references.map((reference) => insertOnce(manager.getRepository(Booking), { reference, guest: 'tx' }, byReference(reference)))),
+    );
+    expect(results.map((r) => r.created)).toEqual([true, false, true, true, false, true]);
+    for (const reference of ['R-par-1', 'R-par-2', 'R-par-3', 'R-par-4', 'R-par-taken']) expect(await count(reference)).toBe(1);
+    const settled = await dataSource.transaction((manager) =>
+      Promise.allSettled(['R-par-5', 'R-par-6'].map((reference) => insertOnce(manager.getRepository(Booking), { reference, guest: 'tx' }, byReference(reference)))),
+    );
+    expect(settled.map((r) => r.status)).toEqual(['fulfilled', 'fulfilled']);
+    for (const reference of ['R-par-5', 'R-par-6']) expect(await count(reference)).toBe(1);
+  });
+
   it('keeps a transaction begun with a raw BEGIN on a QueryRunner usable after a duplicate', async () => {
     await insertOnce(dataSource.getRepository(Booking), { reference: 'R-raw', guest: 'first' }, byReference('R-raw'));
     const runner = dataSource.createQueryRunner();

@@ -96,14 +96,30 @@ const unquoted = (path: string) => path.replace(/["`[\]]/g, '');
 /** Savepoint names, unique in the process: insertOnce calls on one connection never share one. */
 let savepoints = 0;
 
+/** The savepoint section running on each transaction's QueryRunner, for the next call to wait on. */
+const sections = new WeakMap<QueryRunner, Promise<unknown>>();
+
 /**
  * Runs `work` under a savepoint of its own in the active transaction, with plain SAVEPOINT
  * statements on the same QueryRunner. Not TypeORM's nested `startTransaction`: that broadcasts
  * the transaction events of a real start / commit / rollback, so a subscriber that publishes in
  * `afterTransactionCommit` published a row whose transaction later rolled back, and one that
  * drops its queue in `afterTransactionRollback` lost the rows inserted before a duplicate.
+ *
+ * Calls on one transaction (`Promise.all` over one manager) take their turns: interleaved, one
+ * call's `RELEASE` released the savepoint another had made after it, whose own `RELEASE` then
+ * failed and aborted the transaction; its COMMIT became a rollback, and rows already answered
+ * `created: true` were never written.
  */
-async function underSavepoint<R>(queryRunner: QueryRunner, work: () => Promise<R>): Promise<R> {
+function underSavepoint<R>(queryRunner: QueryRunner, work: () => Promise<R>): Promise<R> {
+  const section = () => savepointSection(queryRunner, work);
+  const before = sections.get(queryRunner);
+  const mine = before ? before.then(section, section) : section();
+  sections.set(queryRunner, mine.catch(() => undefined));
+  return mine;
+}
+
+async function savepointSection<R>(queryRunner: QueryRunner, work: () => Promise<R>): Promise<R> {
   const sql = savepointSql(queryRunner.connection.driver.options.type, `idempotency_insert_once_${++savepoints}`);
   await queryRunner.query(sql.save);
   let result: R;
