@@ -46,8 +46,8 @@ const NOT_MODIFIED_ELSEWHERE =
 const logger = new Logger('Idempotency');
 
 /**
- * The latest exchange of each request, on routes that save answers to errors: an outer `retry()`
- * subscribes the guard again within one request (see `HttpExchange.create`).
+ * The latest exchange of each request: an outer `retry()` subscribes the guard again within one
+ * request (see `HttpExchange.create`).
  */
 const latestOf = new WeakMap<object, HttpExchange>();
 
@@ -57,8 +57,11 @@ const latestOf = new WeakMap<object, HttpExchange>();
  */
 export class HttpExchange implements GuardExchange {
   private readonly raw: ServerResponse;
-  /** Set while the answer to an error of the method is awaited: frees the key and lets that answer go unsaved. */
-  private forgoFailure: (() => Promise<void>) | undefined;
+  /**
+   * Set while the run has ended (the method succeeded, or failed on a route that saves its
+   * status) and its answer is awaited: frees the key and lets that answer go unsaved.
+   */
+  private forgo: (() => Promise<void>) | undefined;
 
   private constructor(
     private readonly req: HttpRequest,
@@ -71,11 +74,14 @@ export class HttpExchange implements GuardExchange {
   }
 
   /**
-   * The exchange of one subscription to the guard. On a route with `saveStatuses`, a request
-   * subscribed again (an outer `retry()` after the method failed) first frees the key the
-   * earlier run holds while its error's answer is awaited: that answer will not be the earlier
-   * run's, and the new run would otherwise find the key held (409 in progress, every time).
-   * The retry then runs the handler again, as it does without `saveStatuses`.
+   * The exchange of one subscription to the guard. A request subscribed again after its earlier
+   * run ended (an outer `retry()` after something outside the guard failed: a unit-of-work
+   * interceptor's COMMIT; or after the method failed, on a route with `saveStatuses`) first frees
+   * the key the earlier run holds while its answer is awaited: that answer will not be the
+   * earlier run's. The new run would otherwise find the key held and be refused 409 in progress,
+   * and that refusal, the answer the client got, was saved as the earlier run's and replayed to
+   * every retry for the key's whole retention. The retry runs the handler again, as it does after
+   * a failed method. A run still going (an outer timeout's retry) keeps the key: 409.
    */
   static create(
     req: HttpRequest,
@@ -85,14 +91,10 @@ export class HttpExchange implements GuardExchange {
     replayHeaders: readonly string[],
   ): HttpExchange | Promise<HttpExchange> {
     const exchange = new HttpExchange(req, res, route, adapter, replayHeaders);
-    if (route.savesStatus) {
-      const earlier = latestOf.get(req);
-      latestOf.set(req, exchange);
-      const forgo = earlier?.forgoFailure;
-      // A promise only when there is a key to free first: every await is a turn of the microtask queue.
-      if (forgo) return forgo().then(() => exchange);
-    }
-    return exchange;
+    const forgo = latestOf.get(req)?.forgo;
+    latestOf.set(req, exchange);
+    // A promise only when there is a key to free first: every await is a turn of the microtask queue.
+    return forgo ? forgo().then(() => exchange) : exchange;
   }
 
   /**
@@ -114,19 +116,24 @@ export class HttpExchange implements GuardExchange {
     const { maxResponseBytes, holdsResponse, savesStatus } = this.route;
     let failedInMethod = false;
     clearRefusalHeaders(this.res, this.raw);
-    const capture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, holdsResponse, (sent) =>
-      failedInMethod ? this.settleFailure(claim, sent) : claim.save(toSaved(sent, this.raw.statusCode)),
-    );
-    const watched = savesStatus ? watchHandler(next) : undefined;
-    /** The app's answer to the method's error is the one to save, by its status (`settleFailure`). */
-    const answerFailure = () => {
-      failedInMethod = true;
-      this.forgoFailure = () => {
-        this.forgoFailure = undefined;
+    const capture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, holdsResponse, (sent) => {
+      this.forgo = undefined;
+      return failedInMethod ? this.settleFailure(claim, sent) : claim.save(toSaved(sent, this.raw.statusCode));
+    });
+    /** The run ended; its answer is awaited unless the request runs again first (`create`). */
+    const awaitAnswer = () => {
+      this.forgo = () => {
+        this.forgo = undefined;
         capture.passThrough();
         return claim.release();
       };
       capture.succeed();
+    };
+    const watched = savesStatus ? watchHandler(next) : undefined;
+    /** The app's answer to the method's error is the one to save, by its status (`settleFailure`). */
+    const answerFailure = () => {
+      failedInMethod = true;
+      awaitAnswer();
     };
     return runHeld(
       watched ? watched.handled : next.handle(),
@@ -134,7 +141,7 @@ export class HttpExchange implements GuardExchange {
         succeeded: async (_value, cut) => {
           // Cut off first: the client got another answer (the capture let it through).
           if (cut) return claim.save(toSaved(undefined, this.raw.statusCode));
-          capture.succeed();
+          awaitAnswer();
         },
         failed: async (cut) => {
           if (watched?.began() && !cut) return answerFailure();
@@ -159,7 +166,6 @@ export class HttpExchange implements GuardExchange {
    * else the key is released (a 5xx, another status, or no answer).
    */
   private settleFailure(claim: HeldClaim, sent: CapturedResponse | undefined): Promise<void> {
-    this.forgoFailure = undefined;
     return sent && this.savesStatus(sent.statusCode) ? claim.save(toSaved(sent, sent.statusCode)) : claim.release();
   }
 
