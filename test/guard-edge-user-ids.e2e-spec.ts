@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Controller, Injectable, Post, Req, UseGuards, type CanActivate, type ExecutionContext } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { idText } from '../libs/idempotency/src/interceptors/key-user.js';
 import { makeApp, replayed, send, type Adapter, type EdgeApp } from './support/edge-app.js';
 
 /** `x-user: <name>` logs in as one of the users below. */
@@ -53,4 +54,79 @@ describe.each<Adapter>(['express', 'fastify'])('users with non-scalar ids (%s)',
       body: JSON.stringify({ statementOf: `alice-${kind}` }),
     });
   });
+});
+
+// The README's tenant recipe, `getUser: (ctx) => `${tenant}:${id}``, over Nest's JWT users
+// (`{ sub, username, tenantId }`, no `id`): every user of a tenant was `t1:undefined`, and Bob got
+// Alice's answer as a replay (an adversarial helper). A text with what a template writes for a
+// missing field is no user id: refused 500 IDEMPOTENCY_USER_UNRESOLVED, nothing runs.
+const JWT_USERS: Record<string, unknown> = {
+  alice: { sub: 'u-alice', username: 'alice', tenantId: 't1' },
+  bob: { sub: 'u-bob', username: 'bob', tenantId: 't1' },
+};
+
+@Injectable()
+class JwtLikeGuard implements CanActivate {
+  canActivate(ctx: ExecutionContext): boolean {
+    const req = ctx.switchToHttp().getRequest<{ headers: Record<string, string>; user?: unknown }>();
+    req.user = JWT_USERS[req.headers['x-user']];
+    return true;
+  }
+}
+
+let orders = 0;
+
+@Controller('tenant-orders')
+@UseGuards(JwtLikeGuard)
+class TenantOrdersController {
+  @Post()
+  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
+  create(@Req() req: { headers: Record<string, string> }) {
+    orders++;
+    return { orderOf: req.headers['x-user'] };
+  }
+}
+
+type TemplateUser = { tenantId?: unknown; id?: unknown; sub?: unknown } | undefined;
+const userOf = (ctx: ExecutionContext) => ctx.switchToHttp().getRequest<{ user?: TemplateUser }>().user;
+
+describe.each<Adapter>(['express', 'fastify'])('a getUser template over a missing field (%s)', (adapter) => {
+  let a: EdgeApp;
+  beforeAll(async () => {
+    a = await makeApp(adapter, [TenantOrdersController], {
+      getUser: (ctx) => `${userOf(ctx)?.tenantId}:${userOf(ctx)?.id}`,
+    });
+  });
+  afterAll(async () => a?.close());
+
+  it('refuses every such user 500 IDEMPOTENCY_USER_UNRESOLVED: bob never gets alice\'s answer, nothing runs', async () => {
+    orders = 0;
+    const orderNo = randomUUID();
+    const alice = await send(a.url, '/tenant-orders', { body: { orderNo }, headers: { 'x-user': 'alice' } });
+    const bob = await send(a.url, '/tenant-orders', { body: { orderNo }, headers: { 'x-user': 'bob' } });
+    const anonymous = await send(a.url, '/tenant-orders', { body: { orderNo } });
+    // Observed before: alice 201, bob 201 replayed with alice's body, 1 run.
+    expect({ statuses: [alice.status, bob.status, anonymous.status], bob: bob.text.includes('alice'), orders }).toEqual({
+      statuses: [500, 500, 500],
+      bob: false,
+      orders: 0,
+    });
+    expect(JSON.parse(bob.text).code).toBe('IDEMPOTENCY_USER_UNRESOLVED');
+  });
+});
+
+describe('idText', () => {
+  it.each([
+    ['t1:undefined', undefined],
+    ['undefined', undefined],
+    ['undefined:undefined', undefined],
+    ['t1/NaN', undefined],
+    ['[object Object]', undefined],
+    ['t1:[object Object]', undefined],
+    ['t1:u-alice', 't1:u-alice'],
+    ['undefinedness', 'undefinedness'],
+    ['user_undefined', 'user_undefined'],
+    ['NaNa', 'NaNa'],
+    ['null:42', 'null:42'],
+  ])('%p is %p', (id, expected) => expect(idText(id)).toBe(expected));
 });

@@ -209,7 +209,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
     if (user) return user;
     this.onceFor(`${route.handler}:user`, () =>
       this.logger.error(
-        `${route.handler}: the request's user has no usable id (a non-empty string or a number; request.user.id, else .sub), ` +
+        `${route.handler}: the request's user has no usable id (a non-empty string or a number; request.user.id, else .sub; ` +
+          'never a text with undefined, NaN or [object Object] in it, what a template over a missing field writes), ' +
           'so the guard cannot tell users apart and refuses the call (500). Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape.',
       ),
     );

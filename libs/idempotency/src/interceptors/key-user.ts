@@ -51,11 +51,20 @@ export function addressOf(given: string | undefined): string | undefined {
 }
 
 /**
+ * What a template or `String()` over a missing or wrong field writes: `undefined`, `NaN` as a
+ * word, or `[object Object]`. `getUser: (ctx) => `${user.tenantId}:${user.id}`` over a user
+ * without `id` (a JWT user is `{ sub }`) gave every user of a tenant the one segment
+ * `t1:undefined`, and one user's answer was replayed to another (an adversarial helper).
+ */
+const TEMPLATE_OF_NOTHING = /(?:^|[^\w$])(?:undefined|NaN)(?![\w$])|\[object \w*\]/;
+
+/**
  * A user id as its key segment: a non-empty string, a finite number or a bigint. Anything else
- * (an object, a Buffer, an array) has no text that tells every user apart, so it is refused.
+ * (an object, a Buffer, an array) has no text that tells every user apart, so it is refused; so
+ * is a string that holds what a template writes for a missing field (`t1:undefined`).
  */
 export function idText(id: unknown): string | undefined {
-  if (typeof id === 'string') return id === '' ? undefined : id;
+  if (typeof id === 'string') return id === '' || TEMPLATE_OF_NOTHING.test(id) ? undefined : id;
   if (typeof id === 'number') return Number.isFinite(id) ? String(id) : undefined;
   if (typeof id === 'bigint') return String(id);
   return undefined;
