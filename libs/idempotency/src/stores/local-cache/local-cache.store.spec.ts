@@ -172,6 +172,15 @@ describe('LocalCacheIdempotencyStore', () => {
     expect(store.cacheStats().entries).toBe(0);
   });
 
+  it('asks the store when the entry is invalidated while its hit waits for the check phase (a forget read in the same poll)', async () => {
+    await replayedOnce();
+    const hit = claim('t2');
+    tracking.listener.invalidated(['k']);
+    await inner.forget('k');
+    expect(await hit).toEqual({ status: 'acquired', token: 't2' });
+    expect(innerClaims).toHaveBeenCalledTimes(1);
+  });
+
   it('discards every read on its way, and every entry, when tracking is reset', async () => {
     await replayedOnce();
     await inner.claim({ key: 'k2', token: 'x', fingerprint: '', leaseMs: 10_000 });
