@@ -1,4 +1,4 @@
-import { Logger, type CallHandler } from '@nestjs/common';
+import { Logger, StreamableFile, type CallHandler } from '@nestjs/common';
 import type { AbstractHttpAdapter } from '@nestjs/core';
 import { isUtf8 } from 'node:buffer';
 import type { ServerResponse } from 'node:http';
@@ -38,6 +38,7 @@ const NOT_REPLAYABLE: Record<UnreplayableReason, string> = {
   server_error: 'the server failed while answering the first request',
   // Written for message handlers only (RpcExchange); said here for a record an app moved over.
   not_serializable: 'the first answer could not be kept as JSON',
+  partial: "the first answer was to that request's Range or precondition headers (a part of the resource, or 412)",
 };
 /** What a duplicate is told when the first answer was a 304 that does not fit it (`notModifiedFits`). */
 const NOT_MODIFIED_ELSEWHERE =
@@ -115,10 +116,12 @@ export class HttpExchange implements GuardExchange {
   run(next: CallHandler, claim: HeldClaim): Observable<unknown> {
     const { maxResponseBytes, holdsResponse, savesStatus } = this.route;
     let failedInMethod = false;
+    let fileFailed = false;
     clearRefusalHeaders(this.res, this.raw);
-    const capture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, holdsResponse, (sent) => {
+    const capture: ResponseCapture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, holdsResponse, (sent): Promise<void> => {
       this.forgo = undefined;
-      return failedInMethod ? this.settleFailure(claim, sent) : claim.save(toSaved(sent, this.raw.statusCode));
+      if (failedInMethod) return this.settleFailure(claim, sent);
+      return claim.save(this.savedOf(sent, capture, fileFailed));
     });
     /** The run ended; its answer is awaited unless the request runs again first (`create`). */
     const awaitAnswer = () => {
@@ -138,9 +141,11 @@ export class HttpExchange implements GuardExchange {
     return runHeld(
       watched ? watched.handled : next.handle(),
       {
-        succeeded: async (_value, cut) => {
+        succeeded: async (value, cut) => {
           // Cut off first: the client got another answer (the capture let it through).
           if (cut) return claim.save(toSaved(undefined, this.raw.statusCode));
+          // Heard before Nest's own listener, which answers the failure (see `savedOf`).
+          if (value instanceof StreamableFile) value.getStream().once('error', () => (fileFailed = true));
           awaitAnswer();
         },
         failed: async (cut) => {
@@ -167,6 +172,36 @@ export class HttpExchange implements GuardExchange {
    */
   private settleFailure(claim: HeldClaim, sent: CapturedResponse | undefined): Promise<void> {
     return sent && this.savesStatus(sent.statusCode) ? claim.save(toSaved(sent, sent.statusCode)) : claim.release();
+  }
+
+  /**
+   * What a run that succeeded saves of the answer sent. A `StreamableFile` whose stream failed
+   * (a file gone, a bucket's read refused) is answered by Nest, 400 on Express and 500 on
+   * Fastify: the app's answer to a failed read, not the handler's. The 400 was saved and
+   * replayed to every retry for the key's retention (an adversarial helper); it is kept as not
+   * replayable, as the 500 is, on both adapters.
+   */
+  private savedOf(sent: CapturedResponse | undefined, capture: ResponseCapture, fileFailed: boolean): SavedResponse {
+    if (!sent) return toSaved(undefined, this.raw.statusCode);
+    if (fileFailed) return unreplayable(sent, 'server_error');
+    if (this.shapedByPreconditions(sent, capture)) return unreplayable(sent, 'partial');
+    return toSaved(sent, this.raw.statusCode);
+  }
+
+  /**
+   * Whether the answer is one to this request's Range or precondition headers (`Range`,
+   * `If-Match`, `If-Unmodified-Since`, `If-Range`): a 206 or 416 (a `Content-Range` on any
+   * status: Nest's 201 over a partial file on Fastify) or a 412. Replayed, it went to duplicates
+   * that never asked for it: ten bytes of a file saved as the whole file, a 206 without its
+   * `Content-Range`, a 412 to a retry without `If-Match`. A 304 is `notModifiedFits`' case.
+   */
+  private shapedByPreconditions(sent: CapturedResponse, capture: ResponseCapture): boolean {
+    const headers = this.req.headers;
+    if (headers.range === undefined && headers['if-match'] === undefined && headers['if-unmodified-since'] === undefined && headers['if-range'] === undefined) {
+      return false;
+    }
+    const status = sent.statusCode;
+    return status === 206 || status === 412 || status === 416 || capture.headerOf('content-range') !== undefined;
   }
 
   /** The route's `saveStatuses` on this status; a function that throws saves nothing (logged). */
@@ -216,10 +251,12 @@ export class HttpExchange implements GuardExchange {
   }
 }
 
+const unreplayable = (sent: CapturedResponse, reason: UnreplayableReason): SavedResponse => ({ statusCode: sent.statusCode, headers: {}, unreplayable: reason });
+
 /** The answer sent as a record: its bytes as text (or base64), or why it is not replayable. */
 function toSaved(sent: CapturedResponse | undefined, statusCode: number): SavedResponse {
   if (!sent) return { statusCode, headers: {}, unreplayable: 'not_delivered' };
-  if (sent.statusCode >= 500) return { statusCode: sent.statusCode, headers: {}, unreplayable: 'server_error' };
+  if (sent.statusCode >= 500) return unreplayable(sent, 'server_error');
   if (!sent.body) return { statusCode: sent.statusCode, headers: sent.headers, unreplayable: 'too_large' };
   const saved: SavedResponse = { statusCode: sent.statusCode, headers: sent.headers };
   if (sent.body.length === 0) return saved;

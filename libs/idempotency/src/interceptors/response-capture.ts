@@ -254,8 +254,8 @@ export class ResponseCapture implements ResponseHook {
     return { statusCode: this.raw.statusCode, headers: withoutRefusalHeaders(this.raw, this.raw.statusCode, headers), body };
   }
 
-  /** A header as sent: set on the response, or passed to `writeHead` (Fastify sends them so). */
-  private headerOf(name: string): number | string | readonly string[] | undefined {
+  /** A header as sent (a lower-case name): set on the response, or passed to `writeHead` (Fastify sends them so). */
+  headerOf(name: string): number | string | readonly string[] | undefined {
     if (this.head) {
       for (const key of Object.keys(this.head)) {
         if (key.toLowerCase() === name) return this.head[key];

@@ -20,13 +20,14 @@ export interface SavedResponse {
    * was over `maxResponseBytes`; `not_delivered`: the first client got another answer (an outer
    * timeout answered before the handler settled); `server_error`: the app answered 5xx after
    * the handler succeeded; `not_serializable`: a message handler's result JSON cannot hold (a
-   * BigInt, an object that refers to itself, a Buffer, a stream).
+   * BigInt, an object that refers to itself, a Buffer, a stream); `partial`: the answer was to
+   * the first request's Range or precondition headers (a 206, 416 or 412).
    */
   unreplayable?: UnreplayableReason;
 }
 
 /** Why a completed record holds no replayable answer (see `SavedResponse.unreplayable`). */
-export type UnreplayableReason = 'too_large' | 'not_delivered' | 'server_error' | 'not_serializable';
+export type UnreplayableReason = 'too_large' | 'not_delivered' | 'server_error' | 'not_serializable' | 'partial';
 
 /** What a claim found; expected outcomes are values, not exceptions. */
 export type ClaimResult =

@@ -112,7 +112,7 @@ export function describeStoreContract(
     });
 
     it('keeps a completed record that is not replayable, with its reason and no body', async () => {
-      for (const reason of ['too_large', 'not_delivered', 'server_error', 'not_serializable'] satisfies UnreplayableReason[]) {
+      for (const reason of ['too_large', 'not_delivered', 'server_error', 'not_serializable', 'partial'] satisfies UnreplayableReason[]) {
         const unreplayable = `${key}:${reason}`;
         const saved: SavedResponse = { statusCode: 201, headers: {}, unreplayable: reason };
         await h.store.claim({ key: unreplayable, token: 't1', fingerprint: 'fp-1', leaseMs });
