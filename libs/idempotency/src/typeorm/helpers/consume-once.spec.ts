@@ -14,6 +14,7 @@ import {
 } from 'typeorm';
 import { ConsumeLogEntry } from './consume-log.entity.js';
 import { consumeOnce } from './consume-once.js';
+import { IdempotencyError } from '../../index.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
 /** The consumer's business effect; deliberately without a unique key, so every run shows. */
@@ -286,6 +287,23 @@ describe('consumeOnce (PostgreSQL)', () => {
         status: 'processed',
       });
       expect(await consumeOnce(dataSource, { consumer: 'billing', messageId }, async () => undefined)).toEqual({ status: 'duplicate' });
+    }
+  });
+
+  // An adversarial helper (session 20): with autoLoadEntities and no forFeature of the log, the
+  // call failed inside the transaction with TypeORM's "this.subQuery is not a function".
+  it('names the missing log entity when the DataSource lacks it, before any transaction', async () => {
+    const bare = await openSchemaDataSource(testSchemaName(), { entities: [LedgerLine], synchronize: true });
+    try {
+      let ran = false;
+      const error = await consumeOnce(bare, { consumer: 'c', messageId: 'm-bare' }, async () => {
+        ran = true;
+      }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(IdempotencyError);
+      expect((error as Error).message).toMatch(/no ConsumeLogEntry entity\. Add IDEMPOTENCY_HELPER_ENTITIES/);
+      expect(ran).toBe(false);
+    } finally {
+      await dropSchemaDataSource(bare);
     }
   });
 

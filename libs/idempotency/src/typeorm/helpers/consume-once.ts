@@ -54,6 +54,13 @@ export async function consumeOnce<R>(
   work: (manager: EntityManager) => Promise<R>,
 ): Promise<ConsumeOnceResult<R>> {
   const entry = { consumer: checkedConsumer(message.consumer), messageId: loggedMessageId(message.messageId) };
+  // Without it TypeORM failed inside the transaction with "this.subQuery is not a function".
+  if (!dataSource.hasMetadata(ConsumeLogEntry)) {
+    throw new IdempotencyError(
+      'consumeOnce: this DataSource has no ConsumeLogEntry entity. Add IDEMPOTENCY_HELPER_ENTITIES (or IDEMPOTENCY_ENTITIES) to its ' +
+        'entities (with autoLoadEntities, to a TypeOrmModule.forFeature()), and run IDEMPOTENCY_HELPER_MIGRATIONS.',
+    );
+  }
   let processed: { status: 'processed'; result: R };
   let txid: string | undefined;
   coverNewConnections(dataSource);
