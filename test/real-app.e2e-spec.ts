@@ -14,7 +14,7 @@ import {
 } from './support/real-app.js';
 
 /** The headers a replay carries from the first answer (the module's default allowlist). */
-const REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'content-location', 'content-disposition'];
+const REPLAYED_HEADERS = ['content-type', 'location', 'etag', 'content-location', 'content-disposition', 'cache-control'];
 
 /** The replay is the first answer again: status, allowlisted headers, the same bytes; only it is marked replayed. */
 function expectSameAnswer(first: Answer, replay: Answer): void {
@@ -65,6 +65,9 @@ describe.each(EVERY_APP)('a real app (%s, %s store)', (adapter, store) => {
     expect(first.json()).toEqual({ data: { id: 'alice-1', email: 'alice@example.com' } });
     const replay = await post('', { body });
     expectSameAnswer(first, replay);
+    // An adversarial helper (session 20): the replay dropped it, and a private answer went out
+    // without `no-store`.
+    expect(replay.headers['cache-control']).toBe('private, no-store');
     expect(replay.body.toString('latin1')).not.toMatch(/passwordHash|secret-hash/);
     const record = await real.store.get(real.storageKey('alice', 'create', key));
     expect(record?.state).toBe('completed');

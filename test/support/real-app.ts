@@ -169,6 +169,8 @@ export class UsersController {
     return this.probe.run('create', (run) => {
       const id = `${ownerOf(req)}-${run}`;
       this.adapterHost.httpAdapter.setHeader(res, 'Location', `/api/v1/users/${encodeURIComponent(id)}`);
+      // A user's own data: no shared cache may keep it, the replay included.
+      this.adapterHost.httpAdapter.setHeader(res, 'Cache-Control', 'private, no-store');
       return new User({ id, email: body.email, passwordHash: `$argon2id$secret-hash-${id}` });
     });
   }

@@ -24,7 +24,7 @@ export const DEFAULTS = Object.freeze({
   required: true,
   anonymous: 'client-key' as const,
   maxResponseBytes: 1_048_576,
-  replayHeaders: Object.freeze(['content-type', 'location', 'etag', 'content-location', 'content-disposition']),
+  replayHeaders: Object.freeze(['content-type', 'location', 'etag', 'content-location', 'content-disposition', 'cache-control']),
   memoryMaxEntries: 100_000,
   localCacheMaxEntries: 10_000,
   localCacheMaxBytes: 33_554_432,
