@@ -3,13 +3,13 @@
 // same request. The guard once marked the request as handled on the first subscription and, on
 // the second, returned `next.handle()` unguarded: the handler ran again while the first run
 // (still owning the key) went on. Each subscription is now guarded on its own.
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, HttpCode, Post, type CallHandler, type ExecutionContext, type NestInterceptor } from '@nestjs/common';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from '@jest/globals';
+import { Controller, HttpCode, Post, RequestTimeoutException, type CallHandler, type ExecutionContext, type NestInterceptor } from '@nestjs/common';
 import { APP_INTERCEPTOR } from '@nestjs/core';
 import { randomUUID } from 'node:crypto';
-import { defer, mergeMap, retry, timeout, type Observable } from 'rxjs';
+import { catchError, defer, mergeMap, retry, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
-import { codeOf, makeApp, replayed, send, sleep, type Adapter, type EdgeApp } from './support/edge-app.js';
+import { codeOf, makeApp, replayed, send, sleep, until, type Adapter, type EdgeApp } from './support/edge-app.js';
 
 class RetryOnTimeout implements NestInterceptor {
   intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
@@ -72,29 +72,45 @@ describe.each<Adapter>(['express', 'fastify'])('an outer retry after a timeout (
 });
 
 // A unit-of-work interceptor (one transaction per request, committed after the handler's value)
-// that retries a failed COMMIT (a serialization failure, 40001). The guard counts the run as
-// done when the method's value comes, so the retry's subscription found the key held by its own
-// request: 409 in progress, and that refusal, the answer the client got, was saved and replayed
-// to every retry of the key for its whole retention, while the transfer never committed (an
-// adversarial helper, on Redis and PostgreSQL). The COMMIT is simulated: the guard sees only the
-// Observable, and the failure must come after the handler's value, once.
+// outside the guard. The guard counts the run as done when the method's value comes; what
+// happens outside it afterwards it cannot tell apart: a COMMIT that failed (nothing happened) and
+// is retried, or an outer timeout's retry while the COMMIT still runs (it will happen). So the
+// handler never runs twice for one request. Observed before: a retried COMMIT's subscription was
+// refused 409 in progress by its own request's claim, and that refusal was saved and replayed for
+// the key's retention (an adversarial helper); freeing the key instead (this session's first
+// fix) ran a timeout's retry beside the COMMIT, 2-3 commits for one request (another). The COMMIT
+// is simulated: the guard sees only the Observable.
 let commitFailures = 0;
+let commitMs = 0;
 const committed: number[] = [];
+
+const commit = (value: { run: number }) =>
+  new Promise<{ run: number }>((resolve, reject) =>
+    setTimeout(() => {
+      if (commitFailures > 0) {
+        commitFailures--;
+        reject(new Error('could not serialize access due to concurrent update'));
+      } else {
+        committed.push(value.run);
+        resolve(value);
+      }
+    }, commitMs),
+  );
 
 class UnitOfWork implements NestInterceptor {
   intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
-    return defer(() =>
-      next.handle().pipe(
-        mergeMap(async (value: { run: number }) => {
-          if (commitFailures > 0) {
-            commitFailures--;
-            throw new Error('could not serialize access due to concurrent update');
-          }
-          committed.push(value.run);
-          return value;
-        }),
-      ),
-    ).pipe(retry(3));
+    return defer(() => next.handle().pipe(mergeMap(commit))).pipe(retry(3));
+  }
+}
+
+/** Nest's docs' timeout, with a retry, outside the unit of work. */
+class TimeoutThenRetry implements NestInterceptor {
+  intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle().pipe(
+      timeout(150),
+      retry(2),
+      catchError((error: unknown) => throwError(() => (error instanceof TimeoutError ? new RequestTimeoutException() : error))),
+    );
   }
 }
 
@@ -110,51 +126,102 @@ class UnitOfWorkController {
   }
 }
 
-describe.each<Adapter>(['express', 'fastify'])('an outer unit of work that retries a failed COMMIT (%s)', (adapter) => {
-  let app: EdgeApp;
+describe.each<Adapter>(['express', 'fastify'])('an outer unit of work (%s)', (adapter) => {
+  let retrying: EdgeApp;
+  let timed: EdgeApp;
   beforeAll(async () => {
-    app = await makeApp(adapter, [UnitOfWorkController], {}, { providers: [{ provide: APP_INTERCEPTOR, useClass: UnitOfWork }] });
+    retrying = await makeApp(adapter, [UnitOfWorkController], {}, { providers: [{ provide: APP_INTERCEPTOR, useClass: UnitOfWork }] });
+    timed = await makeApp(adapter, [UnitOfWorkController], {}, {
+      providers: [
+        { provide: APP_INTERCEPTOR, useClass: TimeoutThenRetry },
+        { provide: APP_INTERCEPTOR, useClass: UnitOfWork },
+      ],
+    });
   });
-  afterAll(() => app.close());
-
-  it('runs the handler again in the same request, saves the committed run, and replays it to the client\'s retry', async () => {
+  afterAll(async () => {
+    await retrying?.close();
+    await timed?.close();
+  });
+  beforeEach(() => {
     transfers = 0;
     committed.length = 0;
+    commitFailures = 0;
+    commitMs = 0;
+  });
+
+  it('a retried failed COMMIT: the handler ran once; the answer is the refusal, never saved: retries are told not to retry', async () => {
     commitFailures = 1;
     const key = randomUUID();
-    const first = await send(app.url, '/uow', { key });
-    // Observed before: 409 IDEMPOTENCY_IN_PROGRESS, nothing committed.
-    expect({ status: first.status, body: first.text, committed, runs: transfers }).toEqual({
-      status: 201,
-      body: '{"run":2}',
-      committed: [2],
-      runs: 2,
-    });
-    // Observed before: the 409 again, as a replay.
-    const again = await send(app.url, '/uow', { key });
-    expect({ status: again.status, body: again.text, replayed: replayed(again), runs: transfers }).toEqual({
-      status: 201,
-      body: '{"run":2}',
-      replayed: true,
-      runs: 2,
+    const first = await send(retrying.url, '/uow', { key });
+    const again = await send(retrying.url, '/uow', { key });
+    // Observed before: the first 409 IDEMPOTENCY_IN_PROGRESS again, as a replay, for an hour.
+    expect({
+      first: [first.status, codeOf(first)],
+      again: [again.status, codeOf(again), replayed(again), again.headers['retry-after']],
+      runs: transfers,
+      committed,
+    }).toEqual({
+      first: [409, 'IDEMPOTENCY_IN_PROGRESS'],
+      again: [409, 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE', false, undefined],
+      runs: 1,
+      committed: [],
     });
   });
 
-  it('(control) a COMMIT that fails on every attempt: the last failure goes out, and a retry is told so, never a saved 409 in progress', async () => {
+  it("a timeout's retry while the COMMIT still runs never runs the handler again: one commit", async () => {
+    commitMs = 300;
+    const key = randomUUID();
+    const first = await send(timed.url, '/uow', { key });
+    await until(() => committed.length > 0, 3000, 'the COMMIT');
+    await sleep(100);
+    const again = await send(timed.url, '/uow', { key });
+    // Observed with the key freed for the retry: 3 runs, 3 commits.
+    expect({ first: first.status, again: [again.status, codeOf(again), replayed(again)], runs: transfers, committed }).toEqual({
+      first: 409,
+      again: [409, 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE', false],
+      runs: 1,
+      committed: [1],
+    });
+  });
+});
+
+// The same timeout without a retry: its 408 comes after the method's value, while the COMMIT
+// runs. It was saved as the request's answer and replayed to every retry (an adversarial
+// helper): a client that retries on 408 looped until the key's retention ended.
+class TimeoutOnly implements NestInterceptor {
+  intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle().pipe(
+      timeout(150),
+      catchError((error: unknown) => throwError(() => (error instanceof TimeoutError ? new RequestTimeoutException() : error))),
+    );
+  }
+}
+
+describe.each<Adapter>(['express', 'fastify'])("an outer timeout's 408 after the method's value (%s)", (adapter) => {
+  let app: EdgeApp;
+  beforeAll(async () => {
+    app = await makeApp(adapter, [UnitOfWorkController], {}, {
+      providers: [
+        { provide: APP_INTERCEPTOR, useClass: TimeoutOnly },
+        { provide: APP_INTERCEPTOR, useClass: UnitOfWork },
+      ],
+    });
+  });
+  afterAll(() => app?.close());
+
+  it('is never replayed: retries get 409 IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE, the handler ran once', async () => {
     transfers = 0;
     committed.length = 0;
-    commitFailures = 4;
+    commitFailures = 0;
+    commitMs = 300;
     const key = randomUUID();
     const first = await send(app.url, '/uow', { key });
+    await until(() => committed.length > 0, 3000, 'the COMMIT');
     const again = await send(app.url, '/uow', { key });
-    // A 5xx after the method succeeded is kept as not replayable (the effect may have happened;
-    // the README's Caveats): 409 without Retry-After, never the in-progress refusal replayed.
-    expect({ first: first.status, again: again.status, code: codeOf(again), retryAfter: again.headers['retry-after'], runs: transfers }).toEqual({
-      first: 500,
-      again: 409,
-      code: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE',
-      retryAfter: undefined,
-      runs: 4,
+    expect({ first: first.status, again: [again.status, codeOf(again), replayed(again)], runs: transfers }).toEqual({
+      first: 408,
+      again: [409, 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE', false],
+      runs: 1,
     });
   });
 });

@@ -58,11 +58,10 @@ const latestOf = new WeakMap<object, HttpExchange>();
  */
 export class HttpExchange implements GuardExchange {
   private readonly raw: ServerResponse;
-  /**
-   * Set while the run has ended (the method succeeded, or failed on a route that saves its
-   * status) and its answer is awaited: frees the key and lets that answer go unsaved.
-   */
-  private forgo: (() => Promise<void>) | undefined;
+  /** Set while the answer to an error of the method is awaited: frees the key and lets that answer go unsaved. */
+  private forgoFailure: (() => Promise<void>) | undefined;
+  /** The request was subscribed again (`create`): the answer it gets is not this run's. */
+  private superseded = false;
 
   private constructor(
     private readonly req: HttpRequest,
@@ -75,14 +74,18 @@ export class HttpExchange implements GuardExchange {
   }
 
   /**
-   * The exchange of one subscription to the guard. A request subscribed again after its earlier
-   * run ended (an outer `retry()` after something outside the guard failed: a unit-of-work
-   * interceptor's COMMIT; or after the method failed, on a route with `saveStatuses`) first frees
-   * the key the earlier run holds while its answer is awaited: that answer will not be the
-   * earlier run's. The new run would otherwise find the key held and be refused 409 in progress,
-   * and that refusal, the answer the client got, was saved as the earlier run's and replayed to
-   * every retry for the key's whole retention. The retry runs the handler again, as it does after
-   * a failed method. A run still going (an outer timeout's retry) keeps the key: 409.
+   * The exchange of one subscription to the guard. A request subscribed again (an outer
+   * `retry()`) marks the earlier subscription's run superseded: the answer the request gets is
+   * the later one's, never the earlier run's, so it is not saved as that run's. Where the earlier
+   * run succeeded, its key stays held and the new subscription is refused 409 in progress: the
+   * guard cannot tell a COMMIT outside it that failed (nothing happened) from a timeout's retry
+   * while that COMMIT still runs (it will happen), so the handler never runs twice for one
+   * request; the earlier run is saved as not replayable. That 409 was saved as the run's answer
+   * and replayed for the key's whole retention (an adversarial helper), and freeing the key
+   * instead ran a timeout's retry beside the COMMIT (another). On a route with `saveStatuses`, a
+   * request subscribed again after the method failed first frees the key the earlier run holds
+   * while its error's answer is awaited, and the retry runs the handler again, as it does
+   * without `saveStatuses`.
    */
   static create(
     req: HttpRequest,
@@ -92,8 +95,11 @@ export class HttpExchange implements GuardExchange {
     replayHeaders: readonly string[],
   ): HttpExchange | Promise<HttpExchange> {
     const exchange = new HttpExchange(req, res, route, adapter, replayHeaders);
-    const forgo = latestOf.get(req)?.forgo;
+    const earlier = latestOf.get(req);
     latestOf.set(req, exchange);
+    if (!earlier) return exchange;
+    earlier.superseded = true;
+    const forgo = earlier.forgoFailure;
     // A promise only when there is a key to free first: every await is a turn of the microtask queue.
     return forgo ? forgo().then(() => exchange) : exchange;
   }
@@ -118,25 +124,19 @@ export class HttpExchange implements GuardExchange {
     let failedInMethod = false;
     let fileFailed = false;
     clearRefusalHeaders(this.res, this.raw);
-    const capture: ResponseCapture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, holdsResponse, (sent): Promise<void> => {
-      this.forgo = undefined;
-      if (failedInMethod) return this.settleFailure(claim, sent);
-      return claim.save(this.savedOf(sent, capture, fileFailed));
-    });
-    /** The run ended; its answer is awaited unless the request runs again first (`create`). */
-    const awaitAnswer = () => {
-      this.forgo = () => {
-        this.forgo = undefined;
-        capture.passThrough();
-        return claim.release();
-      };
-      capture.succeed();
-    };
+    const capture: ResponseCapture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, holdsResponse, (sent) =>
+      failedInMethod ? this.settleFailure(claim, sent) : claim.save(this.savedOf(sent, capture, fileFailed)),
+    );
     const watched = savesStatus ? watchHandler(next) : undefined;
     /** The app's answer to the method's error is the one to save, by its status (`settleFailure`). */
     const answerFailure = () => {
       failedInMethod = true;
-      awaitAnswer();
+      this.forgoFailure = () => {
+        this.forgoFailure = undefined;
+        capture.passThrough();
+        return claim.release();
+      };
+      capture.succeed();
     };
     return runHeld(
       watched ? watched.handled : next.handle(),
@@ -146,7 +146,7 @@ export class HttpExchange implements GuardExchange {
           if (cut) return claim.save(toSaved(undefined, this.raw.statusCode));
           // Heard before Nest's own listener, which answers the failure (see `savedOf`).
           if (value instanceof StreamableFile) value.getStream().once('error', () => (fileFailed = true));
-          awaitAnswer();
+          capture.succeed();
         },
         failed: async (cut) => {
           if (watched?.began() && !cut) return answerFailure();
@@ -171,6 +171,7 @@ export class HttpExchange implements GuardExchange {
    * else the key is released (a 5xx, another status, or no answer).
    */
   private settleFailure(claim: HeldClaim, sent: CapturedResponse | undefined): Promise<void> {
+    this.forgoFailure = undefined;
     return sent && this.savesStatus(sent.statusCode) ? claim.save(toSaved(sent, sent.statusCode)) : claim.release();
   }
 
@@ -182,7 +183,10 @@ export class HttpExchange implements GuardExchange {
    * replayable, as the 500 is, on both adapters.
    */
   private savedOf(sent: CapturedResponse | undefined, capture: ResponseCapture, fileFailed: boolean): SavedResponse {
-    if (!sent) return toSaved(undefined, this.raw.statusCode);
+    // Another answer went out: a later subscription's (an outer retry), or an outer timeout's
+    // 408 after the method's value (a COMMIT outside the guard still running), which was saved
+    // and replayed to every retry (an adversarial helper).
+    if (!sent || this.superseded || sent.statusCode === 408) return toSaved(undefined, this.raw.statusCode);
     if (fileFailed) return unreplayable(sent, 'server_error');
     if (this.shapedByPreconditions(sent, capture)) return unreplayable(sent, 'partial');
     return toSaved(sent, this.raw.statusCode);

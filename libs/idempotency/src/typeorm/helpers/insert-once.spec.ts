@@ -96,6 +96,11 @@ class VoucherAudit implements EntitySubscriberInterface<Voucher> {
   }
   async afterInsert(event: InsertEvent<Voucher>): Promise<void> {
     if (event.entity?.code.startsWith('audited')) await event.manager.insert(AuditLine, { ref: 'voucher-fixed' });
+    // An idempotent outbox row, written by insertOnce inside the voucher's own insertOnce.
+    if (event.entity?.code.startsWith('outbox')) {
+      const ref = `outbox-of-${event.entity.code}`;
+      await insertOnce(event.manager.getRepository(AuditLine), { ref }, () => ({ ref }));
+    }
     if (event.entity?.code.startsWith('raw-audited')) {
       // Raw SQL that starts with a comment, and one with a comment inside (round 7).
       const table = event.connection.getMetadata(AuditLine).tablePath.split('.').map((part) => `"${part}"`).join('.');
@@ -253,6 +258,17 @@ describe('insertOnce (PostgreSQL)', () => {
     );
     expect(settled.map((r) => r.status)).toEqual(['fulfilled', 'fulfilled']);
     for (const reference of ['R-par-5', 'R-par-6']) expect(await count(reference)).toBe(1);
+  });
+
+  // An adversarial helper (session 20): the turns above made this call wait for the call whose
+  // INSERT was running its subscriber, and the transaction hung.
+  it("nests a subscriber's own insertOnce inside the call whose INSERT runs it, in a transaction", async () => {
+    const results = await dataSource.transaction(async (manager) => [
+      await insertOnce(manager.getRepository(Voucher), { code: 'outbox-1' }, () => ({ code: 'outbox-1' })),
+      await insertOnce(manager.getRepository(Voucher), { code: 'outbox-1' }, () => ({ code: 'outbox-1' })),
+    ]);
+    expect(results.map((r) => r.created)).toEqual([true, false]);
+    expect(await dataSource.getRepository(AuditLine).countBy({ ref: 'outbox-of-outbox-1' })).toBe(1);
   });
 
   it('keeps a transaction begun with a raw BEGIN on a QueryRunner usable after a duplicate', async () => {

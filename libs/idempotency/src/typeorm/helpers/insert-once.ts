@@ -6,6 +6,7 @@ import type {
   QueryRunner,
   Repository,
 } from 'typeorm';
+import { AsyncLocalStorage } from 'node:async_hooks';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { findOnPrimary } from './find-on-primary.js';
 import { uniqueViolationOf, type UniqueViolation } from './unique-violation.js';
@@ -98,6 +99,8 @@ let savepoints = 0;
 
 /** The savepoint section running on each transaction's QueryRunner, for the next call to wait on. */
 const sections = new WeakMap<QueryRunner, Promise<unknown>>();
+/** The QueryRunner whose section the current call runs in. */
+const inSection = new AsyncLocalStorage<QueryRunner>();
 
 /**
  * Runs `work` under a savepoint of its own in the active transaction, with plain SAVEPOINT
@@ -112,7 +115,11 @@ const sections = new WeakMap<QueryRunner, Promise<unknown>>();
  * `created: true` were never written.
  */
 function underSavepoint<R>(queryRunner: QueryRunner, work: () => Promise<R>): Promise<R> {
-  const section = () => savepointSection(queryRunner, work);
+  // A call made inside another's section (an `afterInsert` subscriber's own insertOnce, run by
+  // that INSERT) nests its savepoint in the other's: waiting for its turn, it waited for the very
+  // call that was waiting on it, and the transaction hung (an adversarial helper).
+  if (inSection.getStore() === queryRunner) return savepointSection(queryRunner, work);
+  const section = () => inSection.run(queryRunner, () => savepointSection(queryRunner, work));
   const before = sections.get(queryRunner);
   const mine = before ? before.then(section, section) : section();
   sections.set(queryRunner, mine.catch(() => undefined));
