@@ -3,6 +3,7 @@ import { APP_INTERCEPTOR, type ModulesContainer } from '@nestjs/core';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { controllerMethods, guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { watchRouteMethod } from './handler-start.js';
+import { markMountedTwice } from './route-paths.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 import { NoRepeatSubmitInterceptor } from './no-repeat-submit.interceptor.js';
 
@@ -52,7 +53,11 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
   for (const module of modules.values()) {
     for (const wrapper of module.controllers.values()) {
       const controller = wrapper.metatype as Type | null;
-      if (!controller || seen.has(controller)) continue;
+      if (!controller) continue;
+      if (seen.has(controller)) {
+        markMountedTwice(controller);
+        continue;
+      }
       seen.add(controller);
       // One guard per handler, innermost: none at class level, whoever put it there.
       const classInterceptors = interceptorsOf(controller);

@@ -26,6 +26,7 @@ import type { HttpRequest, HttpResponse } from './http-request.js';
 import { clearRefusalHeaders, setRefusalHeaders } from './refusal-headers.js';
 import { ResponseCapture, type CapturedResponse } from './response-capture.js';
 import { replayInto, sendNow } from './response-replay.js';
+import { matchedRoutePath } from './route-paths.js';
 import type { GuardedRoute } from './route-options.js';
 
 /** The longest `Retry-After` a 409 asks for, in seconds. */
@@ -110,7 +111,14 @@ export class HttpExchange implements GuardExchange {
    * The body as its parser gave it, and the uploaded files (see `httpFingerprintInput`).
    */
   fingerprintInput(): FingerprintInput | Promise<FingerprintInput> {
-    return httpFingerprintInput(this.req, this.route.handler);
+    return httpFingerprintInput(this.req, this.keyHandler());
+  }
+
+  /** `Controller.method`, and the matched route path where the handler answers at several (`route-paths`). */
+  keyHandler(): string {
+    if (!this.route.keysByRoutePath) return this.route.handler;
+    const path = matchedRoutePath(this.req);
+    return path === undefined ? this.route.handler : `${this.route.handler}#${path}`;
   }
 
   /**

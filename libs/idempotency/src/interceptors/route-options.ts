@@ -5,6 +5,7 @@ import { savesStatus, type ResolvedIdempotencyOptions, type SavesStatus } from '
 import type { ErrorFormat } from '../errors/problem-details.js';
 import type { FailMode } from '../idempotency.options.js';
 import { describeKeyPath } from '../keys/key-expression.js';
+import { answersAtSeveralPaths } from './route-paths.js';
 
 /**
  * A decorated handler's settings: the decorator's options (method over controller) merged over
@@ -14,6 +15,8 @@ export interface GuardedRoute {
   metadata: NoRepeatSubmitMetadata;
   /** `ControllerName.methodName`: the key's handler segment. */
   handler: string;
+  /** An HTTP handler that answers at several paths: the matched one joins its handler segment (`route-paths`). */
+  keysByRoutePath: boolean;
   /** How long a completed response is replayed (the store's `retentionMs`), from `expireSeconds`. */
   expireMs: number;
   /** How long a claim holds without renewal, from `leaseSeconds`. */
@@ -69,6 +72,7 @@ export function routeOptions(
   return {
     metadata,
     handler: `${ctx.getClass().name}.${method}`,
+    keysByRoutePath: ctx.getType() === 'http' && answersAtSeveralPaths(ctx),
     expireMs: Math.ceil((options.expireSeconds ?? defaults.expireSeconds) * 1000),
     leaseMs,
     maxHoldMs: Math.max(leaseMs, Math.ceil((options.maxHoldSeconds ?? defaults.maxHoldSeconds) * 1000)),

@@ -1,0 +1,98 @@
+// One handler that answers at several paths. A method on two paths (`@Post([':id/like',
+// ':id/unlike'])`) was keyed `Controller.method` with neither path in its key nor its
+// fingerprint: the unlike got the like's saved answer, and the reject the approve's (an
+// adversarial helper). So did one controller class that two modules mount (`RouterModule`:
+// `/admin/users` and `/public/users`). The path the router matched now joins the key's handler
+// segment of such handlers; a handler at one path keeps `Controller.method`.
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Body, Controller, Module, Param, Post, Req } from '@nestjs/common';
+import { RouterModule } from '@nestjs/core';
+import { randomUUID } from 'node:crypto';
+import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { makeApp, replayed, send, type Adapter, type EdgeApp } from './support/edge-app.js';
+
+const runs: string[] = [];
+
+@Controller('posts')
+class PostsController {
+  @Post([':id/approve', ':id/reject'])
+  @NoRepeatSubmit({ idempotentKey: '#params.id' })
+  decide(@Param('id') id: string, @Req() req: { url: string }) {
+    const op = req.url.endsWith('approve') ? 'approve' : 'reject';
+    runs.push(`${op} ${id}`);
+    return { op, id };
+  }
+
+  @Post(':id/archive')
+  @NoRepeatSubmit({ idempotentKey: '#params.id' })
+  archive(@Param('id') id: string) {
+    runs.push(`archive ${id}`);
+    return { op: 'archive', id };
+  }
+}
+
+@Controller('users')
+class UsersController {
+  @Post()
+  @NoRepeatSubmit()
+  create(@Body() body: { name: string }, @Req() req: { url: string }) {
+    runs.push(`${req.url} ${body.name}`);
+    return { at: req.url, name: body.name };
+  }
+}
+
+@Module({ controllers: [UsersController] })
+class AdminModule {}
+@Module({ controllers: [UsersController] })
+class PublicModule {}
+
+describe.each<Adapter>(['express', 'fastify'])('one handler at several paths (%s)', (adapter) => {
+  let a: EdgeApp;
+  beforeAll(async () => {
+    a = await makeApp(adapter, [PostsController], {}, {
+      imports: [
+        { module: AdminModule },
+        { module: PublicModule },
+        RouterModule.register([
+          { path: 'admin', module: AdminModule },
+          { path: 'public', module: PublicModule },
+        ]),
+      ],
+    });
+  });
+  afterAll(async () => a?.close());
+
+  it('a method on two paths runs each: the reject never gets the approve\'s answer', async () => {
+    runs.length = 0;
+    const id = randomUUID();
+    await send(a.url, `/posts/${id}/approve`);
+    const reject = await send(a.url, `/posts/${id}/reject`);
+    const rejectAgain = await send(a.url, `/posts/${id}/reject`);
+    expect({ reject: [reject.status, replayed(reject), JSON.parse(reject.text).op], again: [replayed(rejectAgain), JSON.parse(rejectAgain.text).op], runs }).toEqual({
+      reject: [201, false, 'reject'],
+      again: [true, 'reject'],
+      runs: [`approve ${id}`, `reject ${id}`],
+    });
+  });
+
+  it('a controller two modules mount runs at each path: /public/users never gets /admin/users\' answer', async () => {
+    runs.length = 0;
+    const key = randomUUID();
+    await send(a.url, '/admin/users', { key, body: { name: 'ann' } });
+    const open = await send(a.url, '/public/users', { key, body: { name: 'ann' } });
+    expect({ status: open.status, replayed: replayed(open), at: JSON.parse(open.text).at, runs }).toEqual({
+      status: 201,
+      replayed: false,
+      at: '/public/users',
+      runs: ['/admin/users ann', '/public/users ann'],
+    });
+  });
+
+  it('(control) a handler at one path keeps one record per key', async () => {
+    runs.length = 0;
+    const id = randomUUID();
+    await send(a.url, `/posts/${id}/archive`);
+    const again = await send(a.url, `/posts/${id}/archive`);
+    expect({ replayed: replayed(again), runs }).toEqual({ replayed: true, runs: [`archive ${id}`] });
+  });
+});
