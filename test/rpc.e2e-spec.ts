@@ -31,6 +31,8 @@ class Handled {
   unkept: string[] = [];
   /** `<pattern> <orderNo>`, once per run of the handler of two patterns. */
   orderEvents: string[] = [];
+  /** The channel of each run of the wildcard handler. */
+  shopOrders: string[] = [];
 }
 
 /** Results JSON cannot hold: a BigInt, an object that refers to itself (an AxiosResponse, an entity with two-way relations), a Buffer. */
@@ -69,6 +71,14 @@ class RpcController {
   @NoRepeatSubmit({ idempotentKey: '#data.orderNo' })
   orderEvent(@Payload() data: OrderMessage, @Ctx() ctx: RedisContext) {
     this.handled.orderEvents.push(`${ctx.getChannel()} ${data.orderNo}`);
+  }
+
+  /** One pattern for every shop (a wildcard): the shop is in the channel. */
+  @MessagePattern('shops.*.orders')
+  @NoRepeatSubmit({ idempotentKey: '#data.orderNo' })
+  shopOrder(@Payload() data: OrderMessage, @Ctx() ctx: RedisContext) {
+    this.handled.shopOrders.push(ctx.getChannel());
+    return { shop: ctx.getChannel().split('.')[1], orderNo: data.orderNo };
   }
 
   @EventPattern('payment.unkept')
@@ -111,7 +121,7 @@ describe('@NoRepeatSubmit on microservice handlers, over the Redis transport', (
   let handled: Handled;
 
   beforeAll(async () => {
-    server = await NestFactory.createMicroservice(RpcTestModule, { ...transport, logger: ['error'] });
+    server = await NestFactory.createMicroservice(RpcTestModule, { ...transport, options: { ...transport.options, wildcards: true }, logger: ['error'] });
     await server.listen();
     handled = server.get(Handled);
     client = ClientProxyFactory.create(transport);
@@ -172,6 +182,22 @@ describe('@NoRepeatSubmit on microservice handlers, over the Redis transport', (
     await firstValueFrom(client.emit('order.created', { orderNo: marker }));
     await until(() => handled.orderEvents.includes(`order.created ${marker}`));
     expect(handled.orderEvents.filter((event) => event.endsWith(` ${orderNo}`))).toEqual([`order.created ${orderNo}`, `order.cancelled ${orderNo}`]);
+  });
+
+  // An adversarial helper (session 20): keyed as its handler, shop b's order with shop a's
+  // order number got shop a's saved result, and shop b's order was never made.
+  it('keys a pattern with wildcards by what it matched: one shop never gets another shop\'s result', async () => {
+    const orderNo = `S-${randomUUID()}`;
+    const order = (shop: string) => firstValueFrom(client.send<{ shop: string }>(`shops.${shop}.orders`, { orderNo }));
+    const a = await order('a');
+    const b = await order('b');
+    const aAgain = await order('a');
+    expect({ a: a.shop, b: b.shop, aAgain: aAgain.shop, runs: handled.shopOrders }).toEqual({
+      a: 'a',
+      b: 'b',
+      aAgain: 'a',
+      runs: ['shops.a.orders', 'shops.b.orders'],
+    });
   });
 
   // An adversarial helper (session 19): a result JSON cannot hold released the key after the

@@ -57,9 +57,10 @@ export class RpcExchange implements GuardExchange {
   /**
    * A handler of several patterns (`@EventPattern(['order.created', 'order.cancelled'])`) keys
    * each pattern apart: keyed by an order number, its `order.cancelled` was taken for a copy of the
-   * order's `order.created` and dropped. The pattern as the transport tells it (RabbitMQ and TCP
-   * `getPattern()`, Redis `getChannel()`, NATS `getSubject()`, MQTT and Kafka `getTopic()`). A
-   * handler of one pattern keeps its handler's name, as HTTP routes do.
+   * order's `order.created` and dropped. So does a pattern with wildcards, by what it matched.
+   * The pattern as the transport tells it (RabbitMQ and TCP `getPattern()`, Redis `getChannel()`,
+   * NATS `getSubject()`, MQTT and Kafka `getTopic()`). A handler of one pattern, matched as
+   * written, keeps its handler's name, as HTTP routes do.
    */
   keyHandler(): string {
     // Read once a message: the fingerprint and the storage key both ask.
@@ -68,9 +69,14 @@ export class RpcExchange implements GuardExchange {
 
   private keyHandlerOfMessage(): string {
     const patterns: unknown = Reflect.getMetadata(PATTERN_METADATA, this.ctx.getHandler());
-    if (!Array.isArray(patterns) || patterns.length < 2) return this.route.handler;
+    if (!Array.isArray(patterns) || patterns.length === 0) return this.route.handler;
     const pattern = messagePatternOf(this.ctx.switchToRpc().getContext());
-    return pattern === undefined ? this.route.handler : `${this.route.handler}#${pattern}`;
+    if (pattern === undefined) return this.route.handler;
+    // One pattern that matched another subject or topic (a wildcard: NATS `shops.*.orders`, MQTT
+    // `shops/+/orders`, Redis with `wildcards`) names what it matched: keyed as its handler, one
+    // shop's order number answered another shop's order with the first shop's result.
+    if (patterns.length === 1 && pattern === patternText(patterns[0])) return this.route.handler;
+    return `${this.route.handler}#${pattern}`;
   }
 
   /** The message's payload, under its key's handler segment. */
@@ -155,6 +161,11 @@ function messagePatternOf(context: unknown): string | undefined {
     if (typeof pattern === 'string') return pattern.startsWith('{') ? sortedJson(pattern) : pattern;
   }
   return undefined;
+}
+
+/** A declared pattern as `messagePatternOf` writes a message's: a string as it is, an object as sorted JSON. */
+function patternText(pattern: unknown): string | undefined {
+  return typeof pattern === 'string' ? pattern : canonicalJson(pattern);
 }
 
 function sortedJson(text: string): string {
