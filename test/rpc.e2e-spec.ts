@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
-import { Controller, Injectable, Logger, Module, type INestMicroservice } from '@nestjs/common';
-import { NestFactory } from '@nestjs/core';
+import { ClassSerializerInterceptor, Controller, Injectable, Logger, Module, type INestMicroservice } from '@nestjs/common';
+import { APP_INTERCEPTOR, NestFactory } from '@nestjs/core';
+import { Exclude } from 'class-transformer';
 import {
   ClientProxyFactory,
   Ctx,
@@ -33,6 +34,20 @@ class Handled {
   orderEvents: string[] = [];
   /** The channel of each run of the wildcard handler. */
   shopOrders: string[] = [];
+  users = 0;
+  large = 0;
+}
+
+/** A user as the app's global ClassSerializerInterceptor sends it: never its password hash. */
+class UserView {
+  id!: string;
+  name!: string;
+  @Exclude()
+  passwordHash!: string;
+
+  constructor(fields: UserView) {
+    Object.assign(this, fields);
+  }
 }
 
 /** Results JSON cannot hold: a BigInt, an object that refers to itself (an AxiosResponse, an entity with two-way relations), a Buffer. */
@@ -73,6 +88,20 @@ class RpcController {
     this.handled.orderEvents.push(`${ctx.getChannel()} ${data.orderNo}`);
   }
 
+  @MessagePattern('users.create')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  createUser(@Payload() data: OrderMessage) {
+    this.handled.users++;
+    return new UserView({ id: data.messageId!, name: data.orderNo, passwordHash: 'SECRET-HASH' });
+  }
+
+  @MessagePattern('orders.large')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId', maxResponseBytes: 100 })
+  largeResult(@Payload() data: OrderMessage) {
+    this.handled.large++;
+    return { orderNo: data.orderNo, lines: 'x'.repeat(1000) };
+  }
+
   /** One pattern for every shop (a wildcard): the shop is in the channel. */
   @MessagePattern('shops.*.orders')
   @NoRepeatSubmit({ idempotentKey: '#data.orderNo' })
@@ -111,7 +140,7 @@ const transport: RedisOptions = { transport: Transport.REDIS, options: { host, p
     }),
   ],
   controllers: [RpcController],
-  providers: [Handled],
+  providers: [Handled, { provide: APP_INTERCEPTOR, useClass: ClassSerializerInterceptor }],
 })
 class RpcTestModule {}
 
@@ -182,6 +211,29 @@ describe('@NoRepeatSubmit on microservice handlers, over the Redis transport', (
     await firstValueFrom(client.emit('order.created', { orderNo: marker }));
     await until(() => handled.orderEvents.includes(`order.created ${marker}`));
     expect(handled.orderEvents.filter((event) => event.endsWith(` ${orderNo}`))).toEqual([`order.created ${orderNo}`, `order.cancelled ${orderNo}`]);
+  });
+
+  // An adversarial helper (session 20): the guard saved the handler's own value, so a duplicate
+  // got the passwordHash the app's global ClassSerializerInterceptor had kept from the first.
+  it("replays a message's result as the app's serializer sent it: the @Exclude()d field never", async () => {
+    const messageId = randomUUID();
+    const first = await firstValueFrom(client.send('users.create', { messageId, orderNo: 'ann' }));
+    const again = await firstValueFrom(client.send('users.create', { messageId, orderNo: 'ann' }));
+    expect({ first, again, runs: handled.users }).toEqual({
+      first: { id: messageId, name: 'ann' },
+      again: { id: messageId, name: 'ann' },
+      runs: 1,
+    });
+  });
+
+  // An adversarial helper (session 20): a 2 MB result was kept in the store for each key.
+  it('keeps no message result over maxResponseBytes: a duplicate is refused IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE, no second run', async () => {
+    const messageId = randomUUID();
+    await firstValueFrom(client.send('orders.large', { messageId, orderNo: 'L-1' }));
+    await expect(firstValueFrom(client.send('orders.large', { messageId, orderNo: 'L-1' }))).rejects.toMatchObject({
+      code: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE',
+    });
+    expect(handled.large).toBe(1);
   });
 
   // An adversarial helper (session 20): keyed as its handler, shop b's order with shop a's

@@ -92,7 +92,8 @@ export class RpcExchange implements GuardExchange {
         succeeded: async (value) => {
           // A handler that nacked or rejected its message reported a failure without throwing.
           if (settledByHandler?.() === 'nacked') return claim.release();
-          const body = serialize(value);
+          let body = serialize(value);
+          if (typeof body === 'string' && !this.isEvent) body = (await serializedAsNestWould(value)) ?? body;
           // Its effect happened: releasing the key let every redelivery run it again. An event's
           // result goes nowhere, and its record needs none; a message's duplicate is told it is not kept.
           if (body === null && this.isEvent) return claim.save({ statusCode: 0, headers: {} });
@@ -106,7 +107,12 @@ export class RpcExchange implements GuardExchange {
             );
             return claim.save({ statusCode: 0, headers: {}, unreplayable: 'not_serializable' });
           }
-          return claim.save(body === undefined ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, body });
+          if (body === undefined) return claim.save({ statusCode: 0, headers: {} });
+          // Unbounded, one result of 2 MB was kept in the store for each key (an adversarial helper).
+          if (Buffer.byteLength(body) > this.route.maxResponseBytes) {
+            return claim.save(this.isEvent ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, unreplayable: 'too_large' });
+          }
+          return claim.save({ statusCode: 0, headers: {}, body });
         },
         // A handler that acked its message before it failed settled it as done (an ack that threw
         // on a channel that closed meanwhile): its effect happened, and releasing the key let the
@@ -142,7 +148,15 @@ export class RpcExchange implements GuardExchange {
   refuse(refusal: GuardRefusal): Observable<unknown> {
     if (refusal.reason === 'in_progress') this.skipped('in_progress', refusal.retryAfterMs);
     else this.skipped(refusal.reason === 'store_unavailable' ? 'store_unavailable' : 'rejected');
-    if (this.isEvent && (refusal.reason === 'in_progress' || refusal.reason === 'key_reused')) return of(undefined);
+    if (this.isEvent && refusal.reason === 'key_reused') {
+      // Dropped, as a copy is: said, as an HTTP call or a message would be told 422.
+      const { handler } = this.route;
+      this.memory.onceFor(`${handler}:reused`, () =>
+        logger.warn(`${handler}: an event came with a key already used with another payload; it is dropped (IDEMPOTENCY_KEY_REUSED)`),
+      );
+      return of(undefined);
+    }
+    if (this.isEvent && refusal.reason === 'in_progress') return of(undefined);
     throw new this.RpcException(toRpcError(refusal));
   }
 }
@@ -215,6 +229,32 @@ function toRpcError(refusal: GuardRefusal): { code: string; message: string; ret
 }
 
 /** The result as JSON text: undefined for no value, null when JSON cannot hold it. */
+/** class-transformer, where the app has it (an optional peer of Nest's `ClassSerializerInterceptor`); null where not. */
+let classTransformer: Promise<{ instanceToPlain(value: unknown): unknown } | null> | undefined;
+
+/**
+ * A message's result as Nest's `ClassSerializerInterceptor` sends it (class-transformer's
+ * `instanceToPlain`: `@Exclude()` and `@Expose()` applied), where the app has class-transformer.
+ * The guard runs inside the app's interceptors, so the value it sees is the handler's own: saved
+ * as its plain JSON, a duplicate got the `@Exclude()`d `passwordHash` the first caller never
+ * saw, and the store kept it (an adversarial helper). Undefined where class-transformer is not
+ * there (no serializer can have shaped the answer then) or fails on the value.
+ */
+async function serializedAsNestWould(value: unknown): Promise<string | undefined> {
+  if (value === null || typeof value !== 'object') return undefined;
+  classTransformer ??= import('class-transformer').then(
+    (module) => module as unknown as { instanceToPlain(value: unknown): unknown },
+    () => null,
+  );
+  const transformer = await classTransformer;
+  if (!transformer) return undefined;
+  try {
+    return JSON.stringify(Array.isArray(value) ? value.map((item) => transformer.instanceToPlain(item)) : transformer.instanceToPlain(value));
+  } catch {
+    return undefined;
+  }
+}
+
 function serialize(value: unknown): string | undefined | null {
   if (value === undefined) return undefined;
   if (!isJsonable(value)) return null;
