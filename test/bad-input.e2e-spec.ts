@@ -91,7 +91,7 @@ const cases: BadRequest[] = [
   { what: 'an invoice amount over numeric(12,2)', path: '/invoices', headers: invoiceHeaders(), body: json({ terminalId: 'T-1', number: 'N-1', amount: 1e12 }), status: 400, code: 'VALIDATION_FAILED' },
   { what: 'a NUL as an invoice id', method: 'get', path: '/invoices/%00', status: 404, code: 'INVOICE_NOT_FOUND' },
   { what: 'a NUL as an upload id', method: 'get', path: '/uploads/%00', status: 404, code: 'UPLOAD_NOT_FOUND' },
-  { what: 'a JSON array as the body', body: '[{"orderNo":"A-1","amount":1}]', status: 400, code: ['IDEMPOTENCY_KEY_MISSING', 'VALIDATION_FAILED'] },
+  { what: 'a JSON array as the body', body: '[{"orderNo":"A-1","amount":1}]', status: 400, code: ['IDEMPOTENCY_KEY_INVALID', 'VALIDATION_FAILED'] },
   { what: 'a JSON null body', body: 'null', status: 400, code: ['IDEMPOTENCY_KEY_MISSING', 'INVALID_JSON'] },
   { what: 'an empty JSON body', body: '', status: 400, code: ['IDEMPOTENCY_KEY_MISSING', 'INVALID_JSON'] },
   { what: 'a bad X-User-Id', headers: { 'x-user-id': 'a b' }, body: json({ orderNo: orderNo(), amount: 1 }), status: 400, code: 'INVALID_USER_ID' },

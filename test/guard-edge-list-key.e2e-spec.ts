@@ -27,6 +27,13 @@ class OrdersController {
     return { run: runs.length };
   }
 
+  @Post('nested')
+  @NoRepeatSubmit({ required: false, idempotentKey: '#body.order.no' })
+  nested(@Body() body: unknown) {
+    runs.push(`nested ${JSON.stringify(body)}`);
+    return { run: runs.length };
+  }
+
   @Post('required')
   @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
   required(@Body() body: { orderNo?: unknown }) {
@@ -48,6 +55,10 @@ describe.each<Adapter>(['express', 'fastify'])('a key expression that finds a li
     ['a form field sent twice', '/orders', () => form('orderNo=A1&orderNo=A1&amount=5'), 'the body field "orderNo" is a list'],
     ['a query parameter sent twice', '/orders/by-ref?ref=A1&ref=A1', () => ({}), 'the query parameter "ref" is a list'],
     ['an object', '/orders', () => ({ body: { orderNo: { id: 'A1' } } }), 'the body field "orderNo" is an object'],
+    // A second helper's round: a path through a text or a list, and a body that is a list.
+    ['a path through a text', '/orders/nested', () => ({ body: { order: 'A1' } }), 'the body field "order.no" cannot be read'],
+    ['a path through a list', '/orders/nested', () => ({ body: { order: ['A1'] } }), 'the body field "order.no" cannot be read'],
+    ['a body that is a list', '/orders', () => ({ body: [{ orderNo: 'A1' }] }), 'the body field "orderNo" cannot be read'],
   ])('is refused 400 IDEMPOTENCY_KEY_INVALID on a route that does not require a key: %s, 5 at once', async (_name, path, options, problem) => {
     runs.length = 0;
     const answers = await Promise.all(Array.from({ length: 5 }, () => send(a.url, path, options())));

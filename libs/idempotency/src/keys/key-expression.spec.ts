@@ -131,12 +131,28 @@ describe('evaluateKeyPath', () => {
     );
   });
 
-  it('returns undefined for missing sources and paths through primitives', () => {
+  it('returns undefined for missing sources and paths through null or undefined', () => {
     expect(evaluate('#body.a', {})).toBeUndefined();
     expect(evaluate('#user.id', { user: undefined })).toBeUndefined();
-    expect(evaluate('#body.a.b', { body: { a: 'str' } })).toBeUndefined();
-    expect(evaluate('#body.a.length', { body: { a: 'str' } })).toBeUndefined();
     expect(evaluate('#body.a.b', { body: { a: null } })).toBeUndefined();
+    expect(evaluate('#body.a.b', { body: undefined })).toBeUndefined();
+  });
+
+  // An adversarial helper (session 20): taken for no key, a route with `required: false` ran
+  // every such call unguarded.
+  it.each([
+    ['#body.a.b', { body: { a: 'str' } }, 'the body field "a.b" cannot be read: what holds it is a text'],
+    ['#body.a.length', { body: { a: 'str' } }, 'the body field "a.length" cannot be read: what holds it is a text'],
+    ['#body.order.no', { body: { order: ['A1'] } }, 'the body field "order.no" cannot be read: what holds it is a list (was it sent more than once?)'],
+    ['#body.orderNo', { body: '{"orderNo":"A1"}' }, 'the body field "orderNo" cannot be read: what holds it is a text'],
+    ['#body.orderNo', { body: [{ orderNo: 'A1' }] }, 'the body field "orderNo" cannot be read: what holds it is a list (was it sent more than once?)'],
+  ])('refuses %s through a primitive or a list: %p', (expr, sources, problem) => {
+    expect(() => evaluate(expr, sources as KeySources)).toThrow(new IdempotencyKeyError(problem));
+  });
+
+  it('walks into a list by an index', () => {
+    expect(evaluate('#data.items[1].sku', { data: { items: [{ sku: 'a' }, { sku: 'b' }] } })).toBe('b');
+    expect(evaluate('#data.items[5].sku', { data: { items: [] } })).toBeUndefined();
   });
 
   it('walks own properties only', () => {

@@ -157,16 +157,23 @@ export function parseKeyExpression(expr: string, where: string): KeyPath {
  * `__proto__`, `constructor` or `prototype`.
  *
  * @returns a string as is; a finite number, bigint or boolean as `String(value)`; `undefined`
- *   for null, undefined, a missing property or a path through a primitive (no key was sent)
+ *   for null, undefined, a missing property, or a path through null or undefined (no key was sent)
  * @throws IdempotencyKeyError for a value that is there but is no one key: an object, an array (a
- *   form field, query parameter or header sent twice), NaN or Infinity. Taking it for no key ran
- *   every such call unguarded on a route that does not require a key.
+ *   form field, query parameter or header sent twice), NaN or Infinity; and for a path through a
+ *   primitive or through a list by a name. Taking it for no key ran every such call unguarded on
+ *   a route that does not require a key.
  */
 export function evaluateKeyPath(path: KeyPath, sources: KeySources): string | undefined {
   if (!Object.hasOwn(sources, path.root)) return undefined;
   let current: unknown = (sources as Record<string, unknown>)[path.root];
   for (const segment of path.segments) {
-    if (current === null || typeof current !== 'object') return undefined;
+    if (current === null || current === undefined) return undefined;
+    // Sent, but not where a key can be: `{"order":"A1"}` for `#body.order.no`, a list for a
+    // name, a text body (Fastify's text/plain) for `#body.orderNo`. Taken for no key, a route
+    // with `required: false` ran every such call unguarded (an adversarial helper).
+    if (typeof current !== 'object' || (Array.isArray(current) && !/^\d+$/.test(segment))) {
+      throw new IdempotencyKeyError(`${describeKeyPath(path)} cannot be read: what holds it is ${kindOf(current)}`);
+    }
     if (FORBIDDEN.has(segment) || !Object.hasOwn(current, segment)) return undefined;
     current = (current as Record<string, unknown>)[segment];
   }
@@ -203,5 +210,5 @@ export function keyText(value: unknown, where: () => string): string | undefined
 function kindOf(value: unknown): string {
   if (Array.isArray(value)) return 'a list (was it sent more than once?)';
   if (typeof value === 'number') return String(value);
-  return typeof value === 'object' ? 'an object' : `a ${typeof value}`;
+  return typeof value === 'object' ? 'an object' : typeof value === 'string' ? 'a text' : `a ${typeof value}`;
 }
