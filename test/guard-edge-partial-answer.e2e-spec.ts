@@ -23,10 +23,15 @@ const setHeader = (res: Reply, name: string, value: string) => (res.header ? res
 class ExportsController {
   @Post()
   @NoRepeatSubmit()
-  create(@Headers('range') range: string | undefined, @Headers('if-match') ifMatch: string | undefined, @Res({ passthrough: true }) res: Reply) {
+  create(
+    @Headers('range') range: string | undefined,
+    @Headers('if-match') ifMatch: string | undefined,
+    @Headers('if-none-match') ifNoneMatch: string | undefined,
+    @Res({ passthrough: true }) res: Reply,
+  ) {
     runs++;
     setHeader(res, 'ETag', ETAG);
-    if (ifMatch !== undefined && ifMatch !== ETAG) {
+    if ((ifMatch !== undefined && ifMatch !== ETAG) || ifNoneMatch === '*') {
       res.status(412);
       return 'precondition failed';
     }
@@ -57,6 +62,7 @@ describe.each<Adapter>(['express', 'fastify'])('an answer to the first request\'
     ['a part under a 201 with its Content-Range', { range: 'bytes=1-10' }, 201],
     ['a range not satisfiable (416)', { range: 'bytes=500-600' }, 416],
     ['a failed precondition (412)', { 'if-match': '"old"' }, 412],
+    ['a create-only precondition that failed (If-None-Match: *, 412)', { 'if-none-match': '*' }, 412],
   ])('%s is never replayed to a duplicate; the handler ran once', async (_name, headers, status) => {
     runs = 0;
     const key = randomUUID();

@@ -141,10 +141,13 @@ export function assertShared(
   }
   // A path ('meta.nonce') was taken for a field of that name, matched nothing, and every retry
   // that changed the field got 422: the names are removed at any depth already.
-  const path = (ignoreFields as string[] | undefined)?.find((field) => field.includes('.'));
+  // So did one read from a list in the environment with its space (`'a, nonce'.split(',')`).
+  const path = (ignoreFields as string[] | undefined)?.find((field) => /[.[\]]|^\/|^\s|\s$/.test(field));
   if (path !== undefined) {
-    const name = path.slice(path.lastIndexOf('.') + 1);
-    throw new IdempotencyConfigError(`${where}: ignoreFields names fields, not paths: they are removed at any depth, so write ${shown(name)} for ${shown(path)}`);
+    const name = path.trim().split(/[.[\]/'"]+/).filter(Boolean).pop() ?? path.trim();
+    throw new IdempotencyConfigError(
+      `${where}: ignoreFields names fields, not paths, without spaces around them: they are removed at any depth, so write ${shown(name)} for ${shown(path)}`,
+    );
   }
   assertBoolean('required', required, where);
 }

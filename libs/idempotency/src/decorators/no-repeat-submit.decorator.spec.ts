@@ -78,7 +78,10 @@ describe('@NoRepeatSubmit()', () => {
     ['ignoreFields', { ignoreFields: 'nonce' }, /ignoreFields must be a list of field names/],
     ['ignoreFields', { ignoreFields: ['nonce', 3] }, /ignoreFields must be a list of field names/],
     // A path matched no field, and every retry that changed it got 422 (an adversarial helper).
-    ['ignoreFields', { ignoreFields: ['meta.nonce'] }, /ignoreFields names fields, not paths: .* write "nonce" for "meta.nonce"/],
+    ['ignoreFields', { ignoreFields: ['meta.nonce'] }, /ignoreFields names fields, not paths, .* write "nonce" for "meta.nonce"/],
+    ['ignoreFields', { ignoreFields: ["meta['nonce']"] }, /write "nonce" for "meta\['nonce'\]"/],
+    ['ignoreFields', { ignoreFields: ['/meta/nonce'] }, /write "nonce" for "\/meta\/nonce"/],
+    ['ignoreFields', { ignoreFields: ['a', ' nonce'] }, /write "nonce" for " nonce"/],
     ['required', { required: 'false' }, /required must be true or false/],
     // A trailing space from a .env file: the header never matched, and every call ran unguarded.
     ['keyHeader', { keyHeader: 'Idempotency-Key ' }, /keyHeader must be a header name/],
