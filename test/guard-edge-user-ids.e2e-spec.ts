@@ -19,14 +19,19 @@ const USERS: Record<string, unknown> = {
   'bob-array': { id: ['a', 'b'] },
 };
 
-@Injectable()
-class LoginGuard implements CanActivate {
-  canActivate(ctx: ExecutionContext): boolean {
-    const req = ctx.switchToHttp().getRequest<{ headers: Record<string, string>; user?: unknown }>();
-    req.user = USERS[req.headers['x-user']];
-    return true;
+/** A guard that logs in as `users[x-user]`. */
+function loginFrom(users: Record<string, unknown>) {
+  @Injectable()
+  class LoginGuard implements CanActivate {
+    canActivate(ctx: ExecutionContext): boolean {
+      const req = ctx.switchToHttp().getRequest<{ headers: Record<string, string>; user?: unknown }>();
+      req.user = users[req.headers['x-user']];
+      return true;
+    }
   }
+  return LoginGuard;
 }
+const LoginGuard = loginFrom(USERS);
 
 @Controller('account')
 @UseGuards(LoginGuard)
@@ -65,14 +70,7 @@ const JWT_USERS: Record<string, unknown> = {
   bob: { sub: 'u-bob', username: 'bob', tenantId: 't1' },
 };
 
-@Injectable()
-class JwtLikeGuard implements CanActivate {
-  canActivate(ctx: ExecutionContext): boolean {
-    const req = ctx.switchToHttp().getRequest<{ headers: Record<string, string>; user?: unknown }>();
-    req.user = JWT_USERS[req.headers['x-user']];
-    return true;
-  }
-}
+const JwtLikeGuard = loginFrom(JWT_USERS);
 
 let orders = 0;
 
