@@ -204,9 +204,9 @@ export class HttpExchange implements GuardExchange {
    * Whether the answer is one to this request's Range or precondition headers (`Range`,
    * `If-Match`, `If-Unmodified-Since`, `If-Range`, `If-None-Match`: a create-only PUT's `*`): a
    * 206 or 416 (a `Content-Range` on any status: Nest's 201 over a partial file on Fastify) or
-   * a 412. Replayed, it went to duplicates
-   * that never asked for it: ten bytes of a file saved as the whole file, a 206 without its
-   * `Content-Range`, a 412 to a retry without `If-Match`. A 304 is `notModifiedFits`' case.
+   * a 412. Replayed, it went to duplicates that never asked for it: ten bytes of a file saved
+   * as the whole file, a 206 without its `Content-Range`, a 412 to a retry without `If-Match`.
+   * A 304 is `notModifiedFits`' case.
    */
   private shapedByPreconditions(sent: CapturedResponse, capture: ResponseCapture): boolean {
     const headers = this.req.headers;

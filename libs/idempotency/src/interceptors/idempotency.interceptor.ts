@@ -210,7 +210,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     this.onceFor(`${route.handler}:user`, () =>
       this.logger.error(
         `${route.handler}: the request's user has no usable id (a non-empty string or a number; request.user.id, else .sub; ` +
-          'never a text with undefined, NaN or [object Object] in it, what a template over a missing field writes), ' +
+          'never what a template over a missing field writes: undefined, null, NaN, [object Object], an empty part), ' +
           'so the guard cannot tell users apart and refuses the call (500). Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape.',
       ),
     );
