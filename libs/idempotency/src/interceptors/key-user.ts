@@ -51,16 +51,16 @@ export function addressOf(given: string | undefined): string | undefined {
 }
 
 /**
- * What a template or `String()` over a missing or wrong field writes: `undefined` or
- * `[object ...]` anywhere (`t1undefined`, `T1:UNDEFINED`), `null` or `NaN` as a word (`_`
- * counts as a separator: `t1_null`), or an empty part at either end (`t1:`, `:42`).
- * `getUser: (ctx) => `${user.tenantId}:${user.id}`` over a user without `id` (a JWT user is
- * `{ sub }`) gave every user of a tenant the one segment `t1:undefined`, and one user's answer
- * was replayed to another (adversarial helpers, two rounds).
+ * What a template or `String()` over a missing or wrong field writes: `undefined` (not followed
+ * by a letter: `t1undefined`, `T1:UNDEFINED`) or `[object ...]` anywhere; `null` or `NaN` as a
+ * part between template separators (`:`, `_`, `|`, `#`, `,`, `;`) or as the whole id; an empty
+ * part at either end (`t1:`, `:42`, `|42`). `getUser: (ctx) => `${user.tenantId}:${user.id}``
+ * over a user without `id` (a JWT user is `{ sub }`) gave every user of a tenant the one segment
+ * `t1:undefined`, and one user's answer was replayed to another (adversarial helpers, two
+ * rounds). Narrow on purpose: an email (`dev.null@acme.io`), a base64 id (`/x9...`) or a name
+ * (`NaN-team`) is someone's id (a third round).
  */
-const TEMPLATE_OF_NOTHING = /undefined|\[object |(?:^|[^a-z0-9])null(?![a-z0-9])|^[:|/#]|[:|/#]$/i;
-/** `NaN` as written (a name such as `nan` is someone's). */
-const NAN_WORD = /(?:^|[^A-Za-z0-9])NaN(?![A-Za-z0-9])/;
+export const TEMPLATE_OF_NOTHING = /undefined(?![a-z])|\[object |(?:^|[:_|#,;])(?:null|nan)(?:$|[:_|#,;])|^[:|]|[:|]$/i;
 
 /**
  * A user id as its key segment: a non-empty string, a finite number or a bigint. Anything else
@@ -68,7 +68,7 @@ const NAN_WORD = /(?:^|[^A-Za-z0-9])NaN(?![A-Za-z0-9])/;
  * is a string that holds what a template writes for a missing field (`t1:undefined`).
  */
 export function idText(id: unknown): string | undefined {
-  if (typeof id === 'string') return id === '' || TEMPLATE_OF_NOTHING.test(id) || NAN_WORD.test(id) ? undefined : id;
+  if (typeof id === 'string') return id === '' || TEMPLATE_OF_NOTHING.test(id) ? undefined : id;
   if (typeof id === 'number') return Number.isFinite(id) ? String(id) : undefined;
   if (typeof id === 'bigint') return String(id);
   return undefined;
