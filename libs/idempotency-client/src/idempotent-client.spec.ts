@@ -158,7 +158,6 @@ describe('createIdempotentClient', () => {
   });
 
   it.each<[string, () => unknown]>([
-    ['a FormData', () => formWith('orderNo', 'A1')],
     ['a URLSearchParams', () => new URLSearchParams({ orderNo: 'A1' })],
     ['a Blob', () => new Blob(['<a/>'], { type: 'application/xml' })],
     ['an ArrayBuffer', () => new Uint8Array([1, 2, 3]).buffer],
@@ -177,12 +176,38 @@ describe('createIdempotentClient', () => {
     expect(calls.map((call) => call.headers.has('content-type'))).toEqual([false, false]);
   });
 
-  it('lets fetch write the multipart Content-Type of a FormData (with its boundary), over one from the headers', async () => {
-    const { fetch, calls } = scripted(json(201, {}));
+  // An adversarial helper (session 20): handed to fetch as it is, each attempt got a new
+  // boundary, and a route that fingerprints the raw body refused the retry 422.
+  it('writes a FormData to multipart bytes once: every attempt sends the same bytes and boundary, over a Content-Type from the headers', async () => {
+    const { fetch, calls } = scripted(networkError(), json(201, {}));
     const form = formWith('orderNo', 'A1');
+    form.append('file', new Blob(['%PDF'], { type: 'application/pdf' }), 'a.pdf');
     await client(fetch, { headers: { 'content-type': 'application/json' } }).post('/p', form, { headers: { 'Content-Type': 'multipart/form-data' } });
-    expect(calls[0].body).toBe(form);
-    expect(calls[0].headers.has('content-type')).toBe(false);
+    const [first, second] = calls.map((call) => ({ type: call.headers.get('content-type'), body: Buffer.from(call.body as Uint8Array).toString('latin1') }));
+    expect(second).toEqual(first);
+    const boundary = /^multipart\/form-data; boundary=(.+)$/.exec(first.type ?? '')?.[1];
+    expect(boundary).toBeDefined();
+    expect(first.body).toContain(`--${boundary}\r\nContent-Disposition: form-data; name="orderNo"\r\n\r\nA1\r\n`);
+    expect(first.body).toContain('%PDF');
+  });
+
+  // An adversarial helper (session 20): a key in the headers was replaced by a new one, and a
+  // re-send with it ran twice.
+  it('takes a key the caller put in the headers as the operation\'s, and refuses two different keys', async () => {
+    const { fetch, calls } = scripted(json(201, {}), json(201, {}));
+    const answer = await client(fetch).post('/p', {}, { headers: { 'Idempotency-Key': 'mine-1' } });
+    await client(fetch, { headers: { 'idempotency-key': 'mine-2' } }).post('/p', {});
+    expect({ key: answer.key, sent: calls.map((call) => call.headers.get('idempotency-key')) }).toEqual({ key: 'mine-1', sent: ['mine-1', 'mine-2'] });
+    await expect(client(fetch).post('/p', {}, { key: 'a', headers: { 'Idempotency-Key': 'b' } })).rejects.toThrow(/two keys for one operation/);
+  });
+
+  // An adversarial helper (session 20): a proxy that ended the answer by closing the connection
+  // cut it, and the half JSON came back as a 201 with a text body.
+  it('retries an answer whose JSON was cut (no Content-Length), and gets the whole replay', async () => {
+    const cut = new Response('{"effectId":10', { status: 201, headers: { 'content-type': 'application/json' } });
+    const { fetch, calls } = scripted(cut, json(201, { effectId: 1065 }, { 'idempotent-replayed': 'true', 'content-length': '18' }));
+    const answer = await client(fetch).post('/p', {});
+    expect({ body: answer.body, attempts: answer.attempts, calls: calls.length }).toEqual({ body: { effectId: 1065 }, attempts: 2, calls: 2 });
   });
 
   it('sends plain objects, arrays, dates and values with toJSON, and class instances by their fields, as JSON', async () => {

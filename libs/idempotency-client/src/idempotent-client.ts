@@ -118,11 +118,17 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
 
   async function request<T>(method: string, path: string, body?: unknown, opts: IdempotentRequestOptions = {}): Promise<IdempotentResponse<T>> {
     const deadline = Date.now() + timeoutMs;
-    const key = keyHeader === false ? opts.key : (opts.key ?? generateKey());
     const headers = new Headers(options.headers);
     new Headers(opts.headers).forEach((value, name) => headers.set(name, value));
+    // A key the caller put in the headers is the operation's: replaced by a new one, a re-send
+    // with it ran twice (an adversarial helper).
+    const given = keyHeader === false ? null : headers.get(keyHeader);
+    if (opts.key !== undefined && given !== null && given !== opts.key) {
+      throw new TypeError(`two keys for one operation: { key: ${JSON.stringify(opts.key)} } and the ${keyHeader} header ${JSON.stringify(given)}`);
+    }
+    const key = keyHeader === false ? opts.key : (opts.key ?? given ?? generateKey());
     if (keyHeader !== false && key !== undefined) headers.set(keyHeader, key);
-    const payload = encodeBody(body, headers);
+    const payload = await encodeBody(body, headers);
     const url = `${base}/${path.replace(/^\/+/, '')}`;
     // What fetch refuses before sending (a GET with a body, a forbidden method, an invalid URL) it
     // would refuse on every attempt: the caller gets its TypeError now, not retries without an
@@ -148,7 +154,7 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
           status: res.status,
           ok: res.ok,
           headers: res.headers,
-          body: decodeBody(text, res.headers.get('content-type')) as T,
+          body: decodeBody(text, res.headers) as T,
           replayed: res.headers.get(REPLAYED_HEADER)?.toLowerCase() === 'true',
           attempts,
           key,
@@ -179,12 +185,20 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
   };
 }
 
-function decodeBody(text: string, contentType: string | null): unknown {
+/**
+ * The body as JSON where its type says so, else the text. JSON that does not parse in an answer
+ * without a Content-Length (ended by closing the connection, which a proxy can cut anywhere) is
+ * taken for a cut answer: the attempt failed, and the retry gets the replay. It was returned as a
+ * 201 whose body was the first half of the JSON, as text (an adversarial helper).
+ */
+function decodeBody(text: string, headers: Headers): unknown {
   if (text === '') return undefined;
+  const contentType = headers.get('content-type');
   if (!contentType || !/[/+]json\b/i.test(contentType)) return text;
   try {
     return JSON.parse(text) as unknown;
-  } catch {
+  } catch (error) {
+    if (!headers.has('content-length')) throw new Error('the answer was cut: its JSON does not parse, and no Content-Length says it is whole', { cause: error });
     return text;
   }
 }

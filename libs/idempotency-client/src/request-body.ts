@@ -3,16 +3,20 @@ export type FetchBody = NonNullable<RequestInit['body']>;
 
 /**
  * The body, encoded once. What fetch sends as it is and can send again on a retry goes as it is:
- * strings, bytes (`ArrayBuffer`, any view of one: typed arrays, `DataView`, `Buffer`), `Blob`,
- * `URLSearchParams` and `FormData` (whose multipart Content-Type, with its boundary, only fetch
- * can write: one from the headers is dropped). Other values become JSON, unless JSON would not
- * carry them as they are (see `jsonLoss`): then a TypeError, before anything is sent.
+ * strings, bytes (`ArrayBuffer`, any view of one: typed arrays, `DataView`, `Buffer`), `Blob`
+ * and `URLSearchParams`. A `FormData` is written to multipart bytes once, with the Content-Type
+ * (and boundary) that goes with them, over one from the headers: handed to fetch as it is, each
+ * attempt got a new boundary, so other bytes, and a retry was refused 422 as another payload by
+ * a route that fingerprints the raw body (an adversarial helper). Other values become JSON,
+ * unless JSON would not carry them as they are (see `jsonLoss`): then a TypeError, before
+ * anything is sent.
  */
-export function encodeBody(body: unknown, headers: Headers): FetchBody | undefined {
+export async function encodeBody(body: unknown, headers: Headers): Promise<FetchBody | undefined> {
   if (body === undefined) return undefined;
   if (body instanceof FormData) {
-    headers.delete('content-type');
-    return body;
+    const multipart = new Response(body);
+    headers.set('content-type', multipart.headers.get('content-type')!);
+    return new Uint8Array(await multipart.arrayBuffer());
   }
   if (typeof body === 'string' || body instanceof ArrayBuffer || ArrayBuffer.isView(body) || body instanceof Blob || body instanceof URLSearchParams) {
     return body as FetchBody;
