@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
-import { ClassSerializerInterceptor, Controller, Injectable, Logger, Module, type INestMicroservice } from '@nestjs/common';
+import { ClassSerializerInterceptor, Controller, Injectable, Logger, Module, SerializeOptions, type INestMicroservice } from '@nestjs/common';
 import { APP_INTERCEPTOR, NestFactory } from '@nestjs/core';
-import { Exclude } from 'class-transformer';
+import { Exclude, Expose } from 'class-transformer';
 import {
   ClientProxyFactory,
   Ctx,
@@ -50,6 +50,25 @@ class UserView {
   }
 }
 
+/** Sent under `@SerializeOptions({ excludeExtraneousValues: true })`: only what it exposes. */
+class ExposedUser {
+  @Expose() id!: string;
+  @Expose() name!: string;
+  passwordHash!: string;
+
+  constructor(fields: { id: string; name: string; passwordHash: string }) {
+    Object.assign(this, fields);
+  }
+}
+
+/** Its exposed getter throws (a relation not loaded): the serializer fails, the first caller gets an error. */
+class BrokenUser extends UserView {
+  @Expose()
+  get fullName(): string {
+    throw new Error('the relation "profile" is not loaded');
+  }
+}
+
 /** Results JSON cannot hold: a BigInt, an object that refers to itself (an AxiosResponse, an entity with two-way relations), a Buffer. */
 type Unkept = 'bigint' | 'cycle' | 'buffer';
 function unkeptResult(kind: Unkept): unknown {
@@ -93,6 +112,21 @@ class RpcController {
   createUser(@Payload() data: OrderMessage) {
     this.handled.users++;
     return new UserView({ id: data.messageId!, name: data.orderNo, passwordHash: 'SECRET-HASH' });
+  }
+
+  @MessagePattern('users.create-exposed')
+  @SerializeOptions({ excludeExtraneousValues: true })
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  createExposedUser(@Payload() data: OrderMessage) {
+    this.handled.users++;
+    return new ExposedUser({ id: data.messageId!, name: data.orderNo, passwordHash: 'SECRET-HASH' });
+  }
+
+  @MessagePattern('users.create-broken')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  createBrokenUser(@Payload() data: OrderMessage) {
+    this.handled.users++;
+    return new BrokenUser({ id: data.messageId!, name: data.orderNo, passwordHash: 'SECRET-HASH' });
   }
 
   @MessagePattern('orders.large')
@@ -223,6 +257,20 @@ describe('@NoRepeatSubmit on microservice handlers, over the Redis transport', (
       first: { id: messageId, name: 'ann' },
       again: { id: messageId, name: 'ann' },
       runs: 1,
+    });
+  });
+
+  // A third round: @SerializeOptions were not applied (excludeExtraneousValues leaked the hash),
+  // and a serializer that threw left the raw JSON, hash included, to the duplicate.
+  it("applies the route's @SerializeOptions, and keeps nothing when the serializer fails on the result", async () => {
+    const exposed = randomUUID();
+    await firstValueFrom(client.send('users.create-exposed', { messageId: exposed, orderNo: 'bo' }));
+    const again = await firstValueFrom(client.send('users.create-exposed', { messageId: exposed, orderNo: 'bo' }));
+    expect(again).toEqual({ id: exposed, name: 'bo' });
+    const broken = randomUUID();
+    await expect(firstValueFrom(client.send('users.create-broken', { messageId: broken, orderNo: 'cy' }))).rejects.toBeDefined();
+    await expect(firstValueFrom(client.send('users.create-broken', { messageId: broken, orderNo: 'cy' }))).rejects.toMatchObject({
+      code: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE',
     });
   });
 

@@ -93,7 +93,7 @@ export class RpcExchange implements GuardExchange {
           // A handler that nacked or rejected its message reported a failure without throwing.
           if (settledByHandler?.() === 'nacked') return claim.release();
           let body = serialize(value);
-          if (typeof body === 'string' && !this.isEvent) body = (await serializedAsNestWould(value)) ?? body;
+          if (typeof body === 'string' && !this.isEvent) body = await serializedAsNestWould(value, this.ctx, body);
           // Its effect happened: releasing the key let every redelivery run it again. An event's
           // result goes nowhere, and its record needs none; a message's duplicate is told it is not kept.
           if (body === null && this.isEvent) return claim.save({ statusCode: 0, headers: {} });
@@ -230,28 +230,44 @@ function toRpcError(refusal: GuardRefusal): { code: string; message: string; ret
 
 /** The result as JSON text: undefined for no value, null when JSON cannot hold it. */
 /** class-transformer, where the app has it (an optional peer of Nest's `ClassSerializerInterceptor`); null where not. */
-let classTransformer: Promise<{ instanceToPlain(value: unknown): unknown } | null> | undefined;
+let classTransformer: Promise<ClassTransformer | null> | undefined;
+interface ClassTransformer {
+  instanceToPlain(value: unknown, options?: object): unknown;
+  plainToInstance(type: unknown, value: unknown, options?: object): unknown;
+}
+/** `@SerializeOptions()`' metadata key (`@nestjs/common`'s `CLASS_SERIALIZER_OPTIONS`). */
+const SERIALIZE_OPTIONS = 'class_serializer:options';
 
 /**
- * A message's result as Nest's `ClassSerializerInterceptor` sends it (class-transformer's
- * `instanceToPlain`: `@Exclude()` and `@Expose()` applied), where the app has class-transformer.
- * The guard runs inside the app's interceptors, so the value it sees is the handler's own: saved
- * as its plain JSON, a duplicate got the `@Exclude()`d `passwordHash` the first caller never
- * saw, and the store kept it (an adversarial helper). Undefined where class-transformer is not
- * there (no serializer can have shaped the answer then) or fails on the value.
+ * A message's result as Nest's `ClassSerializerInterceptor` sends it, where the app has
+ * class-transformer: `instanceToPlain` under the route's `@SerializeOptions()` (the method's,
+ * else the class's; `type` as Nest applies it). The guard runs inside the app's interceptors, so
+ * the value it sees is the handler's own: saved as its plain JSON, a duplicate got the
+ * `@Exclude()`d `passwordHash` the first caller never saw, and the store kept it (adversarial
+ * helpers, two rounds). Where the transform throws (an `@Expose()` getter over a relation not
+ * loaded: the first caller got an error), nothing is kept: null. Options given to the
+ * interceptor itself (`new ClassSerializerInterceptor(reflector, { ... })`) are not seen here.
  */
-async function serializedAsNestWould(value: unknown): Promise<string | undefined> {
-  if (value === null || typeof value !== 'object') return undefined;
+async function serializedAsNestWould(value: unknown, ctx: ExecutionContext, json: string): Promise<string | null> {
+  if (value === null || typeof value !== 'object') return json;
   classTransformer ??= import('class-transformer').then(
-    (module) => module as unknown as { instanceToPlain(value: unknown): unknown },
+    (module) => module as unknown as ClassTransformer,
     () => null,
   );
   const transformer = await classTransformer;
-  if (!transformer) return undefined;
+  if (!transformer) return json;
+  const options = (Reflect.getMetadata(SERIALIZE_OPTIONS, ctx.getHandler()) ?? Reflect.getMetadata(SERIALIZE_OPTIONS, ctx.getClass()) ?? {}) as {
+    type?: new (...args: never[]) => unknown;
+  };
+  const toPlain = (item: unknown): unknown => {
+    if (!item || typeof item !== 'object') return item;
+    if (!options.type || item instanceof options.type) return transformer.instanceToPlain(item, options);
+    return transformer.instanceToPlain(transformer.plainToInstance(options.type, item, options), options);
+  };
   try {
-    return JSON.stringify(Array.isArray(value) ? value.map((item) => transformer.instanceToPlain(item)) : transformer.instanceToPlain(value));
+    return JSON.stringify(Array.isArray(value) ? value.map(toPlain) : toPlain(value));
   } catch {
-    return undefined;
+    return null;
   }
 }
 
