@@ -41,6 +41,16 @@ class UsersController {
   }
 }
 
+@Controller(['staff/members', 'guest/members'])
+class MembersController {
+  @Post()
+  @NoRepeatSubmit()
+  create(@Body() body: { name: string }, @Req() req: { url: string }) {
+    runs.push(`${req.url} ${body.name}`);
+    return { at: req.url, name: body.name };
+  }
+}
+
 @Module({ controllers: [UsersController] })
 class AdminModule {}
 @Module({ controllers: [UsersController] })
@@ -49,7 +59,7 @@ class PublicModule {}
 describe.each<Adapter>(['express', 'fastify'])('one handler at several paths (%s)', (adapter) => {
   let a: EdgeApp;
   beforeAll(async () => {
-    a = await makeApp(adapter, [PostsController], {}, {
+    a = await makeApp(adapter, [PostsController, MembersController], {}, {
       imports: [
         { module: AdminModule },
         { module: PublicModule },
@@ -85,6 +95,18 @@ describe.each<Adapter>(['express', 'fastify'])('one handler at several paths (%s
       replayed: false,
       at: '/public/users',
       runs: ['/admin/users ann', '/public/users ann'],
+    });
+  });
+
+  it('a controller on two paths runs at each: /guest/members never gets /staff/members\' answer', async () => {
+    runs.length = 0;
+    const key = randomUUID();
+    await send(a.url, '/staff/members', { key, body: { name: 'ann' } });
+    const guest = await send(a.url, '/guest/members', { key, body: { name: 'ann' } });
+    expect({ status: guest.status, replayed: replayed(guest), runs }).toEqual({
+      status: 201,
+      replayed: false,
+      runs: ['/staff/members ann', '/guest/members ann'],
     });
   });
 

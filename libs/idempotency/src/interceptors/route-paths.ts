@@ -14,13 +14,17 @@ export function markMountedTwice(controller: object): void {
 
 /**
  * Whether one handler answers at several paths, so that the path the router matched tells its
- * operations apart: a method on several paths (`@Post([':id/like', ':id/unlike'])`), or a
+ * operations apart: a method on several paths (`@Post([':id/like', ':id/unlike'])`), a
+ * controller on several (`@Controller(['admin/users', 'public/users'])`: a second helper), or a
  * controller class two modules mount. Keyed as `Controller.method`, the unlike was answered the
  * like's saved answer, and `/public/users` the answer of `/admin/users` (an adversarial helper).
  */
 export function answersAtSeveralPaths(ctx: ExecutionContext): boolean {
-  const paths: unknown = Reflect.getMetadata(PATH_METADATA, ctx.getHandler());
-  return (Array.isArray(paths) && paths.length > 1) || mountedTwice.has(ctx.getClass());
+  const several = (target: object) => {
+    const paths: unknown = Reflect.getMetadata(PATH_METADATA, target);
+    return Array.isArray(paths) && paths.length > 1;
+  };
+  return several(ctx.getHandler()) || several(ctx.getClass()) || mountedTwice.has(ctx.getClass());
 }
 
 /**
