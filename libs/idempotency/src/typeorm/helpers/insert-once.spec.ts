@@ -97,7 +97,10 @@ class VoucherAudit implements EntitySubscriberInterface<Voucher> {
   async afterInsert(event: InsertEvent<Voucher>): Promise<void> {
     if (event.entity?.code.startsWith('audited')) await event.manager.insert(AuditLine, { ref: 'voucher-fixed' });
     // An idempotent outbox row, written by insertOnce inside the voucher's own insertOnce.
-    if (event.entity?.code.startsWith('outbox')) {
+    if (event.entity?.code.startsWith('outbox-many')) {
+      const refs = [1, 2, 3].map((n) => `outbox-many-of-${event.entity!.code}-${n}`);
+      await Promise.all(refs.map((ref) => insertOnce(event.manager.getRepository(AuditLine), { ref }, () => ({ ref }))));
+    } else if (event.entity?.code.startsWith('outbox')) {
       const ref = `outbox-of-${event.entity.code}`;
       await insertOnce(event.manager.getRepository(AuditLine), { ref }, () => ({ ref }));
     }
@@ -258,6 +261,54 @@ describe('insertOnce (PostgreSQL)', () => {
     );
     expect(settled.map((r) => r.status)).toEqual(['fulfilled', 'fulfilled']);
     for (const reference of ['R-par-5', 'R-par-6']) expect(await count(reference)).toBe(1);
+  });
+
+  // A third round: a queued call had its turn after the transaction had rolled back (a call
+  // beside it failed), and its INSERT went in outside any transaction, committed.
+  it('refuses the calls waiting beside one that failed: nothing commits after the rollback', async () => {
+    const tooLong = 'g'.repeat(100); // over the column's 64: not a duplicate, a failure
+    const failed = dataSource.transaction((manager) =>
+      Promise.all(
+        [['R-after-1', 'tx'], ['R-after-2', tooLong], ['R-after-3', 'tx'], ['R-after-4', 'tx']].map(([reference, guest]) =>
+          insertOnce(manager.getRepository(Booking), { reference, guest }, byReference(reference)),
+        ),
+      ),
+    );
+    await expect(failed).rejects.toThrow();
+    await new Promise((resolve) => setTimeout(resolve, 200)); // what would still run has run
+    for (const reference of ['R-after-1', 'R-after-2', 'R-after-3', 'R-after-4']) expect(await count(reference)).toBe(0);
+    // A later call on another transaction runs.
+    expect((await insertOnce(dataSource.getRepository(Booking), { reference: 'R-after-5', guest: 'x' }, byReference('R-after-5'))).created).toBe(true);
+  });
+
+  // A third round: a promise beside the call in the app's Promise.all failed while the call's
+  // SAVEPOINT was on its way; the app's ROLLBACK went out, then the INSERT, which committed on
+  // its own. The sibling fails at that moment here, on cue.
+  it('inserts nothing once the app rolls back for a promise beside it that failed during its SAVEPOINT', async () => {
+    const reference = 'R-sibling';
+    const failed = dataSource.transaction((manager) => {
+      const runner = manager.queryRunner!;
+      let refuse!: (error: Error) => void;
+      const sibling = new Promise((_resolve, reject) => (refuse = reject));
+      const query = runner.query.bind(runner) as (sql: string, ...rest: unknown[]) => Promise<unknown>;
+      runner.query = ((sql: string, ...rest: unknown[]) => {
+        const sent = query(sql, ...rest);
+        if (sql.startsWith('SAVEPOINT idempotency_insert_once')) refuse(new Error('the app refused the order'));
+        return sent;
+      }) as typeof runner.query;
+      return Promise.all([insertOnce(manager.getRepository(Booking), { reference, guest: 'tx' }, byReference(reference)), sibling]);
+    });
+    await expect(failed).rejects.toThrow('the app refused the order');
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    expect(await count(reference)).toBe(0);
+  });
+
+  it("takes the turns of a subscriber's calls made together, inside the call whose INSERT runs them", async () => {
+    const results = await dataSource.transaction(async (manager) =>
+      insertOnce(manager.getRepository(Voucher), { code: 'outbox-many-1' }, () => ({ code: 'outbox-many-1' })),
+    );
+    expect(results.created).toBe(true);
+    for (const n of [1, 2, 3]) expect(await dataSource.getRepository(AuditLine).countBy({ ref: `outbox-many-of-outbox-many-1-${n}` })).toBe(1);
   });
 
   // An adversarial helper (session 20): the turns above made this call wait for the call whose

@@ -1,5 +1,7 @@
 import type {
+  DataSource,
   DeepPartial,
+  EntitySubscriberInterface,
   FindOptionsWhere,
   ObjectLiteral,
   QueryDeepPartialEntity,
@@ -7,6 +9,7 @@ import type {
   Repository,
 } from 'typeorm';
 import { AsyncLocalStorage } from 'node:async_hooks';
+import { IdempotencyError } from '../../index.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { findOnPrimary } from './find-on-primary.js';
 import { uniqueViolationOf, type UniqueViolation } from './unique-violation.js';
@@ -49,12 +52,14 @@ export async function insertOnce<T extends ObjectLiteral>(
   findExisting: (violation: UniqueViolation) => FindOptionsWhere<T> | FindOptionsWhere<T>[],
 ): Promise<InsertOnceResult<T>> {
   coverNewConnections(repo.manager.connection);
+  watchRollbacks(repo.manager.connection);
   const entity = repo.create(values);
   const queryRunner = repo.manager.queryRunner;
   const inTransaction = queryRunner !== undefined && (queryRunner.isTransactionActive || beganWithRawSql(queryRunner));
   try {
     const insert = () => repo.insert(entity as QueryDeepPartialEntity<T>);
-    const result = inTransaction ? await underSavepoint(queryRunner!, insert) : await insert();
+    const duplicate = (error: unknown) => uniqueViolationOf(error) !== undefined && isOwnInsert(repo, error);
+    const result = inTransaction ? await underSavepoint(queryRunner!, insert, duplicate) : await insert();
     // Database defaults (generated id, created_at, version) come back through RETURNING.
     const generated = result.generatedMaps[0];
     if (generated) repo.merge(entity, generated as DeepPartial<T>);
@@ -97,10 +102,18 @@ const unquoted = (path: string) => path.replace(/["`[\]]/g, '');
 /** Savepoint names, unique in the process: insertOnce calls on one connection never share one. */
 let savepoints = 0;
 
-/** The savepoint section running on each transaction's QueryRunner, for the next call to wait on. */
-const sections = new WeakMap<QueryRunner, Promise<unknown>>();
-/** The QueryRunner whose section the current call runs in. */
-const inSection = new AsyncLocalStorage<QueryRunner>();
+/**
+ * The calls of one scope take their turns: the calls on a transaction's QueryRunner, or the calls
+ * made inside one call's section (an `afterInsert` subscriber's own insertOnce). `failures`
+ * counts the turns that failed, so that the calls waiting then are refused, never run.
+ */
+interface Turns {
+  tail?: Promise<unknown>;
+  failures: number;
+}
+const turnsOf = new WeakMap<object, Turns>();
+/** The section the current call runs inside, if any. */
+const inSection = new AsyncLocalStorage<{ queryRunner: QueryRunner }>();
 
 /**
  * Runs `work` under a savepoint of its own in the active transaction, with plain SAVEPOINT
@@ -112,23 +125,58 @@ const inSection = new AsyncLocalStorage<QueryRunner>();
  * Calls on one transaction (`Promise.all` over one manager) take their turns: interleaved, one
  * call's `RELEASE` released the savepoint another had made after it, whose own `RELEASE` then
  * failed and aborted the transaction; its COMMIT became a rollback, and rows already answered
- * `created: true` were never written.
+ * `created: true` were never written. A call made inside another's section (a subscriber's, run
+ * by that INSERT) takes its turn among the calls of that section: waiting for the transaction's
+ * turn, it waited for the call that was waiting on it, and the transaction hung. A call whose
+ * turn comes after a call beside it failed (the app's transaction then rolls back), or after the
+ * transaction ended, is refused and runs nothing: run then, its INSERT went in after the
+ * ROLLBACK, outside any transaction, and committed (adversarial helpers, three rounds).
  */
-function underSavepoint<R>(queryRunner: QueryRunner, work: () => Promise<R>): Promise<R> {
-  // A call made inside another's section (an `afterInsert` subscriber's own insertOnce, run by
-  // that INSERT) nests its savepoint in the other's: waiting for its turn, it waited for the very
-  // call that was waiting on it, and the transaction hung (an adversarial helper).
-  if (inSection.getStore() === queryRunner) return savepointSection(queryRunner, work);
-  const section = () => inSection.run(queryRunner, () => savepointSection(queryRunner, work));
-  const before = sections.get(queryRunner);
-  const mine = before ? before.then(section, section) : section();
-  sections.set(queryRunner, mine.catch(() => undefined));
+function underSavepoint<R>(queryRunner: QueryRunner, work: () => Promise<R>, duplicate: (error: unknown) => boolean): Promise<R> {
+  const enclosing = inSection.getStore();
+  const scope = enclosing?.queryRunner === queryRunner ? enclosing : queryRunner;
+  let turns = turnsOf.get(scope);
+  if (!turns) turnsOf.set(scope, (turns = { failures: 0 }));
+  const failuresBefore = turns.failures;
+  const turn = (): Promise<R> => {
+    if (turns.failures !== failuresBefore) {
+      throw new IdempotencyError('insertOnce: a call beside this one on the same transaction failed, so this one did not run');
+    }
+    if (queryRunner.isReleased || rollingBack.has(queryRunner) || !(queryRunner.isTransactionActive || beganWithRawSql(queryRunner))) {
+      throw new IdempotencyError('insertOnce: the transaction ended before this call had its turn, so it did not run');
+    }
+    return inSection.run({ queryRunner }, () => savepointSection(queryRunner, work));
+  };
+  const mine = (turns.tail ?? Promise.resolve()).then(turn);
+  // A duplicate is an answer (`created: false`), not a failure.
+  turns.tail = mine.then(
+    () => undefined,
+    (error: unknown) => void (duplicate(error) || turns.failures++),
+  );
   return mine;
+}
+
+/** QueryRunners whose transaction TypeORM has begun to roll back (its `BeforeTransactionRollback`). */
+const rollingBack = new WeakSet<QueryRunner>();
+const watching = new WeakSet<DataSource>();
+
+/** Adds, once per DataSource, a subscriber that marks each transaction TypeORM rolls back, until its QueryRunner starts another. */
+function watchRollbacks(dataSource: DataSource): void {
+  if (watching.has(dataSource)) return;
+  watching.add(dataSource);
+  const marker: EntitySubscriberInterface = {
+    beforeTransactionRollback: (event) => void (event.queryRunner && rollingBack.add(event.queryRunner)),
+    afterTransactionStart: (event) => void (event.queryRunner && rollingBack.delete(event.queryRunner)),
+  };
+  dataSource.subscribers.push(marker);
 }
 
 async function savepointSection<R>(queryRunner: QueryRunner, work: () => Promise<R>): Promise<R> {
   const sql = savepointSql(queryRunner.connection.driver.options.type, `idempotency_insert_once_${++savepoints}`);
   await queryRunner.query(sql.save);
+  // The app began its ROLLBACK meanwhile (a promise beside this call in its Promise.all
+  // failed): sent now, the INSERT would go in after it, outside any transaction, and commit.
+  if (rollingBack.has(queryRunner)) throw new IdempotencyError('insertOnce: the transaction is rolling back, so this call did not insert');
   let result: R;
   try {
     result = await work();
