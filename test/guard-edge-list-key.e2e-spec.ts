@@ -34,6 +34,13 @@ class OrdersController {
     return { run: runs.length };
   }
 
+  @Post('by-header')
+  @NoRepeatSubmit()
+  byHeader() {
+    runs.push('by-header');
+    return { run: runs.length };
+  }
+
   @Post('required')
   @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
   required(@Body() body: { orderNo?: unknown }) {
@@ -68,6 +75,19 @@ describe.each<Adapter>(['express', 'fastify'])('a key expression that finds a li
       runs: [],
     });
     expect((JSON.parse(answers[0]!.text) as { message: string }).message).toContain(problem);
+  });
+
+  // A third round: `Idempotency-Key: undefined` (a client's template over a key it never
+  // made) and a key function's `c1:undefined` keyed every such call as one.
+  it.each([
+    ['a header key "undefined"', '/orders/by-header', { key: 'undefined' }],
+    ['a header key "[object Object]"', '/orders/by-header', { key: '[object Object]' }],
+    ['a body key "c1:undefined"', '/orders', { body: { orderNo: 'c1:undefined' } }],
+    ['a body key "null"', '/orders', { body: { orderNo: 'null' } }],
+  ])('refuses %s 400 IDEMPOTENCY_KEY_INVALID, nothing runs', async (_name, path, options) => {
+    runs.length = 0;
+    const answer = await send(a.url, path, options);
+    expect({ status: answer.status, code: codeOf(answer), runs }).toEqual({ status: 400, code: 'IDEMPOTENCY_KEY_INVALID', runs: [] });
   });
 
   it('is refused as invalid, not missing, on a route that requires a key', async () => {

@@ -3,7 +3,7 @@ import { IdempotencyKeyError } from '../errors/idempotency.errors.js';
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
 import { evaluateKeyPath, keyText } from '../keys/key-expression.js';
 import type { HttpRequest } from './http-request.js';
-import { userObjectOf } from './key-user.js';
+import { KEY_TEMPLATE_OF_NOTHING, userObjectOf } from './key-user.js';
 import type { GuardedRoute } from './route-options.js';
 
 /**
@@ -54,6 +54,12 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
   if (clientKey === undefined) return undefined;
   const problem = validateKey(clientKey);
   if (problem) throw new IdempotencyKeyError(problem);
+  // `Idempotency-Key: ${key}` over a key the client never made, or a key function's
+  // `${cartId}:${checkoutId}` over a missing field: every such call was one key, and a second
+  // purchase got the first one's answer (an adversarial helper).
+  if (KEY_TEMPLATE_OF_NOTHING.test(clientKey)) {
+    throw new IdempotencyKeyError(`it is what a template writes for a missing value (${JSON.stringify(clientKey)})`);
+  }
   return clientKey;
 }
 

@@ -61,6 +61,8 @@ export function addressOf(given: string | undefined): string | undefined {
  * (`NaN-team`) is someone's id (a third round).
  */
 export const TEMPLATE_OF_NOTHING = /undefined(?![a-z])|\[object |(?:^|[:_|#,;])(?:null|nan)(?:$|[:_|#,;])|^[:|]|[:|]$/i;
+/** The same in a client key, but an empty part: a key the client chose may end with a `:`. */
+export const KEY_TEMPLATE_OF_NOTHING = /undefined(?![a-z])|\[object |(?:^|[:_|#,;])(?:null|nan)(?:$|[:_|#,;])/i;
 
 /**
  * A user id as its key segment: a non-empty string, a finite number or a bigint. Anything else
