@@ -48,10 +48,13 @@ const NOT_MODIFIED_ELSEWHERE =
 const logger = new Logger('Idempotency');
 
 /**
- * The latest exchange of each request: an outer `retry()` subscribes the guard again within one
- * request (see `HttpExchange.create`).
+ * The latest exchange of each request, on the request itself: an outer `retry()` subscribes the
+ * guard again within one request (see `HttpExchange.create`). Not a WeakMap keyed by requests:
+ * one entry per request made the collector's ephemeron work cost ~30 µs a request in-process
+ * (`npm run bench -- --phases interceptor`, session 20).
  */
-const latestOf = new WeakMap<object, HttpExchange>();
+const LATEST = Symbol('idempotency.latestExchange');
+type WithLatest = { [LATEST]?: HttpExchange };
 
 /**
  * An HTTP request under the guard (Express or Fastify). The answer it saves and replays is the
@@ -96,8 +99,9 @@ export class HttpExchange implements GuardExchange {
     replayHeaders: readonly string[],
   ): HttpExchange | Promise<HttpExchange> {
     const exchange = new HttpExchange(req, res, route, adapter, replayHeaders);
-    const earlier = latestOf.get(req);
-    latestOf.set(req, exchange);
+    const holder = req as unknown as WithLatest;
+    const earlier = holder[LATEST];
+    holder[LATEST] = exchange;
     if (!earlier) return exchange;
     earlier.superseded = true;
     const forgo = earlier.forgoFailure;
