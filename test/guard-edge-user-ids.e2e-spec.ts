@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Controller, Injectable, Post, Req, UseGuards, type CanActivate, type ExecutionContext } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
-import { idText } from '../libs/idempotency/src/interceptors/key-user.js';
+import { idText, userOfId } from '../libs/idempotency/src/interceptors/key-user.js';
 import { makeApp, replayed, send, type Adapter, type EdgeApp } from './support/edge-app.js';
 
 /** `x-user: <name>` logs in as one of the users below. */
@@ -111,6 +111,85 @@ describe.each<Adapter>(['express', 'fastify'])('a getUser template over a missin
     });
     expect(JSON.parse(bob.text).code).toBe('IDEMPOTENCY_USER_UNRESOLVED');
   });
+});
+
+// The mechanism behind the recipe: getUser gives the parts ([tenantId, sub]) and the guard checks
+// and joins them, so a missing part refuses the call, whatever the template would have written,
+// and one sub in two tenants is two users. Before, a list was no user id: every call 500.
+const TENANT_USERS: Record<string, unknown> = {
+  alice: { sub: 'u-1', tenantId: 't1' },
+  bob: { sub: 'u-1', tenantId: 't2' }, // the same sub as alice, in another tenant
+  carol: { sub: 'u-carol' }, // no tenant
+  dan: { sub: '', tenantId: 't1' }, // an empty sub
+};
+
+@Controller('tenant-parts')
+@UseGuards(loginFrom(TENANT_USERS))
+class TenantPartsController {
+  @Post()
+  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
+  create(@Req() req: { headers: Record<string, string> }) {
+    orders++;
+    return { orderOf: req.headers['x-user'] };
+  }
+}
+
+describe.each<Adapter>(['express', 'fastify'])('a getUser giving the parts of a user (%s)', (adapter) => {
+  let a: EdgeApp;
+  beforeAll(async () => {
+    a = await makeApp(adapter, [TenantPartsController], {
+      getUser: (ctx) => [userOf(ctx)?.tenantId, userOf(ctx)?.sub] as string[],
+    });
+  });
+  afterAll(async () => a?.close());
+
+  it('keys one sub in two tenants as two users, and replays each its own answer', async () => {
+    orders = 0;
+    const orderNo = randomUUID();
+    const [alice, bob] = await Promise.all(
+      ['alice', 'bob'].map((user) => send(a.url, '/tenant-parts', { body: { orderNo }, headers: { 'x-user': user } })),
+    );
+    const [aliceAgain, bobAgain] = await Promise.all(
+      ['alice', 'bob'].map((user) => send(a.url, '/tenant-parts', { body: { orderNo }, headers: { 'x-user': user } })),
+    );
+    expect({
+      statuses: [alice.status, bob.status, aliceAgain.status, bobAgain.status],
+      bodies: [alice.text, bob.text, aliceAgain.text, bobAgain.text].map((text) => JSON.parse(text).orderOf),
+      replayed: [replayed(aliceAgain), replayed(bobAgain)],
+      orders,
+    }).toEqual({ statuses: [201, 201, 201, 201], bodies: ['alice', 'bob', 'alice', 'bob'], replayed: [true, true], orders: 2 });
+  });
+
+  it('refuses a user with a missing or empty part 500 IDEMPOTENCY_USER_UNRESOLVED, and runs nothing', async () => {
+    orders = 0;
+    const orderNo = randomUUID();
+    const answers = await Promise.all(
+      ['carol', 'dan'].map((user) => send(a.url, '/tenant-parts', { body: { orderNo }, headers: { 'x-user': user } })),
+    );
+    expect({ statuses: answers.map((r) => r.status), codes: answers.map((r) => JSON.parse(r.text).code), orders }).toEqual({
+      statuses: [500, 500],
+      codes: ['IDEMPOTENCY_USER_UNRESOLVED', 'IDEMPOTENCY_USER_UNRESOLVED'],
+      orders: 0,
+    });
+  });
+});
+
+describe('userOfId', () => {
+  it.each<[unknown, unknown]>([
+    [['t1', 'u-1'], { parts: ['t1', 'u-1'] }],
+    [['t1', 42, 7n], { parts: ['t1', '42', '7'] }],
+    [['u-1'], { id: 'u-1' }],
+    ['t1,u-1', { id: 't1,u-1' }],
+    [[], undefined],
+    [['t1', undefined], undefined],
+    [['t1', null], undefined],
+    [['t1', ''], undefined],
+    [['t1', Number.NaN], undefined],
+    [['t1', { id: 1 }], undefined],
+    [['t1', ['u-1']], undefined],
+    [['t1', 'undefined'], undefined],
+    [Array.from({ length: 9 }, (_, i) => `p${i}`), undefined],
+  ])('%p is %p', (id, expected) => expect(userOfId(id)).toEqual(expected));
 });
 
 describe('idText', () => {

@@ -2,7 +2,14 @@ import type { ExecutionContext } from '@nestjs/common';
 import { DEFAULTS } from './idempotency.constants.js';
 import { IdempotencyConfigError } from './errors/idempotency.errors.js';
 import { ERROR_FORMATS, type ErrorFormat } from './errors/problem-details.js';
-import type { AnonymousPolicy, FailMode, IdempotencyModuleOptions, NoRepeatSubmitOptions, SaveStatuses } from './idempotency.options.js';
+import type {
+  AnonymousPolicy,
+  FailMode,
+  IdempotencyModuleOptions,
+  IdempotencyUserId,
+  NoRepeatSubmitOptions,
+  SaveStatuses,
+} from './idempotency.options.js';
 import type { HttpRequest } from './interceptors/http-request.js';
 import type { SkippedMessageHandler } from './messages/skipped-message.js';
 import { userObjectOf } from './interceptors/key-user.js';
@@ -21,7 +28,7 @@ export interface ResolvedIdempotencyOptions {
   errorFormat: ErrorFormat;
   replayHeaders: readonly string[];
   ignoreFields: readonly string[];
-  getUser: (ctx: ExecutionContext) => string | number | undefined;
+  getUser: (ctx: ExecutionContext) => IdempotencyUserId | undefined;
   anonymous: AnonymousPolicy;
   maxResponseBytes: number;
   required: boolean;

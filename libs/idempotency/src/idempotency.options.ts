@@ -20,6 +20,14 @@ export type AnonymousPolicy = 'client-key' | 'address';
 export type SaveStatuses = readonly number[] | ((status: number) => boolean);
 
 /** Reads the key from the request; return undefined when there is none. */
+/**
+ * Who a request belongs to, as `getUser` gives it: an id (a non-empty string, a finite number, a
+ * bigint), or the parts that make one together (`[tenantId, sub]`), each such an id. Parts are
+ * kept apart in the key, and a missing part refuses the call, where a template (`${tenant}:${id}`)
+ * writes `t1:undefined` for every user whose `id` is missing.
+ */
+export type IdempotencyUserId = string | number | bigint | readonly (string | number | bigint)[];
+
 export type KeyResolver = (ctx: ExecutionContext) => string | undefined;
 
 /** Options of `IdempotencyModule.forRoot()` / `forRootAsync()`. */
@@ -59,11 +67,12 @@ export interface IdempotencyModuleOptions {
    * Who the request belongs to (a key segment, so users never share records). Default:
    * `request.user.id`, else `request.user.sub` (Nest's JWT recipe); where Passport is registered
    * with another `property`, that property is read first. Return undefined for an
-   * anonymous call (see `anonymous`). An authenticated request (`request.user` set) whose id
+   * anonymous call (see `anonymous`), and the parts for a user known by several
+   * (`[user.tenantId, user.sub]`: a missing part refuses the call, never merges users). An authenticated request (`request.user` set) whose id
    * cannot be resolved is refused with 500 `IDEMPOTENCY_USER_UNRESOLVED`, never keyed by address:
    * give `getUser` for another user shape (e.g. `(ctx) => ctx.switchToHttp().getRequest().user?.userId`).
    */
-  getUser?: (ctx: ExecutionContext) => string | number | undefined;
+  getUser?: (ctx: ExecutionContext) => IdempotencyUserId | undefined;
   /**
    * How calls with no user are keyed. Default `'client-key'`: only by a key the client chose
    * (every anonymous caller shares one namespace, so only a caller who sends a key gets that

@@ -9,6 +9,7 @@ export type {
   AnonymousPolicy,
   FailMode,
   IdempotencyModuleOptions,
+  IdempotencyUserId,
   KeyResolver,
   NoRepeatSubmitOptions,
   SaveStatuses,

@@ -173,6 +173,10 @@ describe('IdempotencyAdmin', () => {
     expect(admin.storageKeyOf({ user: '', handler: 'OrdersRpc.create', key: 'm-1' })).toBe('adm::OrdersRpc.create:m-1');
     expect(admin.storageKeyOf({ user: { ip: '::1' }, handler: HANDLER, key: 'a' })).toBe('adm:ip:%3A%3A1:PaymentsController.pay:a');
     expect(() => admin.storageKeyOf({ user: Number.NaN, handler: HANDLER, key: 'a' })).toThrow(IdempotencyError);
+    // The parts of a user id, as a getUser giving [tenantId, sub] keys them; a missing part is no user.
+    expect(admin.storageKeyOf({ user: ['t1', 42], handler: HANDLER, key: 'a' })).toBe('adm:t1,42:PaymentsController.pay:a');
+    expect(admin.storageKeyOf({ user: ['t1'], handler: HANDLER, key: 'a' })).toBe('adm:t1:PaymentsController.pay:a');
+    expect(() => admin.storageKeyOf({ user: ['t1', ''], handler: HANDLER, key: 'a' })).toThrow(IdempotencyError);
   });
 });
 

@@ -1,16 +1,17 @@
 import { Inject, Injectable, Logger } from '@nestjs/common';
 import { IdempotencyError, IdempotencyNotARecordError } from '../errors/idempotency.errors.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
-import { idText } from '../interceptors/key-user.js';
+import { userOfId } from '../interceptors/key-user.js';
 import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
 import { IdempotencyStore, type ForgetResult, type SavedResponse, type StoredRecord, type UnreplayableReason } from '../stores/idempotency-store.js';
 
 /**
- * Whose record, as the guard keys it: a user id as `getUser` gives it (a string or a number;
- * `''` for message handlers, which have no user), `{ ip }` for an anonymous caller under
- * `anonymous: 'address'`, `{ anonymous: true }` for the shared anonymous namespace.
+ * Whose record, as the guard keys it: a user id as `getUser` gives it (a string, a number, or
+ * the parts of one, `['t1', 'u-42']`; `''` for message handlers, which have no user), `{ ip }` for
+ * an anonymous caller under `anonymous: 'address'`, `{ anonymous: true }` for the shared
+ * anonymous namespace.
  */
-export type IdempotencyRecordUser = string | number | bigint | KeyUser;
+export type IdempotencyRecordUser = string | number | bigint | readonly (string | number | bigint)[] | KeyUser;
 
 /**
  * One record: by what the guard keys it on (`user`, `handler` as `Controller.method`, the client
@@ -122,11 +123,11 @@ export class IdempotencyAdmin {
 
 /** The user segment, as the guard makes it from a user id (`key-user.ts`). */
 function keyUser(user: IdempotencyRecordUser): KeyUser {
-  if (typeof user === 'object') return user;
+  if (typeof user === 'object' && !Array.isArray(user)) return user as KeyUser;
   // '' is a message's user (they have none); an HTTP user id is never empty.
-  const id = user === '' ? '' : idText(user);
-  if (id === undefined) throw new IdempotencyError(`IdempotencyAdmin: ${String(user)} is not a user id the guard keys by`);
-  return { id };
+  const keyed = user === '' ? { id: '' } : userOfId(user);
+  if (keyed === undefined) throw new IdempotencyError(`IdempotencyAdmin: ${String(user)} is not a user id the guard keys by`);
+  return keyed;
 }
 
 function describeRecord(storageKey: string, record: StoredRecord, now: number): IdempotencyInspection {

@@ -47,6 +47,9 @@ const NOT_MODIFIED_ELSEWHERE =
 
 const logger = new Logger('Idempotency');
 
+/** The request headers that shape an answer to a part of a resource, or to a precondition. */
+const RANGE_AND_PRECONDITION_HEADERS = ['range', 'if-match', 'if-unmodified-since', 'if-range', 'if-none-match'] as const;
+
 /**
  * The latest exchange of each request, on the request itself: an outer `retry()` subscribes the
  * guard again within one request (see `HttpExchange.create`). Not a WeakMap keyed by requests:
@@ -214,8 +217,7 @@ export class HttpExchange implements GuardExchange {
    */
   private shapedByPreconditions(sent: CapturedResponse, capture: ResponseCapture): boolean {
     const headers = this.req.headers;
-    const asked = ['range', 'if-match', 'if-unmodified-since', 'if-range', 'if-none-match'].some((name) => headers[name] !== undefined);
-    if (!asked) return false;
+    if (!RANGE_AND_PRECONDITION_HEADERS.some((name) => headers[name] !== undefined)) return false;
     const status = sent.statusCode;
     return status === 206 || status === 412 || status === 416 || capture.headerOf('content-range') !== undefined;
   }

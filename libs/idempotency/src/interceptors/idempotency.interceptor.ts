@@ -15,6 +15,7 @@ import { CallEvents } from '../events/call-events.js';
 import type { IdempotencyTransport } from '../events/idempotency-event.js';
 import { IdempotencyEvents } from '../events/idempotency-events.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
+import type { IdempotencyUserId } from '../idempotency.options.js';
 import { fingerprintRequest, UnmatchableBodyError } from '../keys/fingerprint.js';
 import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
 import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
@@ -184,7 +185,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     if (ctx.getType() === 'rpc') return MESSAGE_USER;
     const req = ctx.getArgByIndex<HttpRequest>(0);
     const user = requestUser(this.getUser(ctx), req, this.options.anonymous, this.options.userLocation.properties);
-    if (user && !('id' in user)) {
+    if (user && ('ip' in user || 'anonymous' in user)) {
       const credentials = req.headers.authorization !== undefined ? 'an Authorization header' : hasSession(req) ? 'a session' : undefined;
       if (credentials) {
         this.onceFor(`${route.handler}:credentials`, () =>
@@ -211,14 +212,15 @@ export class IdempotencyInterceptor implements NestInterceptor {
       this.logger.error(
         `${route.handler}: the request's user has no usable id (a non-empty string or a number; request.user.id, else .sub; ` +
           'never what a template over a missing field writes: undefined, null, NaN, [object Object], an empty part), ' +
-          'so the guard cannot tell users apart and refuses the call (500). Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape.',
+          'so the guard cannot tell users apart and refuses the call (500). Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape ' +
+          '(the parts of a user known by several, e.g. [user.tenantId, user.sub], are checked one by one).',
       ),
     );
     return undefined;
   }
 
   /** The user segment of the key. Default: the module's `getUser` (`request.user.id`, else `.sub`). */
-  protected getUser(ctx: ExecutionContext): string | number | undefined {
+  protected getUser(ctx: ExecutionContext): IdempotencyUserId | undefined {
     return this.options.getUser(ctx);
   }
 

@@ -13,8 +13,8 @@ export const MESSAGE_USER: KeyUser = Object.freeze({ id: '' });
  * it is refused, never keyed by address (which many users can share).
  */
 export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy, properties: readonly string[] = USER): KeyUser | undefined {
-  const text = idText(id);
-  if (text !== undefined) return { id: text };
+  const user = userOfId(id);
+  if (user !== undefined) return user;
   if (userObjectOf(req, properties) || (id !== undefined && id !== null && id !== '')) return undefined;
   // No address (a unix socket; a proxy's `unknown` or `_hidden`): keyed as under 'client-key',
   // never as one shared address, under which every caller's same request was one.
@@ -74,6 +74,29 @@ export function idText(id: unknown): string | undefined {
   if (typeof id === 'number') return Number.isFinite(id) ? String(id) : undefined;
   if (typeof id === 'bigint') return String(id);
   return undefined;
+}
+
+/** The most parts a user id is made of (`getUser` giving `[tenantId, sub]`): more is a list of something else. */
+const MAX_ID_PARTS = 8;
+
+/**
+ * The key user of what `getUser` gave: an id (see `idText`), or its parts, each an id as
+ * `idText` takes it (a missing, empty or template-made part refuses the whole: it is no user);
+ * one part is that part's id.
+ */
+export function userOfId(id: unknown): KeyUser | undefined {
+  if (!Array.isArray(id)) {
+    const text = idText(id);
+    return text === undefined ? undefined : { id: text };
+  }
+  if (id.length === 0 || id.length > MAX_ID_PARTS) return undefined;
+  const parts: string[] = [];
+  for (const part of id) {
+    const text = idText(part);
+    if (text === undefined) return undefined;
+    parts.push(text);
+  }
+  return parts.length === 1 ? { id: parts[0]! } : { parts };
 }
 
 const USER: readonly string[] = ['user'];

@@ -17,7 +17,10 @@ function parse(storageKey: string): Omit<StorageKeyParts, 'prefix'> {
     }
     return out;
   };
-  if (parts.length === 3) return { user: { id: dec(parts[0]) }, handler: dec(parts[1]), key: dec(parts[2]) };
+  if (parts.length === 3) {
+    const user = parts[0].includes(',') ? { parts: parts[0].split(',').map(dec) } : { id: dec(parts[0]) };
+    return { user, handler: dec(parts[1]), key: dec(parts[2]) };
+  }
   expect(parts).toHaveLength(4);
   expect(parts[0]).toBe('ip');
   return { user: { ip: dec(parts[1]) }, handler: dec(parts[2]), key: dec(parts[3]) };
@@ -46,6 +49,10 @@ describe('buildStorageKey', () => {
     ['hash tags', [{ id: '{a}' }, 'h', 'k'], [{ id: '%7Ba%7D' }, 'h', 'k']],
     ['lone surrogate vs its escape text', [{ id: 'u' }, 'h', '\ud800'], [{ id: 'u' }, 'h', '%uD800']],
     ['lone surrogate vs replacement char', [{ id: 'u' }, 'h', '\ud800'], [{ id: 'u' }, 'h', '\ufffd']],
+    ['parts vs an id with a comma', [{ parts: ['t1', '42'] }, 'h', 'k'], [{ id: 't1,42' }, 'h', 'k']],
+    ['parts vs an id with a colon', [{ parts: ['t1', '42'] }, 'h', 'k'], [{ id: 't1:42' }, 'h', 'k']],
+    ['parts vs parts with a comma inside', [{ parts: ['a,b', 'c'] }, 'h', 'k'], [{ parts: ['a', 'b,c'] }, 'h', 'k']],
+    ['parts vs more parts', [{ parts: ['a', 'b'] }, 'h', 'k'], [{ parts: ['a', 'b', 'c'] }, 'h', 'k']],
   ] as const)('separates %s', (_name, a, b) => {
     const [ka, kb] = [build(a[0], a[1], a[2]), build(b[0], b[1], b[2])];
     expect(ka).not.toBe(kb);
@@ -70,7 +77,11 @@ describe('buildStorageKey', () => {
     const text = () => Array.from({ length: rand(5) }, () => alphabet[rand(alphabet.length)]).join('');
     const seen = new Map<string, string>();
     for (let i = 0; i < 3000; i++) {
-      const triple = { user: rand(2) ? { id: text() } : { ip: text() }, handler: text(), key: text() };
+      // Parts are two or more non-empty texts, as `getUser` may give them (one part is an id).
+      const part = () => text() || 'x';
+      const kind = rand(3);
+      const user = kind === 0 ? { id: text() } : kind === 1 ? { ip: text() } : { parts: Array.from({ length: 2 + rand(3) }, part) };
+      const triple = { user, handler: text(), key: text() };
       const storageKey = build(triple.user, triple.handler, triple.key);
       expect(parse(storageKey)).toEqual(triple);
       const id = JSON.stringify(triple);

@@ -1,9 +1,10 @@
 /**
  * The user segment of a storage key: whose record it is. A user id (empty for RPC messages,
- * which have no user); for anonymous callers keyed by address, their address; or every anonymous
- * caller at once (keyed only by keys the callers chose).
+ * which have no user), or the two or more parts of one (`getUser` giving `[tenantId, sub]`); for
+ * anonymous callers keyed by address, their address; or every anonymous caller at once (keyed
+ * only by keys the callers chose).
  */
-export type KeyUser = { id: string } | { ip: string } | { anonymous: true };
+export type KeyUser = { id: string } | { parts: readonly string[] } | { ip: string } | { anonymous: true };
 
 /** The parts of a store key. */
 export interface StorageKeyParts {
@@ -37,8 +38,8 @@ function encodeSegment(value: string): string {
 }
 
 /**
- * The store key `<prefix>:<user>:<handler>:<key>`, where `<user>` is the encoded user id,
- * `ip:<encoded address>` for an anonymous client keyed by address, or `anon:` for the shared
+ * The store key `<prefix>:<user>:<handler>:<key>`, where `<user>` is the encoded user id, the
+ * encoded parts of one joined with ',', `ip:<encoded address>` for an anonymous client keyed by address, or `anon:` for the shared
  * namespace of anonymous clients.
  *
  * No two different (user, handler, key) triples give the same string, whatever they hold
@@ -49,11 +50,20 @@ function encodeSegment(value: string): string {
  *   address (`ip`, then the address, whose IPv6 colons are encoded too) or the anonymous
  *   namespace (`anon`, then an empty part). The part count tells a user id from the other two,
  *   and the tag tells those apart: user id `ip:1.2.3.4` is `ip%3A1.2.3.4`, never the client at
- *   1.2.3.4, and user id `anon` is never the anonymous namespace.
+ *   1.2.3.4, and user id `anon` is never the anonymous namespace;
+ * - an encoded segment never contains ',' either (`%2C`), so parts joined with ',' are never a
+ *   user id (`['t1', '42']` is `t1,42`, the id `t1,42` is `t1%2C42`), nor other parts.
  * The guarantee holds for one prefix, as a prefix is one deployment's namespace. Encoding also
  * keeps callers from injecting a Redis Cluster `{hash tag}` to pick a slot.
  */
 export function buildStorageKey({ prefix, user, handler, key }: StorageKeyParts): string {
-  const userSegment = 'id' in user ? encodeSegment(user.id) : 'ip' in user ? `ip:${encodeSegment(user.ip)}` : 'anon:';
+  const userSegment =
+    'id' in user
+      ? encodeSegment(user.id)
+      : 'parts' in user
+        ? user.parts.map(encodeSegment).join(',')
+        : 'ip' in user
+          ? `ip:${encodeSegment(user.ip)}`
+          : 'anon:';
   return `${prefix}:${userSegment}:${encodeSegment(handler)}:${encodeSegment(key)}`;
 }
