@@ -303,6 +303,31 @@ describe('insertOnce (PostgreSQL)', () => {
     expect(await count(reference)).toBe(0);
   });
 
+  // A fourth round: the same on a transaction begun with a raw BEGIN, which has no rollback
+  // event to mark it. The app's ROLLBACK went out between the call's SAVEPOINT and its INSERT,
+  // and the INSERT committed on its own (14 of 100 rolled-back transactions). On cue here: the
+  // ROLLBACK is sent right behind the SAVEPOINT.
+  it('leaves no row when the app rolls back a raw BEGIN between the SAVEPOINT and the INSERT, and says so', async () => {
+    const reference = 'R-raw-cut';
+    const runner = dataSource.createQueryRunner();
+    await runner.query('BEGIN');
+    const query = runner.query.bind(runner) as (sql: string, ...rest: unknown[]) => Promise<unknown>;
+    let rolledBack: Promise<unknown> | undefined;
+    runner.query = ((sql: string, ...rest: unknown[]) => {
+      const sent = query(sql, ...rest);
+      if (sql.startsWith('SAVEPOINT idempotency_insert_once')) rolledBack = query('ROLLBACK');
+      return sent;
+    }) as typeof runner.query;
+    try {
+      const call = insertOnce(runner.manager.getRepository(Booking), { reference, guest: 'raw' }, byReference(reference));
+      await expect(call).rejects.toThrow(/the transaction ended .* before this call's INSERT.*the row was deleted again/);
+      await rolledBack;
+    } finally {
+      await runner.release();
+    }
+    expect(await count(reference)).toBe(0);
+  });
+
   it("takes the turns of a subscriber's calls made together, inside the call whose INSERT runs them", async () => {
     const results = await dataSource.transaction(async (manager) =>
       insertOnce(manager.getRepository(Voucher), { code: 'outbox-many-1' }, () => ({ code: 'outbox-many-1' })),
