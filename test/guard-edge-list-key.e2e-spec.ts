@@ -84,10 +84,26 @@ describe.each<Adapter>(['express', 'fastify'])('a key expression that finds a li
     ['a header key "[object Object]"', '/orders/by-header', { key: '[object Object]' }],
     ['a body key "c1:undefined"', '/orders', { body: { orderNo: 'c1:undefined' } }],
     ['a body key "null"', '/orders', { body: { orderNo: 'null' } }],
+    // A fourth round: whole keys a template writes for an object or a bad date.
+    ['a header key "{}"', '/orders/by-header', { key: '{}' }],
+    ['a header key "Invalid Date"', '/orders/by-header', { key: 'Invalid Date' }],
   ])('refuses %s 400 IDEMPOTENCY_KEY_INVALID, nothing runs', async (_name, path, options) => {
     runs.length = 0;
     const answer = await send(a.url, path, options);
     expect({ status: answer.status, code: codeOf(answer), runs }).toEqual({ status: 400, code: 'IDEMPOTENCY_KEY_INVALID', runs: [] });
+  });
+
+  // A fourth round: keys a client made with `nan` or `null` between underscores (a batch name,
+  // a nanoid) were refused 400 on every call.
+  it.each(['nan_batch_7', 'V1StGXR8_nan_dHi6B', 'order_null_42'])('takes the key %p, and replays it', async (key) => {
+    runs.length = 0;
+    const first = await send(a.url, '/orders/by-header', { key: `${key}-${adapter}` });
+    const again = await send(a.url, '/orders/by-header', { key: `${key}-${adapter}` });
+    expect({ statuses: [first.status, again.status], replayed: replayed(again), runs }).toEqual({
+      statuses: [201, 201],
+      replayed: true,
+      runs: ['by-header'],
+    });
   });
 
   it('is refused as invalid, not missing, on a route that requires a key', async () => {

@@ -192,8 +192,73 @@ describe('userOfId', () => {
   ])('%p is %p', (id, expected) => expect(userOfId(id)).toEqual(expected));
 });
 
+// A fourth round: `[tenant, id].join()` over a missing id writes `t1,` (join writes null and
+// undefined as empty), which passed, and bob got alice's answer; and real emails with `nan_` or
+// `null_` in them (`nan_li@acme.io`, an Azure guest's `null_gmail.com#EXT#@...`) were refused 500 on
+// every call. Text the user object holds is the user's data, not a template's filler.
+const JOIN_USERS: Record<string, unknown> = {
+  alice: { tenant: 't1', id: null, name: 'alice' },
+  bob: { tenant: 't1', id: null, name: 'bob' },
+  nan: { tenant: 't1', id: 'nan_li@acme.io', name: 'Nan Li' },
+  guest: { tenant: 't1', id: 'null_gmail.com#EXT#@contoso.onmicrosoft.com', name: 'guest' },
+};
+
+@Controller('joined-orders')
+@UseGuards(loginFrom(JOIN_USERS))
+class JoinedOrdersController {
+  @Post()
+  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
+  create(@Req() req: { headers: Record<string, string> }) {
+    orders++;
+    return { orderOf: req.headers['x-user'] };
+  }
+}
+
+type JoinUser = { tenant?: string; id?: string | null };
+const joinUserOf = (ctx: ExecutionContext) => ctx.switchToHttp().getRequest<{ user?: JoinUser }>().user;
+
+describe.each<Adapter>(['express', 'fastify'])('a getUser joining parts, and ids with such words in them (%s)', (adapter) => {
+  let joined: EdgeApp;
+  let plain: EdgeApp;
+  beforeAll(async () => {
+    joined = await makeApp(adapter, [JoinedOrdersController], {
+      getUser: (ctx) => [joinUserOf(ctx)?.tenant, joinUserOf(ctx)?.id].join(),
+    });
+    plain = await makeApp(adapter, [JoinedOrdersController]); // the default: request.user.id
+  });
+  afterAll(async () => Promise.all([joined?.close(), plain?.close()]));
+
+  it("refuses `t1,` (an id join() wrote empty) 500: bob never gets alice's answer", async () => {
+    orders = 0;
+    const orderNo = randomUUID();
+    const alice = await send(joined.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': 'alice' } });
+    const bob = await send(joined.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': 'bob' } });
+    // Observed before: alice 201, bob 201 replayed with alice's body, 1 run.
+    expect({ statuses: [alice.status, bob.status], bob: bob.text.includes('alice'), orders }).toEqual({
+      statuses: [500, 500],
+      bob: false,
+      orders: 0,
+    });
+  });
+
+  it('keys users whose own id holds nan_ or null_ (an email, an Azure guest), with the default getUser and in a join', async () => {
+    for (const app of [plain, joined]) {
+      orders = 0;
+      const orderNo = randomUUID();
+      const firsts = await Promise.all(['nan', 'guest'].map((user) => send(app.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': user } })));
+      const again = await send(app.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': 'nan' } });
+      // Observed before: 500 IDEMPOTENCY_USER_UNRESOLVED on every call.
+      expect({ statuses: [...firsts, again].map((r) => r.status), again: [replayed(again), JSON.parse(again.text).orderOf], orders }).toEqual({
+        statuses: [201, 201, 201],
+        again: [true, 'nan'],
+        orders: 2,
+      });
+    }
+  });
+});
+
 describe('idText', () => {
-  it.each([
+  it.each<[string, unknown]>([
     ['t1:undefined', undefined],
     ['undefined', undefined],
     ['undefined:undefined', undefined],
@@ -210,13 +275,32 @@ describe('idText', () => {
     ['t1:', undefined],
     [':42', undefined],
     ['t1|NaN', undefined],
+    // A fourth round: more separators, join()'s empty parts, other words for nothing.
+    ['t1,', undefined],
+    [',42', undefined],
+    [',', undefined],
+    ['t1#', undefined],
+    ['t1/null', undefined],
+    ['t1-null', undefined],
+    ['t1.null', undefined],
+    ['t1-NaN', undefined],
+    ['t1 null', undefined],
+    ['None', undefined],
+    ['t1:nil', undefined],
+    ['t1:(null)', undefined],
+    ['{}', undefined],
+    ['[]', undefined],
+    ['Invalid Date', undefined],
+    ['false', undefined],
+    ['Symbol()', undefined],
+    ['null ', undefined],
+    [' :42', undefined],
+    // Real ids, accepted without a user object to hold them.
     ['t1:u-alice', 't1:u-alice'],
     ['NaNa', 'NaNa'],
-    // A third round: real ids the check refused (500 on every guarded call).
     ['null@example.com', 'null@example.com'],
     ['dev.null@acme.io', 'dev.null@acme.io'],
     ['ann.undefinedson@x.io', 'ann.undefinedson@x.io'],
-    ['NaN-team', 'NaN-team'],
     ['/x9AbcD+e==', '/x9AbcD+e=='],
     ['x9AbcD+e/', 'x9AbcD+e/'],
     ['#42', '#42'],
@@ -225,5 +309,28 @@ describe('idText', () => {
     ['nullable-1', 'nullable-1'],
     ['dXNlcjE=', 'dXNlcjE='],
     ['user_42', 'user_42'],
+    ['auth0|abc123', 'auth0|abc123'],
+    ['google-oauth2|1234567890', 'google-oauth2|1234567890'],
+    ['01HZX3K4T5V6W7X8Y9Z0ABCDEF', '01HZX3K4T5V6W7X8Y9Z0ABCDEF'],
+    ['undefinedBehaviour', 'undefinedBehaviour'],
   ])('%p is %p', (id, expected) => expect(idText(id)).toBe(expected));
+
+  // Text the request's user object holds is the user's, not a template's (a fourth round: real
+  // emails and names were refused 500 on every call).
+  it.each<[string, object, string | undefined]>([
+    ['nan_li@acme.io', { sub: 'nan_li@acme.io' }, 'nan_li@acme.io'],
+    ['t1:nan_li@acme.io', { tenant: 't1', email: 'nan_li@acme.io' }, 't1:nan_li@acme.io'],
+    ['null_gmail.com#EXT#@contoso.onmicrosoft.com', { upn: 'null_gmail.com#EXT#@contoso.onmicrosoft.com' }, 'null_gmail.com#EXT#@contoso.onmicrosoft.com'],
+    ['NaN-team', { name: 'NaN-team' }, 'NaN-team'],
+    ['acme:Nan', { org: 'acme', profile: { first: 'Nan' } }, 'acme:Nan'],
+    ['abc_NaN_xyz', { sub: 'abc_NaN_xyz' }, 'abc_NaN_xyz'],
+    ['t1 NULL', { tenant: 't1', name: 't1 NULL' }, 't1 NULL'],
+    // Held elsewhere in the id, or only as a bare word, is not held.
+    ['t1_null', { tenant: 't1', name: 'Nullah' }, undefined],
+    ['t1:null', { tenant: 't1', middle: 'null' }, undefined],
+    ['acme:NaN', { org: 'acme', first: 'Nan' }, undefined], // held as Nan, written NaN: String(NaN)
+    ['t1:undefined', { tenant: 't1', sub: 'u-1' }, undefined],
+    ['t1,', { tenant: 't1', id: null }, undefined],
+    ['nan_li@acme.io:undefined', { email: 'nan_li@acme.io' }, undefined],
+  ])('%p with user %j is %p', (id, user, expected) => expect(idText(id, user)).toBe(expected));
 });

@@ -177,6 +177,8 @@ describe('IdempotencyAdmin', () => {
     expect(admin.storageKeyOf({ user: ['t1', 42], handler: HANDLER, key: 'a' })).toBe('adm:t1,42:PaymentsController.pay:a');
     expect(admin.storageKeyOf({ user: ['t1'], handler: HANDLER, key: 'a' })).toBe('adm:t1:PaymentsController.pay:a');
     expect(() => admin.storageKeyOf({ user: ['t1', ''], handler: HANDLER, key: 'a' })).toThrow(IdempotencyError);
+    // A user the guard keyed because its user object held the text (nan_li@acme.io) is named as it is.
+    expect(admin.storageKeyOf({ user: 'nan_li@acme.io', handler: HANDLER, key: 'a' })).toBe('adm:nan_li%40acme.io:PaymentsController.pay:a');
   });
 });
 

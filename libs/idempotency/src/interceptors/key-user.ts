@@ -13,9 +13,10 @@ export const MESSAGE_USER: KeyUser = Object.freeze({ id: '' });
  * it is refused, never keyed by address (which many users can share).
  */
 export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy, properties: readonly string[] = USER): KeyUser | undefined {
-  const user = userOfId(id);
+  const userObject = userObjectOf(req, properties);
+  const user = userOfId(id, userObject);
   if (user !== undefined) return user;
-  if (userObjectOf(req, properties) || (id !== undefined && id !== null && id !== '')) return undefined;
+  if (userObject || (id !== undefined && id !== null && id !== '')) return undefined;
   // No address (a unix socket; a proxy's `unknown` or `_hidden`): keyed as under 'client-key',
   // never as one shared address, under which every caller's same request was one.
   const ip = anonymous === 'address' ? addressOf(req.ip) : undefined;
@@ -50,27 +51,99 @@ export function addressOf(given: string | undefined): string | undefined {
   return `${high >> 8}.${high & 255}.${low >> 8}.${low & 255}`;
 }
 
+/** What separates the parts of a template's text (`${tenant}:${id}`, `[tenant, id].join()`, `${t}-${id}`). */
+const SEP = String.raw`[:_|#,;/.\-\s]`;
+
 /**
  * What a template or `String()` over a missing or wrong field writes: `undefined` (not followed
- * by a letter: `t1undefined`, `T1:UNDEFINED`) or `[object ...]` anywhere; `null` or `NaN` as a
- * part between template separators (`:`, `_`, `|`, `#`, `,`, `;`) or as the whole id; an empty
- * part at either end (`t1:`, `:42`, `|42`). `getUser: (ctx) => `${user.tenantId}:${user.id}``
- * over a user without `id` (a JWT user is `{ sub }`) gave every user of a tenant the one segment
- * `t1:undefined`, and one user's answer was replayed to another (adversarial helpers, two
- * rounds). Narrow on purpose: an email (`dev.null@acme.io`), a base64 id (`/x9...`) or a name
- * (`NaN-team`) is someone's id (a third round).
+ * by a letter: `t1undefined`, `T1:UNDEFINED`) or `[object ...]` anywhere; `null`, `NaN`, `None`,
+ * `nil` or `(null)` as a part between separators (`:`, `_`, `|`, `#`, `,`, `;`, `/`, `.`, `-`,
+ * spaces) or as the whole id; an empty part at either end (`t1:`, `t1,` from
+ * `[tenant, id].join()`, `:42`); `{}`, `[]`, `Invalid Date`, `false`, `true`, `Symbol(...)` as the
+ * whole id; white space at either end. `getUser: (ctx) => `${user.tenantId}:${user.id}`` over a
+ * user without `id` (a JWT user is `{ sub }`) gave every user of a tenant the one segment
+ * `t1:undefined`, and one user's answer was replayed to another (adversarial helpers, four
+ * rounds). Some real ids have such text (`nan_li@acme.io`, an Azure guest's
+ * `null_gmail.com#EXT#@...`): see `heldByUser`. Each match is the suspect text alone (lookarounds), so
+ * that `heldByUser` can tell where it lies.
  */
-export const TEMPLATE_OF_NOTHING = /undefined(?![a-z])|\[object |(?:^|[:_|#,;])(?:null|nan)(?:$|[:_|#,;])|^[:|]|[:|]$/i;
-/** The same in a client key, but an empty part: a key the client chose may end with a `:`. */
-export const KEY_TEMPLATE_OF_NOTHING = /undefined(?![a-z])|\[object |(?:^|[:_|#,;])(?:null|nan)(?:$|[:_|#,;])/i;
+const TEMPLATE_OF_NOTHING = new RegExp(
+  String.raw`undefined(?![a-z])|\[object |(?<=^|${SEP})(?:null|nan|none|nil|\(null\))(?=$|${SEP})|^[:|,;]|[:|,;#]$|^(?:\{\}|\[\]|invalid date|false|true|symbol\(.*\))$|^\s|\s$`,
+  'i',
+);
+/** `TEMPLATE_OF_NOTHING`, for each of its matches. */
+const TEMPLATE_MATCHES = new RegExp(TEMPLATE_OF_NOTHING.source, 'gi');
+/**
+ * The same in a client key, narrower (no owner to ask, see `heldByUser`): the separators `:`,
+ * `|`, `#`, `,`, `;` only (`nan_batch_7`, a nanoid's `_nan_` are keys), no empty part (a key
+ * the client chose may end with a `:`), and `{}`, `[]`, `Invalid Date` as the whole key.
+ */
+export const KEY_TEMPLATE_OF_NOTHING = /undefined(?![a-z])|\[object |(?:^|[:|#,;])(?:null|nan)(?:$|[:|#,;])|^(?:\{\}|\[\]|invalid date)$/i;
+
+/**
+ * What `String()` (and other languages' templates) write for nothing, exactly: a user's field
+ * holding only that vouches for nothing. A name `Nan` does (no template writes it so).
+ */
+const BARE_NOTHING = /^\s*(?:undefined|null|NULL|NaN|None|nil|\(null\)|\[object \w+\])\s*$/;
+/** How many of the user object's texts `heldByUser` reads at most. */
+const MAX_USER_TEXTS = 64;
+
+/**
+ * Whether every suspect part of `id` (`TEMPLATE_OF_NOTHING`'s matches) lies inside text the
+ * request's user object holds (a string property of it, or of an object property one level
+ * down): then it is the user's data, not a template's filler. `nan_li@acme.io` from `user.email`,
+ * or `t1:nan_li@acme.io` from `${tenant}:${email}`, is held; `t1:undefined` or `t1_null` is not,
+ * whatever else the user holds (a field that is only `null` or `undefined` vouches for nothing).
+ * Without a user object (a `getUser` that reads a header) nothing is held.
+ */
+function heldByUser(id: string, user: unknown): boolean {
+  if (user === null || typeof user !== 'object') return false;
+  const texts = textsOf(user);
+  for (const match of id.matchAll(TEMPLATE_MATCHES)) {
+    const start = match.index;
+    const end = start + match[0].length;
+    const held = texts.some((text) => {
+      for (let at = id.indexOf(text); at !== -1 && at <= start; at = id.indexOf(text, at + 1)) {
+        if (at + text.length >= end) return true;
+      }
+      return false;
+    });
+    if (!held) return false;
+  }
+  return true;
+}
+
+/** The user object's texts, and those of its object properties, up to `MAX_USER_TEXTS`: as they are (an id is written from them verbatim). */
+function textsOf(user: object): string[] {
+  const texts: string[] = [];
+  const add = (value: unknown) => {
+    if (typeof value === 'string' && value.length > 1 && !BARE_NOTHING.test(value)) texts.push(value);
+  };
+  for (const value of Object.values(user)) {
+    if (texts.length >= MAX_USER_TEXTS) break;
+    if (value !== null && typeof value === 'object' && !Array.isArray(value)) {
+      for (const inner of Object.values(value as object).slice(0, MAX_USER_TEXTS)) add(inner);
+    } else {
+      add(value);
+    }
+  }
+  return texts;
+}
 
 /**
  * A user id as its key segment: a non-empty string, a finite number or a bigint. Anything else
  * (an object, a Buffer, an array) has no text that tells every user apart, so it is refused; so
- * is a string that holds what a template writes for a missing field (`t1:undefined`).
+ * is a string that holds what a template writes for a missing field (`t1:undefined`), unless
+ * the request's user object holds that text (`heldByUser`).
  */
-export function idText(id: unknown): string | undefined {
-  if (typeof id === 'string') return id === '' || TEMPLATE_OF_NOTHING.test(id) ? undefined : id;
+export function idText(id: unknown, user?: unknown): string | undefined {
+  if (typeof id === 'string' && TEMPLATE_OF_NOTHING.test(id) && !heldByUser(id, user)) return undefined;
+  return plainIdText(id);
+}
+
+/** A user id's text by its type alone: a non-empty string, a finite number or a bigint. */
+export function plainIdText(id: unknown): string | undefined {
+  if (typeof id === 'string') return id === '' ? undefined : id;
   if (typeof id === 'number') return Number.isFinite(id) ? String(id) : undefined;
   if (typeof id === 'bigint') return String(id);
   return undefined;
@@ -82,17 +155,18 @@ const MAX_ID_PARTS = 8;
 /**
  * The key user of what `getUser` gave: an id (see `idText`), or its parts, each an id as
  * `idText` takes it (a missing, empty or template-made part refuses the whole: it is no user);
- * one part is that part's id.
+ * one part is that part's id. `textOf` reads each (the admin's `plainIdText`: an operator names
+ * a user the guard keyed, template words and all).
  */
-export function userOfId(id: unknown): KeyUser | undefined {
+export function userOfId(id: unknown, user?: unknown, textOf: (id: unknown, user?: unknown) => string | undefined = idText): KeyUser | undefined {
   if (!Array.isArray(id)) {
-    const text = idText(id);
+    const text = textOf(id, user);
     return text === undefined ? undefined : { id: text };
   }
   if (id.length === 0 || id.length > MAX_ID_PARTS) return undefined;
   const parts: string[] = [];
   for (const part of id) {
-    const text = idText(part);
+    const text = textOf(part, user);
     if (text === undefined) return undefined;
     parts.push(text);
   }
