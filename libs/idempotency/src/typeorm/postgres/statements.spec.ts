@@ -1,5 +1,5 @@
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from '@jest/globals';
-import { randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { DataSource, QueryFailedError } from 'typeorm';
 import { DATABASE_URL } from '../../../../../test/support/services.js';
 import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
@@ -130,6 +130,23 @@ describe('statementRunner: named prepared statements on the pool or on a transac
     expect((await read()).records).toEqual([{ v: 5 }]);
     expect((await read()).records).toEqual([{ v: 5 }]);
     expect(await single.query(PREPARED)).toEqual([]);
+  });
+
+  // An adversarial helper (session 21), through PgBouncer in transaction mode: a server session
+  // already held the statement another client had prepared, PostgreSQL answered 42P05, the claim
+  // failed as a store outage and routes ran unguarded. A session that holds the name, made here
+  // with PREPARE on the one connection (the pooler's case without a pooler: PostgreSQL's own 42P05).
+  it('runs statements unnamed once a session holds one of its names that another client prepared (a transaction-mode pooler)', async () => {
+    const run = statementRunner(single);
+    const sql = `SELECT v FROM ${table} WHERE id = $1`;
+    const name = `idempotency_${createHash('sha256').update(sql).digest('hex').slice(0, 24)}`;
+    await single.query(`INSERT INTO ${table} (id, v) VALUES (1, 7)`);
+    await single.query(`PREPARE ${name} (int) AS SELECT 0 AS v WHERE $1 = 0`);
+    expect((await run(sql, [1])).records).toEqual([{ v: 7 }]);
+    expect((await run(sql, [1])).records).toEqual([{ v: 7 }]);
+    // Only the other client's statement is there: this runner prepares no more.
+    expect(await single.query('SELECT name, from_sql FROM pg_prepared_statements')).toEqual([{ name, from_sql: true }]);
+    await single.query('DEALLOCATE ALL');
   });
 
   // An adversarial helper (session 16): 100 parallel replays of a 1 MB response on a pool of 10,

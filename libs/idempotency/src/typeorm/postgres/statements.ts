@@ -66,6 +66,14 @@ interface PostgresDriverPools {
 const PLAN_CHANGED = '0A000';
 /** `prepared statement ... does not exist`: the session lost it (DISCARD ALL, DEALLOCATE, a transaction-mode pooler). */
 const NO_SUCH_STATEMENT = '26000';
+/**
+ * `prepared statement ... already exists`: the session holds one of that name that this client
+ * never prepared, so another client shares it (a pooler in transaction mode hands one server
+ * session to many clients). Only this told a new client so, once others had prepared the
+ * statement on every session: it never met a 26000, the claim failed as a store outage, and
+ * routes ran unguarded, one key up to 93 times in a burst (an adversarial helper, PgBouncer).
+ */
+const STATEMENT_EXISTS = '42P05';
 
 /** Statement names by SQL text: a digest of the text, so that one text has one name in every session. */
 const names = new Map<string, string>();
@@ -98,7 +106,8 @@ function rename(client: object, sql: string): void {
  *
  * A prepared statement whose table changed its result type (a migration) is prepared again under
  * a new name on that connection; when a session loses a prepared statement (DISCARD ALL, a pooler
- * in transaction mode), this runner stops preparing and runs every statement unnamed. Either way
+ * in transaction mode), or holds one of that name another client made (a pooler in transaction
+ * mode), this runner stops preparing and runs every statement unnamed. Either way
  * the refused statement did nothing and runs again at once, outside a transaction; inside one,
  * the error has aborted the transaction and is thrown, and the next transaction runs it anew.
  *
@@ -116,16 +125,20 @@ export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned, 
     } catch (error) {
       const state = sqlStateOf(error);
       if (state === PLAN_CHANGED) rename(client, sql);
-      else if (state === NO_SUCH_STATEMENT) lostStatements();
+      else if (state === NO_SUCH_STATEMENT || state === STATEMENT_EXISTS) lostStatements(state);
       else throw error;
       if (!canRetry) throw error;
       return client.query({ name: prepare ? statementName(client, sql) : undefined, text: sql, values });
     }
   };
-  const lostStatements = () => {
+  const lostStatements = (state: string) => {
+    if (!prepare) return;
     prepare = false;
-    const why = 'DISCARD ALL, or a pooler in transaction mode';
-    Logger.warn(`A PostgreSQL session lost a prepared statement (${why}?): statements now run unnamed`, 'IdempotencyStatements');
+    const what =
+      state === STATEMENT_EXISTS
+        ? 'A PostgreSQL session holds a prepared statement another client made (a pooler in transaction mode, such as PgBouncer?)'
+        : 'A PostgreSQL session lost a prepared statement (DISCARD ALL, or a pooler in transaction mode?)';
+    Logger.warn(`${what}: statements now run unnamed`, 'IdempotencyStatements');
   };
   // As TypeORM's QueryRunner does: log, time, and wrap a failed query in QueryFailedError.
   const query = async (client: PgClient, sql: string, params: unknown[], runner?: QueryRunner) => {
