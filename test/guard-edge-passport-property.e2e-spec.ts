@@ -60,10 +60,39 @@ class InvoicesController {
   }
 }
 
+/** Optional sign-in, the usual recipe: without a token Passport's user is `false`, and AuthGuard sets `request.account = false`. */
+@Injectable()
+class OptionalHeaderGuard extends AuthGuard('header') {
+  override handleRequest<T>(_error: unknown, user: T): T {
+    return user;
+  }
+}
+
+/** API clients: a guard of the app's own puts the client on request.user. */
+@Injectable()
+class ApiKeyGuard implements CanActivate {
+  canActivate(ctx: ExecutionContext): boolean {
+    const req = ctx.switchToHttp().getRequest<{ headers: Record<string, string | undefined>; user?: unknown }>();
+    const client = req.headers['x-api-key'];
+    if (client) req.user = { id: client };
+    return true;
+  }
+}
+
+@Controller('payouts')
+@UseGuards(OptionalHeaderGuard, ApiKeyGuard)
+class PayoutsController {
+  @Post()
+  @NoRepeatSubmit({ idempotentKey: '#body.ref' })
+  create(@Body() body: { ref: string }, @Req() req: { user?: { id: string } }) {
+    return { ref: body.ref, client: req.user?.id };
+  }
+}
+
 describe.each<Adapter>(['express', 'fastify'])('Passport registered with property "account" (%s)', (adapter) => {
   let a: EdgeApp;
   beforeAll(async () => {
-    a = await makeApp(adapter, [OrdersController, InvoicesController], {}, {
+    a = await makeApp(adapter, [OrdersController, InvoicesController, PayoutsController], {}, {
       imports: [PassportModule.register({ property: 'account' })],
       providers: [HeaderStrategy],
     });
@@ -95,5 +124,21 @@ describe.each<Adapter>(['express', 'fastify'])('Passport registered with propert
     expect(JSON.parse((await as('alice')).text).for).toBe('alice');
     const bob = await as('bob');
     expect({ status: bob.status, replayed: replayed(bob), for: JSON.parse(bob.text).for }).toEqual({ status: 201, replayed: false, for: 'bob' });
+  });
+
+  // An adversarial helper (session 21): Passport's "no user" (`false` on request.account, from an
+  // optional sign-in) hid the API client on request.user: every client was anonymous, and one
+  // client's payout was replayed to another that sent the same reference.
+  it("reads request.user where Passport's property holds false (no token): one API client never gets another's answer", async () => {
+    const ref = `R-${randomUUID()}`;
+    const as = (client: string) => send(a.url, '/payouts', { body: { ref }, headers: { 'x-api-key': client } });
+    const first = await as('client-a');
+    const second = await as('client-b');
+    expect({
+      statuses: [first.status, second.status],
+      clients: [JSON.parse(first.text).client, JSON.parse(second.text).client],
+      replayed: replayed(second),
+    }).toEqual({ statuses: [201, 201], clients: ['client-a', 'client-b'], replayed: false });
+    expect(replayed(await as('client-a'))).toBe(true);
   });
 });

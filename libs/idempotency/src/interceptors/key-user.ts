@@ -178,13 +178,19 @@ const USER: readonly string[] = ['user'];
 /**
  * The request's user: the first of `properties` set (`user`, and any other `property` Passport
  * was registered with, see `UserLocation`), on Nest's request, else (Fastify) on its Node.js
- * request, where Nest middleware, which Fastify hands the Node.js request, puts it.
+ * request, where Nest middleware, which Fastify hands the Node.js request, puts it. `false` is
+ * Passport's "no user" (an optional sign-in without a token sets `request.account = false`): not
+ * set. Taken for the user, it hid the API client another guard put on `request.user`, and one
+ * client was replayed another's answer (an adversarial helper).
  */
 export function userObjectOf(req: HttpRequest | undefined, properties: readonly string[] = USER): unknown {
   const holder = req as (Record<string, unknown> & { raw?: Record<string, unknown> }) | undefined;
   for (let i = 0; i < properties.length; i++) {
-    const user = holder?.[properties[i]!] ?? holder?.raw?.[properties[i]!];
-    if (user !== undefined && user !== null) return user;
+    const name = properties[i]!;
+    const user = isSet(holder?.[name]) ? holder![name] : holder?.raw?.[name];
+    if (isSet(user)) return user;
   }
   return undefined;
 }
+
+const isSet = (user: unknown) => user !== undefined && user !== null && user !== false;
