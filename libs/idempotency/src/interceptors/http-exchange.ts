@@ -275,10 +275,12 @@ const unreplayable = (sent: CapturedResponse, reason: UnreplayableReason): Saved
 function toSaved(sent: CapturedResponse | undefined, statusCode: number): SavedResponse {
   if (!sent) return { statusCode, headers: {}, unreplayable: 'not_delivered' };
   if (sent.statusCode >= 500) return unreplayable(sent, 'server_error');
-  if (!sent.body) return { statusCode: sent.statusCode, headers: sent.headers, unreplayable: 'too_large' };
+  if (sent.body === undefined) return { statusCode: sent.statusCode, headers: sent.headers, unreplayable: 'too_large' };
   const saved: SavedResponse = { statusCode: sent.statusCode, headers: sent.headers };
   if (sent.body.length === 0) return saved;
-  if (isUtf8(sent.body) && !sent.body.includes(0)) {
+  if (typeof sent.body === 'string') {
+    saved.body = sent.body;
+  } else if (isUtf8(sent.body) && !sent.body.includes(0)) {
     saved.body = sent.body.toString('utf8');
   } else {
     saved.body = sent.body.toString('base64');

@@ -7,8 +7,12 @@ export interface CapturedResponse {
   statusCode: number;
   /** The allowlisted headers (and `content-encoding`, which the bytes need), lower-case names. */
   headers: Record<string, string>;
-  /** The body bytes; undefined when they were over the bound (not kept). */
-  body: Buffer | undefined;
+  /**
+   * The body bytes; undefined when they were over the bound (not kept). A string is bytes that
+   * are UTF-8 text without NUL, as that text (an answer sent as one string, as Express's
+   * `res.send` and Fastify send JSON): kept as given, never encoded to be decoded again.
+   */
+  body: Buffer | string | undefined;
 }
 
 /** What a capture saves: the answer sent, or `undefined` when the client never got the handler's. */
@@ -48,6 +52,14 @@ function headersOfArray(list: unknown[]): OutgoingHttpHeaders {
   return headers;
 }
 
+/** A lone surrogate: UTF-8 has no bytes for it (Node writes U+FFFD's). */
+const LONE_SURROGATE = /\p{Cs}/u;
+
+/** An answer's only chunk, a string, as `CapturedResponse.body`: itself where its bytes are UTF-8 text without NUL. */
+function bodyOfText(text: string): Buffer | string {
+  return LONE_SURROGATE.test(text) || text.includes('\0') ? Buffer.from(text, 'utf8') : text;
+}
+
 const callbackOf = (args: Args) => args.find((arg) => typeof arg === 'function') as ((error?: Error) => void) | undefined;
 const withoutCallback = (args: Args) => args.filter((arg) => typeof arg !== 'function');
 
@@ -73,6 +85,8 @@ export class ResponseCapture implements ResponseHook {
   private state: 'open' | 'ending' | 'ended' = 'open';
   private held: Args[] = [];
   private chunks: Buffer[] = [];
+  /** The answer's bytes while they are one string written as UTF-8 (see `record`), before `chunks`. */
+  private text: string | undefined;
   private bytes = 0;
   private overflowed = false;
   private head: OutgoingHttpHeaders | undefined;
@@ -230,6 +244,19 @@ export class ResponseCapture implements ResponseHook {
 
   private record(chunk: unknown, encoding: unknown): void {
     if (this.overflowed || chunk === undefined || chunk === null) return;
+    // The common answer, one string written as UTF-8 (Node takes a missing or null encoding as
+    // UTF-8): kept as text, which is what is saved; a second chunk turns it into bytes.
+    const utf8 = typeof encoding !== 'string' || encoding === 'utf8' || encoding === 'utf-8';
+    if (typeof chunk === 'string' && utf8 && this.bytes === 0 && this.text === undefined) {
+      this.bytes = Buffer.byteLength(chunk, 'utf8');
+      if (this.bytes > this.maxBytes) this.overflowed = true;
+      else this.text = chunk;
+      return;
+    }
+    if (this.text !== undefined) {
+      this.chunks.push(Buffer.from(this.text, 'utf8'));
+      this.text = undefined;
+    }
     const bytes =
       typeof chunk === 'string'
         ? Buffer.from(chunk, typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8')
@@ -249,7 +276,7 @@ export class ResponseCapture implements ResponseHook {
       const value = this.headerOf(name);
       if (value !== undefined) headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
     }
-    const body = this.overflowed ? undefined : Buffer.concat(this.chunks);
+    const body = this.overflowed ? undefined : this.text !== undefined ? bodyOfText(this.text) : Buffer.concat(this.chunks);
     // Never a refusal's Retry-After or problem details type on another answer (a run after a retry()).
     return { statusCode: this.raw.statusCode, headers: withoutRefusalHeaders(this.raw, this.raw.statusCode, headers), body };
   }
