@@ -29,6 +29,7 @@ import { MESSAGE_USER, requestUser } from './key-user.js';
 import { claimToken } from './claim-token.js';
 import { GuardMemory } from './guard-memory.js';
 import { routeOptions, type GuardedRoute } from './route-options.js';
+import { matchedRoutePath } from './route-paths.js';
 import { RpcExchange } from './rpc-exchange.js';
 
 /**
@@ -128,6 +129,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     // The client key, else the fingerprint stands in. Anonymous callers share one namespace, so
     // only a key they chose may key them. A call with neither makes no claim: nothing to fingerprint.
     if (clientKey === undefined && (!route.useFingerprint || 'anonymous' in user)) {
+      this.sayIfNoSuchParam(ctx, route);
       return { result: route.required ? exchange.refuse({ reason: 'key_missing', source: route.keySource }) : next.handle() };
     }
     let fingerprint: string;
@@ -151,6 +153,31 @@ export class IdempotencyInterceptor implements NestInterceptor {
         ? undefined
         : new CallEvents(this.events, route.handler, ctx.getType<IdempotencyTransport>(), storageKey, startedAt);
     return this.answers.answer(ctx, exchange, next, route, input, events);
+  }
+
+  /**
+   * A `#params.x` key expression on a route whose path has no `:x` (a typo, a renamed parameter)
+   * can never find a key: every call is refused 400, or runs unguarded where a key is not
+   * required, which nothing else would say. Said once per handler, on the first call without a
+   * key (the path, with its global prefix and RouterModule parameters, is the request's).
+   */
+  private sayIfNoSuchParam(ctx: ExecutionContext, route: GuardedRoute): void {
+    const source = route.metadata.key;
+    if (!('path' in source) || source.path.root !== 'params' || ctx.getType() !== 'http') return;
+    const name = source.path.segments[0]!;
+    const req = ctx.getArgByIndex<HttpRequest>(0);
+    const params = req.params as Record<string, unknown> | undefined;
+    if (params !== null && typeof params === 'object' && Object.hasOwn(params, name)) return;
+    // An optional parameter the call left out (Fastify leaves it out of `params`).
+    const path = matchedRoutePath(req);
+    if (path === undefined || path.split(/[^\w$]/).includes(name) && path.includes(`:${name}`)) return;
+    this.onceFor(`${route.handler}:params`, () =>
+      this.logger.error(
+        `${route.handler}: its key expression #params.${source.path.segments.join('.')} names no parameter of the route's path ` +
+          `(${path}), so no call has a key: ` +
+          (route.required ? 'every call is refused 400 IDEMPOTENCY_KEY_MISSING' : 'every call runs unguarded (required: false)'),
+      ),
+    );
   }
 
   /** The call as its transport sees it; undefined for a transport the guard does not know. */
