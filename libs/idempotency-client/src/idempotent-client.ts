@@ -111,6 +111,10 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
   for (const [name, value] of Object.entries({ timeoutMs, attemptTimeoutMs, ...backoff })) {
     if (!Number.isFinite(value) || value < 0) throw new TypeError(`${name} must be a number >= 0, got ${value}`);
   }
+  // A bound of 0 aborted every attempt after 1 ms: no call could ever succeed.
+  for (const [name, value] of Object.entries({ timeoutMs, attemptTimeoutMs })) {
+    if (value === 0) throw new TypeError(`${name} must be over 0 (a bound of 0 ends every attempt at once), got 0`);
+  }
   // One timer bounds an attempt; a longer one would fire after 1 ms (and abort every attempt).
   if (attemptTimeoutMs > MAX_TIMER_MS) {
     throw new TypeError(`attemptTimeoutMs must be at most ${MAX_TIMER_MS} (what a timer holds), got ${attemptTimeoutMs}`);
