@@ -220,7 +220,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
             `${route.handler}: a call with ${credentials} is keyed as anonymous: the guard found no user ` +
               '(request.user, or request.raw.user on Fastify), so every anonymous caller shares its keys. If the route ' +
               'authenticates its callers elsewhere (a property a guard sets for itself, request.auth, request.session), give ' +
-              'IdempotencyModule.forRoot({ getUser }).',
+              'the module a getUser option (forRoot or forRootAsync).',
           ),
         );
       }
@@ -239,7 +239,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       this.logger.error(
         `${route.handler}: the request's user has no usable id (a non-empty string or a number; request.user.id, else .sub; ` +
           'never what a template over a missing field writes: undefined, null, NaN, [object Object], an empty part), ' +
-          'so the guard cannot tell users apart and refuses the call (500). Give IdempotencyModule.forRoot({ getUser: (ctx) => ... }) for your user shape ' +
+          'so the guard cannot tell users apart and refuses the call (500). Give the module a getUser option, (ctx) => ..., in forRoot or forRootAsync, for your user shape ' +
           '(the parts of a user known by several, e.g. [user.tenantId, user.sub], are checked one by one).',
       ),
     );
