@@ -17,6 +17,10 @@ const USERS: Record<string, unknown> = {
   'bob-binary': { id: Buffer.from('fe00aa', 'hex') },
   'alice-array': { id: ['a,b'] },
   'bob-array': { id: ['a', 'b'] },
+  // A session-21 helper: a one-element list was read as the parts a getUser may give, so it was
+  // the plain id's user, and bob got alice's answer. Lists are parts from getUser only.
+  'alice-listed': { id: 'q-1' },
+  'bob-listed': { id: ['q-1'] },
 };
 
 /** A guard that logs in as `users[x-user]`. */
@@ -50,7 +54,7 @@ describe.each<Adapter>(['express', 'fastify'])('users with non-scalar ids (%s)',
   });
   afterAll(async () => a?.close());
 
-  it.each(['composite', 'binary', 'array'])('%s ids: bob never gets alice\'s response', async (kind) => {
+  it.each(['composite', 'binary', 'array', 'listed'])('%s ids: bob never gets alice\'s response', async (kind) => {
     const key = randomUUID(); // a key both clients happen to send (or bob learned alice's)
     await send(a.url, '/account/statement', { key, headers: { 'x-user': `alice-${kind}` } });
     const bob = await send(a.url, '/account/statement', { key, headers: { 'x-user': `bob-${kind}` } });

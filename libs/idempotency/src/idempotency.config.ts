@@ -60,12 +60,17 @@ export interface UserLocation {
  * the Node.js request (`request.raw.user`). Passport's other `property`, where one is registered, first.
  * The first argument by index: `switchToHttp()` would add closures on every call.
  */
-const defaultGetUser = (ctx: ExecutionContext, location: UserLocation): string | number | undefined => {
+const defaultGetUser = (ctx: ExecutionContext, location: UserLocation): string | number | bigint | undefined => {
   const user = userObjectOf(ctx.getArgByIndex<HttpRequest | undefined>(0), location.properties);
   if (typeof user === 'string' || typeof user === 'number') return user;
   if (user === null || typeof user !== 'object') return undefined;
-  const { id, sub } = user as { id?: string | number; sub?: string | number };
-  return id === undefined || id === null || id === '' ? sub : id;
+  const { id, sub } = user as { id?: unknown; sub?: unknown };
+  const chosen = id === undefined || id === null || id === '' ? sub : id;
+  if (typeof chosen === 'string' || typeof chosen === 'number' || typeof chosen === 'bigint') return chosen;
+  // An object, a Buffer or a list is no id: '' is refused as one (a user is set, so the call is
+  // 500 USER_UNRESOLVED). A list passed on was read as the parts a getUser may give, and
+  // `{ id: ['alice'] }` was alice (a session-21 helper).
+  return chosen === undefined || chosen === null ? undefined : '';
 };
 
 export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdempotencyOptions {
