@@ -81,7 +81,7 @@ export const contentHashUnavailable = (contentType: string, format?: ErrorFormat
     ContentHashErrorCode.UNAVAILABLE,
     HttpStatus.UNSUPPORTED_MEDIA_TYPE,
     'Unsupported Media Type',
-    `This endpoint cannot read a ${contentType || 'body without Content-Type'} body as bytes: send one of the media types it accepts.`,
+    `This endpoint cannot read ${contentType ? `a body of type ${contentType}` : 'a body without Content-Type'} as bytes: send one of the media types it accepts.`,
     {},
     format,
   );
