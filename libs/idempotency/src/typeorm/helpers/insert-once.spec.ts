@@ -303,28 +303,58 @@ describe('insertOnce (PostgreSQL)', () => {
     expect(await count(reference)).toBe(0);
   });
 
-  // A fourth round: the same on a transaction begun with a raw BEGIN, which has no rollback
-  // event to mark it. The app's ROLLBACK went out between the call's SAVEPOINT and its INSERT,
-  // and the INSERT committed on its own (14 of 100 rolled-back transactions). On cue here: the
-  // ROLLBACK is sent right behind the SAVEPOINT.
-  it('leaves no row when the app rolls back a raw BEGIN between the SAVEPOINT and the INSERT, and says so', async () => {
+  // A fourth round: the same on a transaction begun with a raw BEGIN, which fires no rollback
+  // event. The app's ROLLBACK went out between the call's SAVEPOINT and its INSERT, and the INSERT
+  // committed on its own (14 of 100 rolled-back transactions). On cue here: the ROLLBACK is asked
+  // right behind the SAVEPOINT. The INSERT is refused before it is sent: deleting its row again
+  // afterwards (a first fix) took it from a concurrent call already answered `created: false`.
+  it('never sends the INSERT once the app asked for a ROLLBACK of its raw BEGIN during the SAVEPOINT', async () => {
     const reference = 'R-raw-cut';
     const runner = dataSource.createQueryRunner();
     await runner.query('BEGIN');
     const query = runner.query.bind(runner) as (sql: string, ...rest: unknown[]) => Promise<unknown>;
+    const asked: string[] = [];
     let rolledBack: Promise<unknown> | undefined;
     runner.query = ((sql: string, ...rest: unknown[]) => {
+      asked.push(sql.split(' ')[0]!);
       const sent = query(sql, ...rest);
       if (sql.startsWith('SAVEPOINT idempotency_insert_once')) rolledBack = query('ROLLBACK');
       return sent;
     }) as typeof runner.query;
     try {
       const call = insertOnce(runner.manager.getRepository(Booking), { reference, guest: 'raw' }, byReference(reference));
-      await expect(call).rejects.toThrow(/the transaction ended .* before this call's INSERT.*the row was deleted again/);
+      await expect(call).rejects.toThrow(/the transaction is rolling back, so this call did not insert/);
       await rolledBack;
     } finally {
       await runner.release();
     }
+    // The INSERT was never asked (run after the ROLLBACK, on its own, it committed).
+    expect(asked).toEqual(['SAVEPOINT']);
+    expect(await count(reference)).toBe(0);
+  });
+
+  // The same, with the ROLLBACK asked after the SAVEPOINT's answer and before the INSERT is
+  // asked (on cue: from a beforeInsert subscriber, which TypeORM runs in between).
+  it('never sends the INSERT once the app asked for a ROLLBACK of its raw BEGIN after the SAVEPOINT', async () => {
+    const reference = 'R-raw-cut-late';
+    const runner = dataSource.createQueryRunner();
+    await runner.query('BEGIN');
+    let rolledBack: Promise<unknown> | undefined;
+    const cue: EntitySubscriberInterface = {
+      beforeInsert: (event) => {
+        if (event.queryRunner === runner && !rolledBack) rolledBack = runner.query('ROLLBACK');
+      },
+    };
+    dataSource.subscribers.push(cue);
+    try {
+      const call = insertOnce(runner.manager.getRepository(Booking), { reference, guest: 'raw' }, byReference(reference));
+      await expect(call).rejects.toThrow(/the transaction is ending .* did not insert/);
+      await rolledBack;
+    } finally {
+      dataSource.subscribers.splice(dataSource.subscribers.indexOf(cue), 1);
+      await runner.release();
+    }
+    expect(rolledBack).toBeDefined();
     expect(await count(reference)).toBe(0);
   });
 

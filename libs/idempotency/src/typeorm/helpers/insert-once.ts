@@ -59,7 +59,7 @@ export async function insertOnce<T extends ObjectLiteral>(
   try {
     const insert = () => repo.insert(entity as QueryDeepPartialEntity<T>);
     const duplicate = (error: unknown) => uniqueViolationOf(error) !== undefined && isOwnInsert(repo, error);
-    const result = inTransaction ? await underSavepoint(queryRunner!, insert, duplicate).catch(undoOutside(repo)) : await insert();
+    const result = inTransaction ? await underSavepoint(queryRunner!, insert, duplicate) : await insert();
     // Database defaults (generated id, created_at, version) come back through RETURNING.
     const generated = result.generatedMaps[0];
     if (generated) repo.merge(entity, generated as DeepPartial<T>);
@@ -156,44 +156,44 @@ function underSavepoint<R>(queryRunner: QueryRunner, work: () => Promise<R>, dup
   return mine;
 }
 
-/** QueryRunners whose transaction TypeORM has begun to roll back (its `BeforeTransactionRollback`). */
+/**
+ * QueryRunners whose transaction is ending: TypeORM began to roll it back (its
+ * `BeforeTransactionRollback`), or a ROLLBACK, COMMIT, END or ABORT statement was asked of the
+ * runner (`queryRunner.query('ROLLBACK')` after a raw BEGIN, which fires no transaction event).
+ */
 const rollingBack = new WeakSet<QueryRunner>();
+/** A statement that ends the transaction (not `ROLLBACK TO SAVEPOINT`), and one that starts one. */
+const ENDS_TRANSACTION = /^\s*(?:rollback|commit|end|abort)\b(?!\s+to\b)/i;
+const STARTS_TRANSACTION = /^\s*(?:begin|start\s+transaction)\b/i;
 const watching = new WeakSet<DataSource>();
 
-/** Adds, once per DataSource, a subscriber that marks each transaction TypeORM rolls back, until its QueryRunner starts another. */
+/**
+ * Adds, once per DataSource, a subscriber that marks each transaction that is ending (see
+ * `rollingBack`), until its QueryRunner starts another, and that refuses a statement of an
+ * insertOnce call (its section: `inSection`) asked of a runner once its transaction is ending.
+ * TypeORM's `query()` sends statements in the order they were asked for: one asked after the
+ * app's ROLLBACK went out after it, outside any transaction, and committed on its own (an
+ * adversarial helper: 14 of 100 rolled-back raw transactions kept a row). Refused before it is
+ * sent, nothing is undone afterwards: deleting such a row again (this session's first fix) took it
+ * from a concurrent call already answered `created: false` with it (a second helper).
+ */
 function watchRollbacks(dataSource: DataSource): void {
   if (watching.has(dataSource)) return;
   watching.add(dataSource);
   const marker: EntitySubscriberInterface = {
     beforeTransactionRollback: (event) => void (event.queryRunner && rollingBack.add(event.queryRunner)),
     afterTransactionStart: (event) => void (event.queryRunner && rollingBack.delete(event.queryRunner)),
+    beforeQuery: (event) => {
+      const { queryRunner, query } = event;
+      if (!queryRunner || typeof query !== 'string') return;
+      if (ENDS_TRANSACTION.test(query)) rollingBack.add(queryRunner);
+      else if (STARTS_TRANSACTION.test(query)) rollingBack.delete(queryRunner);
+      else if (rollingBack.has(queryRunner) && inSection.getStore()?.queryRunner === queryRunner) {
+        throw new IdempotencyError('insertOnce: the transaction is ending (a ROLLBACK or COMMIT was asked first), so this call did not insert');
+      }
+    },
   };
   dataSource.subscribers.push(marker);
-}
-
-/**
- * The INSERT of a call ran after the transaction ended (`InsertedOutside`): it committed on its
- * own. The row is deleted again, by its primary key, and the call fails: its transaction did not
- * keep it, and neither does the table.
- */
-function undoOutside<T extends ObjectLiteral>(repo: Repository<T>) {
-  return async (error: unknown): Promise<never> => {
-    if (!(error instanceof InsertedOutside)) throw error;
-    const identifier = (error.result as { identifiers?: ObjectLiteral[] }).identifiers?.[0];
-    let undone = false;
-    if (identifier) undone = ((await repo.delete(identifier as FindOptionsWhere<T>)).affected ?? 0) > 0;
-    throw new IdempotencyError(
-      'insertOnce: the transaction ended (a ROLLBACK or COMMIT of the app went out) before this call\'s INSERT, which ran on ' +
-        `its own and committed; ${undone ? 'the row was deleted again' : 'its row could not be deleted again'}, and this call did not insert`,
-    );
-  };
-}
-
-/** An INSERT that ran outside the transaction it was sent for, with what it answered. */
-class InsertedOutside extends Error {
-  constructor(readonly result: unknown) {
-    super('insertOnce: the INSERT ran outside its transaction');
-  }
 }
 
 async function savepointSection<R>(queryRunner: QueryRunner, work: () => Promise<R>): Promise<R> {
@@ -206,15 +206,19 @@ async function savepointSection<R>(queryRunner: QueryRunner, work: () => Promise
   try {
     result = await work();
   } catch (error) {
-    if (!inTransactionNow(queryRunner)) throw error; // the transaction ended: nothing to roll back to
+    // The transaction ended, or is ending: there is no savepoint to go back to.
+    if (rollingBack.has(queryRunner) || !inTransactionNow(queryRunner)) throw error;
     await queryRunner.query(sql.rollback);
     if (sql.release) await queryRunner.query(sql.release);
     throw error;
   }
-  // A ROLLBACK (or COMMIT) the app sent between this call's SAVEPOINT and its INSERT went out
-  // first, and the INSERT committed on its own: a transaction begun with a raw BEGIN has no
-  // rollback event to mark it (an adversarial helper: 14 of 100 rolled-back transactions kept a row).
-  if (!inTransactionNow(queryRunner)) throw new InsertedOutside(result);
+  // The INSERT ran after the transaction ended all the same (a ROLLBACK sent past TypeORM, on the
+  // driver's client): it committed on its own, and the row stays. Said, never answered `created`.
+  if (!inTransactionNow(queryRunner)) {
+    throw new IdempotencyError(
+      "insertOnce: the transaction ended before this call's INSERT, which ran on its own and committed; its row stays",
+    );
+  }
   if (sql.release) await queryRunner.query(sql.release);
   return result;
 }
