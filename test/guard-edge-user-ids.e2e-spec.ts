@@ -7,7 +7,7 @@ import { Controller, Injectable, Post, Req, UseGuards, type CanActivate, type Ex
 import { randomUUID } from 'node:crypto';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
 import { idText, userOfId } from '../libs/idempotency/src/interceptors/key-user.js';
-import { makeApp, replayed, send, type Adapter, type EdgeApp } from './support/edge-app.js';
+import { codeOf, makeApp, replayed, send, type Adapter, type EdgeApp } from './support/edge-app.js';
 
 /** `x-user: <name>` logs in as one of the users below. */
 const USERS: Record<string, unknown> = {
@@ -192,17 +192,29 @@ describe('userOfId', () => {
     [['t1', { id: 1 }], undefined],
     [['t1', ['u-1']], undefined],
     [['t1', 'undefined'], undefined],
+    [['t1', ' '], undefined],
+    [['t1', 'NaN'], undefined],
+    [['t1', '[object Object]'], undefined],
     [Array.from({ length: 9 }, (_, i) => `p${i}`), undefined],
+    // A part is a value as its field holds it: not searched for a template's words.
+    [['t1', 'nan_li@acme.io'], { parts: ['t1', 'nan_li@acme.io'] }],
+    [['null_gmail.com#EXT#@contoso.onmicrosoft.com'], { id: 'null_gmail.com#EXT#@contoso.onmicrosoft.com' }],
+    [['t1', 'Nan'], { parts: ['t1', 'Nan'] }],
   ])('%p is %p', (id, expected) => expect(userOfId(id)).toEqual(expected));
 });
 
 // A fourth round: `[tenant, id].join()` over a missing id writes `t1,` (join writes null and
 // undefined as empty), which passed, and bob got alice's answer; and real emails with `nan_` or
 // `null_` in them (`nan_li@acme.io`, an Azure guest's `null_gmail.com#EXT#@...`) were refused 500 on
-// every call. Text the user object holds is the user's data, not a template's filler.
+// every call. Text the user object holds, as a part of the id, is the user's data, not a
+// template's filler; an id that is such text whole is given as a part ([user.id]). A fifth round:
+// the text the id was read from vouched for itself, so a template's output that Passport's
+// validate() stored as user.id (`t1:undefined`) merged users again.
 const JOIN_USERS: Record<string, unknown> = {
   alice: { tenant: 't1', id: null, name: 'alice' },
   bob: { tenant: 't1', id: null, name: 'bob' },
+  'alice-stored': { tenant: 't1', id: 't1:undefined', name: 'alice' },
+  'bob-stored': { tenant: 't1', id: 't1:undefined', name: 'bob' },
   nan: { tenant: 't1', id: 'nan_li@acme.io', name: 'Nan Li' },
   guest: { tenant: 't1', id: 'null_gmail.com#EXT#@contoso.onmicrosoft.com', name: 'guest' },
 };
@@ -224,13 +236,15 @@ const joinUserOf = (ctx: ExecutionContext) => ctx.switchToHttp().getRequest<{ us
 describe.each<Adapter>(['express', 'fastify'])('a getUser joining parts, and ids with such words in them (%s)', (adapter) => {
   let joined: EdgeApp;
   let plain: EdgeApp;
+  let parted: EdgeApp;
   beforeAll(async () => {
     joined = await makeApp(adapter, [JoinedOrdersController], {
       getUser: (ctx) => [joinUserOf(ctx)?.tenant, joinUserOf(ctx)?.id].join(),
     });
     plain = await makeApp(adapter, [JoinedOrdersController]); // the default: request.user.id
+    parted = await makeApp(adapter, [JoinedOrdersController], { getUser: (ctx) => [joinUserOf(ctx)?.id as string] });
   });
-  afterAll(async () => Promise.all([joined?.close(), plain?.close()]));
+  afterAll(async () => Promise.all([joined?.close(), plain?.close(), parted?.close()]));
 
   it("refuses `t1,` (an id join() wrote empty) 500: bob never gets alice's answer", async () => {
     orders = 0;
@@ -245,8 +259,23 @@ describe.each<Adapter>(['express', 'fastify'])('a getUser joining parts, and ids
     });
   });
 
-  it('keys users whose own id holds nan_ or null_ (an email, an Azure guest), with the default getUser and in a join', async () => {
-    for (const app of [plain, joined]) {
+  it("refuses a template's output stored as request.user.id (t1:undefined) 500: it does not vouch for itself", async () => {
+    orders = 0;
+    const orderNo = randomUUID();
+    const alice = await send(plain.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': 'alice-stored' } });
+    const bob = await send(plain.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': 'bob-stored' } });
+    // Observed before: alice 201, bob 201 replayed with alice's body, 1 run.
+    expect({ statuses: [alice.status, bob.status], codes: [codeOf(alice), codeOf(bob)], orders }).toEqual({
+      statuses: [500, 500],
+      codes: ['IDEMPOTENCY_USER_UNRESOLVED', 'IDEMPOTENCY_USER_UNRESOLVED'],
+      orders: 0,
+    });
+  });
+
+  it('keys users whose id holds nan_ or null_ (an email, an Azure guest) as a part of a join, or given whole as a part', async () => {
+    const whole = await send(plain.url, '/joined-orders', { body: { orderNo: randomUUID() }, headers: { 'x-user': 'nan' } });
+    expect({ status: whole.status, code: codeOf(whole) }).toEqual({ status: 500, code: 'IDEMPOTENCY_USER_UNRESOLVED' });
+    for (const app of [joined, parted]) {
       orders = 0;
       const orderNo = randomUUID();
       const firsts = await Promise.all(['nan', 'guest'].map((user) => send(app.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': user } })));
@@ -319,16 +348,20 @@ describe('idText', () => {
     ['undefinedBehaviour', 'undefinedBehaviour'],
   ])('%p is %p', (id, expected) => expect(idText(id)).toBe(expected));
 
-  // Text the request's user object holds is the user's, not a template's (a fourth round: real
-  // emails and names were refused 500 on every call).
+  // Text the request's user object holds, as a part of the id, is the user's, not a template's
+  // (a fourth round: real emails and names were refused 500 on every call). Never the text the
+  // id was read from (a fifth round: it vouched for itself).
   it.each<[string, object, string | undefined]>([
-    ['nan_li@acme.io', { sub: 'nan_li@acme.io' }, 'nan_li@acme.io'],
     ['t1:nan_li@acme.io', { tenant: 't1', email: 'nan_li@acme.io' }, 't1:nan_li@acme.io'],
-    ['null_gmail.com#EXT#@contoso.onmicrosoft.com', { upn: 'null_gmail.com#EXT#@contoso.onmicrosoft.com' }, 'null_gmail.com#EXT#@contoso.onmicrosoft.com'],
-    ['NaN-team', { name: 'NaN-team' }, 'NaN-team'],
+    ['t1,null_gmail.com#EXT#@contoso.onmicrosoft.com', { upn: 'null_gmail.com#EXT#@contoso.onmicrosoft.com' }, 't1,null_gmail.com#EXT#@contoso.onmicrosoft.com'],
     ['acme:Nan', { org: 'acme', profile: { first: 'Nan' } }, 'acme:Nan'],
-    ['abc_NaN_xyz', { sub: 'abc_NaN_xyz' }, 'abc_NaN_xyz'],
-    ['t1 NULL', { tenant: 't1', name: 't1 NULL' }, 't1 NULL'],
+    ['t1:NaN-team', { tenant: 't1', name: 'NaN-team' }, 't1:NaN-team'],
+    // Held only as the whole id: where it was read, or a template's output stored.
+    ['nan_li@acme.io', { sub: 'nan_li@acme.io' }, undefined],
+    ['t1:undefined', { id: 't1:undefined', name: 'alice' }, undefined],
+    ['t1,', { id: 't1,', tenant: 't1' }, undefined],
+    ['null:null', { id: 'null:null' }, undefined],
+    ['t1 NULL', { tenant: 't1', name: 't1 NULL' }, undefined],
     // Held elsewhere in the id, or only as a bare word, is not held.
     ['t1_null', { tenant: 't1', name: 'Nullah' }, undefined],
     ['t1:null', { tenant: 't1', middle: 'null' }, undefined],

@@ -1,7 +1,7 @@
 import { Inject, Injectable, Logger } from '@nestjs/common';
 import { IdempotencyError, IdempotencyNotARecordError } from '../errors/idempotency.errors.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
-import { plainIdText, userOfId } from '../interceptors/key-user.js';
+import { userOfId } from '../interceptors/key-user.js';
 import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
 import { IdempotencyStore, type ForgetResult, type SavedResponse, type StoredRecord, type UnreplayableReason } from '../stores/idempotency-store.js';
 
@@ -125,7 +125,7 @@ export class IdempotencyAdmin {
 function keyUser(user: IdempotencyRecordUser): KeyUser {
   if (typeof user === 'object' && !Array.isArray(user)) return user as KeyUser;
   // '' is a message's user (they have none); an HTTP user id is never empty.
-  const keyed = user === '' ? { id: '' } : userOfId(user, undefined, plainIdText);
+  const keyed = user === '' ? { id: '' } : userOfId(user, undefined, true);
   if (keyed === undefined) throw new IdempotencyError(`IdempotencyAdmin: ${String(user)} is not a user id the guard keys by`);
   return keyed;
 }

@@ -91,14 +91,17 @@ const MAX_USER_TEXTS = 64;
 /**
  * Whether every suspect part of `id` (`TEMPLATE_OF_NOTHING`'s matches) lies inside text the
  * request's user object holds (a string property of it, or of an object property one level
- * down): then it is the user's data, not a template's filler. `nan_li@acme.io` from `user.email`,
- * or `t1:nan_li@acme.io` from `${tenant}:${email}`, is held; `t1:undefined` or `t1_null` is not,
- * whatever else the user holds (a field that is only `null` or `undefined` vouches for nothing).
- * Without a user object (a `getUser` that reads a header) nothing is held.
+ * down) that is only a part of the id: then the id was made of the user's data around it, as
+ * `t1:nan_li@acme.io` of `${tenant}:${email}`. A text as long as the id never vouches for it:
+ * that is where the id was read (`request.user.id`), and a template's output stored there
+ * (Passport's `validate()` returning `{ id: `${tid}:${uid}` }`) vouched for itself, and users
+ * merged (a session-21 helper). A field that is only `null` or `undefined` vouches for nothing.
+ * Without a user object (a `getUser` that reads a header) nothing is held. An id that is such
+ * text whole (`nan_li@acme.io`) is given as one part (`[user.email]`; see `partText`).
  */
 function heldByUser(id: string, user: unknown): boolean {
   if (user === null || typeof user !== 'object') return false;
-  const texts = textsOf(user);
+  const texts = textsOf(user).filter((text) => text.length < id.length);
   for (const match of id.matchAll(TEMPLATE_MATCHES)) {
     const start = match.index;
     const end = start + match[0].length;
@@ -141,6 +144,21 @@ export function idText(id: unknown, user?: unknown): string | undefined {
   return plainIdText(id);
 }
 
+/**
+ * What `String()` (and other languages) write for nothing, as a whole part, or white space only:
+ * a part is a value as its field holds it, never a template's output, so only these are refused.
+ */
+const PART_OF_NOTHING = /^\s*(?:undefined|null|NULL|NaN|None|nil|\(null\)|\[object \w+\]|Invalid Date)?\s*$/;
+
+/**
+ * A part of a user id (`getUser` giving `[user.tenantId, user.sub]`): its text by its type, and
+ * not `PART_OF_NOTHING`. Not searched for a template's output: parts are what a template would be
+ * made of, and `nan_li@acme.io` is a part as it stands.
+ */
+export function partText(part: unknown): string | undefined {
+  return typeof part === 'string' && PART_OF_NOTHING.test(part) ? undefined : plainIdText(part);
+}
+
 /** A user id's text by its type alone: a non-empty string, a finite number or a bigint. */
 export function plainIdText(id: unknown): string | undefined {
   if (typeof id === 'string') return id === '' ? undefined : id;
@@ -153,20 +171,20 @@ export function plainIdText(id: unknown): string | undefined {
 const MAX_ID_PARTS = 8;
 
 /**
- * The key user of what `getUser` gave: an id (see `idText`), or its parts, each an id as
- * `idText` takes it (a missing, empty or template-made part refuses the whole: it is no user);
- * one part is that part's id. `textOf` reads each (the admin's `plainIdText`: an operator names
- * a user the guard keyed, template words and all).
+ * The key user of what `getUser` gave: an id (see `idText`), or its parts, each as `partText`
+ * takes it (a missing, empty or nothing-word part refuses the whole: it is no user); one part is
+ * that part's id. `plain` reads both by their type alone (the admin: an operator names a user
+ * the guard keyed).
  */
-export function userOfId(id: unknown, user?: unknown, textOf: (id: unknown, user?: unknown) => string | undefined = idText): KeyUser | undefined {
+export function userOfId(id: unknown, user?: unknown, plain = false): KeyUser | undefined {
   if (!Array.isArray(id)) {
-    const text = textOf(id, user);
+    const text = plain ? plainIdText(id) : idText(id, user);
     return text === undefined ? undefined : { id: text };
   }
   if (id.length === 0 || id.length > MAX_ID_PARTS) return undefined;
   const parts: string[] = [];
   for (const part of id) {
-    const text = textOf(part, user);
+    const text = plain ? plainIdText(part) : partText(part);
     if (text === undefined) return undefined;
     parts.push(text);
   }
@@ -193,4 +211,5 @@ export function userObjectOf(req: HttpRequest | undefined, properties: readonly 
   return undefined;
 }
 
-const isSet = (user: unknown) => user !== undefined && user !== null && user !== false;
+/** `false` and `''`: a property set to say there is no user (`0` is an id). */
+const isSet = (user: unknown) => user !== undefined && user !== null && user !== false && user !== '';
