@@ -3,13 +3,9 @@ import { IdempotencyError } from '../errors/idempotency.errors.js';
 /** Deepest nesting of arrays and objects serialised; deeper input throws `IdempotencyError`. */
 export const MAX_CANONICAL_DEPTH = 1000;
 
-/**
- * Where serialised bytes go: a hash, or a collector. `data` is the writer's own buffer, which it
- * writes again after the call, unless `last` (the serialisation's final flush: the buffer stays
- * as it is until the writer's next `begin`), or a string.
- */
+/** Where serialised bytes go: a `node:crypto` Hash, or a collector. */
 export interface CanonicalSink {
-  update(data: Uint8Array | string, last?: boolean): unknown;
+  update(data: Uint8Array | string): unknown;
 }
 
 // What JSON.stringify escapes, plus every surrogate (lone ones are escaped; pairs merely take the slow path).
@@ -42,7 +38,7 @@ export class CanonicalWriter {
 
   /** Flushes what is buffered and unbinds the sink. */
   end(): void {
-    if (this.pos > 0) this.flush(true);
+    if (this.pos > 0) this.flush();
     this.sink = undefined;
     this.ignored = undefined;
   }
@@ -200,8 +196,8 @@ export class CanonicalWriter {
     this.buf[this.pos++] = b;
   }
 
-  private flush(last = false): void {
-    this.sink!.update(this.buf.subarray(0, this.pos), last);
+  private flush(): void {
+    this.sink!.update(this.buf.subarray(0, this.pos));
     this.pos = 0;
   }
 }

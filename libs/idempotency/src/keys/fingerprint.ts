@@ -62,13 +62,12 @@ class Sha256Sink implements CanonicalSink {
   private first: Uint8Array | string | undefined;
   private streaming: Hash | undefined;
 
-  update(data: Uint8Array | string, last = false): void {
+  update(data: Uint8Array | string): void {
     if (this.streaming) {
       this.streaming.update(data);
     } else if (this.first === undefined) {
-      // A copy where the writer writes its buffer again after this flush; its last flush stays
-      // as it is until the hash is taken (`fingerprintRequest` runs through without a pause).
-      this.first = typeof data === 'string' || last ? data : Buffer.from(data);
+      // A copy: the writer reuses its buffer after a flush.
+      this.first = typeof data === 'string' ? data : Buffer.from(data);
     } else {
       this.streaming = createHash('sha256').update(this.first).update(data);
       this.first = undefined;
