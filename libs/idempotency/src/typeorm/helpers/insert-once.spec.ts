@@ -348,7 +348,7 @@ describe('insertOnce (PostgreSQL)', () => {
     dataSource.subscribers.push(cue);
     try {
       const call = insertOnce(runner.manager.getRepository(Booking), { reference, guest: 'raw' }, byReference(reference));
-      await expect(call).rejects.toThrow(/the transaction is ending .* did not insert/);
+      await expect(call).rejects.toThrow(/has ended or is ending .* not sent/);
       await rolledBack;
     } finally {
       dataSource.subscribers.splice(dataSource.subscribers.indexOf(cue), 1);
@@ -356,6 +356,81 @@ describe('insertOnce (PostgreSQL)', () => {
     }
     expect(rolledBack).toBeDefined();
     expect(await count(reference)).toBe(0);
+  });
+
+  // A fifth round (session 21): what ends a transaction, and which transaction a call belongs to.
+  it('sees a ROLLBACK behind a comment or after another statement: nothing commits after it', async () => {
+    for (const rollback of ['/* app */ ROLLBACK', '-- app\nROLLBACK', 'SELECT 1; ROLLBACK']) {
+      const reference = `R-seen-${rollback.length}`;
+      const runner = dataSource.createQueryRunner();
+      await runner.query('BEGIN');
+      const query = runner.query.bind(runner) as (sql: string, ...rest: unknown[]) => Promise<unknown>;
+      let rolledBack: Promise<unknown> | undefined;
+      runner.query = ((sql: string, ...rest: unknown[]) => {
+        const sent = query(sql, ...rest);
+        if (sql.startsWith('SAVEPOINT idempotency_insert_once')) rolledBack = query(rollback);
+        return sent;
+      }) as typeof runner.query;
+      try {
+        await expect(insertOnce(runner.manager.getRepository(Booking), { reference, guest: 'raw' }, byReference(reference))).rejects.toThrow(
+          /did not insert/,
+        );
+        await rolledBack;
+      } finally {
+        await runner.release();
+      }
+      expect({ rollback, rows: await count(reference) }).toEqual({ rollback, rows: 0 });
+    }
+  });
+
+  it('keeps the outer transaction going after a nested one rolled back: a later call inserts', async () => {
+    const result = await dataSource.transaction(async (manager) => {
+      await insertOnce(manager.getRepository(Booking), { reference: 'R-nest-1', guest: 'tx' }, byReference('R-nest-1'));
+      await manager.transaction(async () => Promise.reject(new Error('inner'))).catch(() => undefined);
+      return insertOnce(manager.getRepository(Booking), { reference: 'R-nest-2', guest: 'tx' }, byReference('R-nest-2'));
+    });
+    expect(result.created).toBe(true);
+    for (const reference of ['R-nest-1', 'R-nest-2']) expect(await count(reference)).toBe(1);
+  });
+
+  it("refuses a call left over from a rolled-back transaction in the runner's next one, whose own calls insert", async () => {
+    const runner = dataSource.createQueryRunner();
+    try {
+      await runner.query('BEGIN');
+      const repo = runner.manager.getRepository(Booking);
+      // Asked in the first transaction, and still waiting for its turn when the next begins.
+      const first = insertOnce(repo, { reference: 'R-left-1', guest: 'job-1' }, byReference('R-left-1'));
+      const leftOver = insertOnce(repo, { reference: 'R-left-2', guest: 'job-1' }, byReference('R-left-2'));
+      void runner.query('ROLLBACK'); // not awaited: the job gave up
+      await runner.query('BEGIN'); // the next job on the runner
+      const next = insertOnce(repo, { reference: 'R-left-3', guest: 'job-2' }, byReference('R-left-3'));
+      const settled = await Promise.allSettled([first, leftOver, next]);
+      await runner.query('COMMIT');
+      expect(settled.map((r) => r.status)).toEqual(['rejected', 'rejected', 'fulfilled']);
+    } finally {
+      await runner.release();
+    }
+    expect([await count('R-left-1'), await count('R-left-2'), await count('R-left-3')]).toEqual([0, 0, 1]);
+  });
+
+  it('answers created when the app asked for its COMMIT after the INSERT went out (the COMMIT keeps the row)', async () => {
+    const runner = dataSource.createQueryRunner();
+    try {
+      await runner.query('BEGIN');
+      const query = runner.query.bind(runner) as (sql: string, ...rest: unknown[]) => Promise<unknown>;
+      let committed: Promise<unknown> | undefined;
+      runner.query = ((sql: string, ...rest: unknown[]) => {
+        const sent = query(sql, ...rest);
+        if (sql.startsWith('INSERT')) committed = query('COMMIT');
+        return sent;
+      }) as typeof runner.query;
+      const result = await insertOnce(runner.manager.getRepository(Booking), { reference: 'R-commit-early', guest: 'raw' }, byReference('R-commit-early'));
+      await committed;
+      expect(result.created).toBe(true);
+    } finally {
+      await runner.release();
+    }
+    expect(await count('R-commit-early')).toBe(1);
   });
 
   it("takes the turns of a subscriber's calls made together, inside the call whose INSERT runs them", async () => {

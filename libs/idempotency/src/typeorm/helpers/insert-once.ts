@@ -59,7 +59,7 @@ export async function insertOnce<T extends ObjectLiteral>(
   try {
     const insert = () => repo.insert(entity as QueryDeepPartialEntity<T>);
     const duplicate = (error: unknown) => uniqueViolationOf(error) !== undefined && isOwnInsert(repo, error);
-    const result = inTransaction ? await underSavepoint(queryRunner!, insert, duplicate) : await insert();
+    const result = inTransaction ? await underSavepoint(queryRunner!, stateOf(queryRunner!).generation, insert, duplicate) : await insert();
     // Database defaults (generated id, created_at, version) come back through RETURNING.
     const generated = result.generatedMaps[0];
     if (generated) repo.merge(entity, generated as DeepPartial<T>);
@@ -110,10 +110,16 @@ let savepoints = 0;
 interface Turns {
   tail?: Promise<unknown>;
   failures: number;
+  /** The runner's transaction they are of (`RunnerState.generation`): a later one takes turns anew. */
+  generation: number;
 }
 const turnsOf = new WeakMap<object, Turns>();
-/** The section the current call runs inside, if any. */
-const inSection = new AsyncLocalStorage<{ queryRunner: QueryRunner }>();
+/** The section the current call runs inside, if any: its runner, and the transaction it was made in. */
+interface Section {
+  queryRunner: QueryRunner;
+  generation: number;
+}
+const inSection = new AsyncLocalStorage<Section>();
 
 /**
  * Runs `work` under a savepoint of its own in the active transaction, with plain SAVEPOINT
@@ -132,85 +138,164 @@ const inSection = new AsyncLocalStorage<{ queryRunner: QueryRunner }>();
  * transaction ended, is refused and runs nothing: run then, its INSERT went in after the
  * ROLLBACK, outside any transaction, and committed (adversarial helpers, three rounds).
  */
-function underSavepoint<R>(queryRunner: QueryRunner, work: () => Promise<R>, duplicate: (error: unknown) => boolean): Promise<R> {
+function underSavepoint<R>(queryRunner: QueryRunner, generation: number, work: () => Promise<R>, duplicate: (error: unknown) => boolean): Promise<R> {
   const enclosing = inSection.getStore();
   const scope = enclosing?.queryRunner === queryRunner ? enclosing : queryRunner;
   let turns = turnsOf.get(scope);
-  if (!turns) turnsOf.set(scope, (turns = { failures: 0 }));
-  const failuresBefore = turns.failures;
+  if (!turns || turns.generation !== generation) turnsOf.set(scope, (turns = { failures: 0, generation }));
+  const mineTurns = turns;
+  const failuresBefore = mineTurns.failures;
   const turn = (): Promise<R> => {
-    if (turns.failures !== failuresBefore) {
+    if (mineTurns.failures !== failuresBefore) {
       throw new IdempotencyError('insertOnce: a call beside this one on the same transaction failed, so this one did not run');
     }
-    if (queryRunner.isReleased || rollingBack.has(queryRunner) || !(queryRunner.isTransactionActive || beganWithRawSql(queryRunner))) {
+    if (queryRunner.isReleased || endedSince(queryRunner, generation) || !(queryRunner.isTransactionActive || beganWithRawSql(queryRunner))) {
       throw new IdempotencyError('insertOnce: the transaction ended before this call had its turn, so it did not run');
     }
-    return inSection.run({ queryRunner }, () => savepointSection(queryRunner, work));
+    return inSection.run({ queryRunner, generation }, () => savepointSection(queryRunner, generation, work));
   };
-  const mine = (turns.tail ?? Promise.resolve()).then(turn);
+  const mine = (mineTurns.tail ?? Promise.resolve()).then(turn);
   // A duplicate is an answer (`created: false`), not a failure.
-  turns.tail = mine.then(
+  mineTurns.tail = mine.then(
     () => undefined,
-    (error: unknown) => void (duplicate(error) || turns.failures++),
+    (error: unknown) => void (duplicate(error) || mineTurns.failures++),
   );
   return mine;
 }
 
 /**
- * QueryRunners whose transaction is ending: TypeORM began to roll it back (its
- * `BeforeTransactionRollback`), or a ROLLBACK, COMMIT, END or ABORT statement was asked of the
- * runner (`queryRunner.query('ROLLBACK')` after a raw BEGIN, which fires no transaction event).
+ * What insertOnce knows of a runner's transactions, from the statements asked of it (TypeORM's
+ * `beforeQuery`, in the order `query()` sends them): `generation` counts the transactions begun
+ * on it (a BEGIN or START TRANSACTION, TypeORM's own too), and `ending` says that the current one
+ * is ending, and how (a ROLLBACK, ABORT or PREPARE TRANSACTION; a COMMIT or END; TypeORM's
+ * rollback of the outermost transaction). A call belongs to the transaction it was made in: asked
+ * after it ended, or in a later one, its statements are refused. Run then, a call's INSERT went
+ * out after the app's raw ROLLBACK, outside any transaction, and committed (14 of 100
+ * rolled-back transactions); a call left over from a rolled-back job ran in the runner's next
+ * transaction, whose COMMIT then silently failed (4 of 150), or committed rows its own job had
+ * rolled back (44 of 225: adversarial helpers, session 21).
  */
-const rollingBack = new WeakSet<QueryRunner>();
-/** A statement that ends the transaction (not `ROLLBACK TO SAVEPOINT`), and one that starts one. */
-const ENDS_TRANSACTION = /^\s*(?:rollback|commit|end|abort)\b(?!\s+to\b)/i;
-const STARTS_TRANSACTION = /^\s*(?:begin|start\s+transaction)\b/i;
+interface RunnerState {
+  generation: number;
+  ending?: 'commit' | 'rollback';
+}
+const runnerStates = new WeakMap<QueryRunner, RunnerState>();
+function stateOf(queryRunner: QueryRunner): RunnerState {
+  let state = runnerStates.get(queryRunner);
+  if (!state) runnerStates.set(queryRunner, (state = { generation: 0 }));
+  return state;
+}
+
+/** Whether the transaction a call was made in (`generation`) has ended, or is ending. */
+function endedSince(queryRunner: QueryRunner, generation: number): boolean {
+  const state = stateOf(queryRunner);
+  return state.ending !== undefined || state.generation !== generation;
+}
+
+/** What a statement asked of a runner does to its transaction, statement by statement (`;`), comments left out. */
+type TransactionStep = 'start' | 'commit' | 'rollback' | 'chain-commit' | 'chain-rollback';
+const ENDS = /^(?:(rollback|abort)|commit|end)(?:\s+(?:work|transaction|tran))?(?:\s+and\s+(no\s+)?chain)?$/i;
+const PREPARES = /^prepare\s+transaction\b/i;
+const STARTS = /^(?:begin(?:\s+(?:work|transaction|tran))?|start\s+transaction)(?:\s+(?:isolation\s+level|read|not|deferrable)\b.*)?$/i;
+const MAY_STEP = /\b(?:rollback|abort|commit|end|prepare|begin|start)\b/i;
+
+function stepsOf(query: string): TransactionStep[] {
+  if (!MAY_STEP.test(query)) return [];
+  const steps: TransactionStep[] = [];
+  for (const part of query.replace(COMMENTS, ' ').split(';')) {
+    const statement = part.trim().replace(/\s+/g, ' ');
+    const end = ENDS.exec(statement);
+    if (end) {
+      const chained = / and chain$/i.test(statement);
+      steps.push(end[1] ? (chained ? 'chain-rollback' : 'rollback') : chained ? 'chain-commit' : 'commit');
+    } else if (PREPARES.test(statement)) steps.push('rollback');
+    else if (STARTS.test(statement)) steps.push('start');
+  }
+  return steps;
+}
+
 const watching = new WeakSet<DataSource>();
 
 /**
- * Adds, once per DataSource, a subscriber that marks each transaction that is ending (see
- * `rollingBack`), until its QueryRunner starts another, and that refuses a statement of an
- * insertOnce call (its section: `inSection`) asked of a runner once its transaction is ending.
- * TypeORM's `query()` sends statements in the order they were asked for: one asked after the
- * app's ROLLBACK went out after it, outside any transaction, and committed on its own (an
- * adversarial helper: 14 of 100 rolled-back raw transactions kept a row). Refused before it is
- * sent, nothing is undone afterwards: deleting such a row again (this session's first fix) took it
- * from a concurrent call already answered `created: false` with it (a second helper).
+ * Adds, once per DataSource, a subscriber that keeps each runner's `RunnerState` from the
+ * statements asked of it, and that refuses a statement of an insertOnce call (its section:
+ * `inSection`) once the transaction the call was made in ended or is ending. Refused before it
+ * is sent, nothing is undone afterwards: deleting a row that committed on its own (a first fix)
+ * took it from a concurrent call already answered `created: false` with it (a second helper).
  */
 function watchRollbacks(dataSource: DataSource): void {
   if (watching.has(dataSource)) return;
   watching.add(dataSource);
   const marker: EntitySubscriberInterface = {
-    beforeTransactionRollback: (event) => void (event.queryRunner && rollingBack.add(event.queryRunner)),
-    afterTransactionStart: (event) => void (event.queryRunner && rollingBack.delete(event.queryRunner)),
+    // TypeORM's rollback of the outermost transaction marks it before its ROLLBACK is asked; a
+    // nested one's (`ROLLBACK TO SAVEPOINT`) ends nothing: marked, it refused every later call
+    // of the outer transaction (a session-21 helper).
+    beforeTransactionRollback: (event) => {
+      const runner = event.queryRunner;
+      const depth = (runner as { transactionDepth?: number } | undefined)?.transactionDepth ?? 0;
+      if (runner && depth <= 1) stateOf(runner).ending = 'rollback';
+    },
     beforeQuery: (event) => {
       const { queryRunner, query } = event;
       if (!queryRunner || typeof query !== 'string') return;
-      if (ENDS_TRANSACTION.test(query)) rollingBack.add(queryRunner);
-      else if (STARTS_TRANSACTION.test(query)) rollingBack.delete(queryRunner);
-      else if (rollingBack.has(queryRunner) && inSection.getStore()?.queryRunner === queryRunner) {
-        throw new IdempotencyError('insertOnce: the transaction is ending (a ROLLBACK or COMMIT was asked first), so this call did not insert');
+      const steps = stepsOf(query);
+      if (steps.length > 0) {
+        const state = stateOf(queryRunner);
+        for (const step of steps) {
+          if (step === 'start') {
+            state.generation++;
+            state.ending = undefined;
+          } else {
+            state.ending = step === 'commit' || step === 'chain-commit' ? 'commit' : 'rollback';
+          }
+        }
+        return;
+      }
+      const section = inSection.getStore();
+      if (section?.queryRunner === queryRunner && endedSince(queryRunner, section.generation)) {
+        throw new IdempotencyError(
+          'insertOnce: the transaction this call was made in has ended or is ending (a ROLLBACK, COMMIT or BEGIN was asked ' +
+            'of its runner first), so its statement was not sent',
+        );
+      }
+    },
+    // `... AND CHAIN` ends the transaction and begins the next at once: from its answer on, a
+    // new call belongs to that next one.
+    afterQuery: (event) => {
+      const { queryRunner, query } = event;
+      if (!queryRunner || typeof query !== 'string') return;
+      const steps = stepsOf(query);
+      if (steps.length > 0 && steps.at(-1)!.startsWith('chain-')) {
+        const state = stateOf(queryRunner);
+        state.generation++;
+        state.ending = undefined;
       }
     },
   };
   dataSource.subscribers.push(marker);
 }
 
-async function savepointSection<R>(queryRunner: QueryRunner, work: () => Promise<R>): Promise<R> {
+async function savepointSection<R>(queryRunner: QueryRunner, generation: number, work: () => Promise<R>): Promise<R> {
   const sql = savepointSql(queryRunner.connection.driver.options.type, `idempotency_insert_once_${++savepoints}`);
   await queryRunner.query(sql.save);
-  // The app began its ROLLBACK meanwhile (a promise beside this call in its Promise.all
-  // failed): sent now, the INSERT would go in after it, outside any transaction, and commit.
-  if (rollingBack.has(queryRunner)) throw new IdempotencyError('insertOnce: the transaction is rolling back, so this call did not insert');
+  // The app asked for its ROLLBACK meanwhile (a promise beside this call in its Promise.all
+  // failed): asked now, the INSERT would go out after it, outside any transaction, and commit.
+  if (endedSince(queryRunner, generation)) throw new IdempotencyError('insertOnce: the transaction is rolling back, so this call did not insert');
   let result: R;
   try {
     result = await work();
   } catch (error) {
     // The transaction ended, or is ending: there is no savepoint to go back to.
-    if (rollingBack.has(queryRunner) || !inTransactionNow(queryRunner)) throw error;
+    if (endedSince(queryRunner, generation) || !inTransactionNow(queryRunner)) throw error;
     await queryRunner.query(sql.rollback);
     if (sql.release) await queryRunner.query(sql.release);
     throw error;
+  }
+  if (endedSince(queryRunner, generation)) {
+    // The INSERT went out inside the transaction; the app ended it after: its row is the
+    // transaction's. A COMMIT keeps it (and releases the savepoint), a ROLLBACK undoes it.
+    if (stateOf(queryRunner).ending === 'commit' && stateOf(queryRunner).generation === generation) return result;
+    throw new IdempotencyError('insertOnce: the transaction was rolled back after this call inserted, so its row was not kept');
   }
   // The INSERT ran after the transaction ended all the same (a ROLLBACK sent past TypeORM, on the
   // driver's client): it committed on its own, and the row stays. Said, never answered `created`.
