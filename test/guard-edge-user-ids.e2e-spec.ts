@@ -142,7 +142,7 @@ describe.each<Adapter>(['express', 'fastify'])('a getUser giving the parts of a 
   let a: EdgeApp;
   beforeAll(async () => {
     a = await makeApp(adapter, [TenantPartsController], {
-      getUser: (ctx) => [userOf(ctx)?.tenantId, userOf(ctx)?.sub] as string[],
+      getUser: (ctx) => [userOf(ctx)?.tenantId as string | undefined, userOf(ctx)?.sub as string | undefined],
     });
   });
   afterAll(async () => a?.close());
@@ -162,6 +162,16 @@ describe.each<Adapter>(['express', 'fastify'])('a getUser giving the parts of a 
       replayed: [replayed(aliceAgain), replayed(bobAgain)],
       orders,
     }).toEqual({ statuses: [201, 201, 201, 201], bodies: ['alice', 'bob', 'alice', 'bob'], replayed: [true, true], orders: 2 });
+  });
+
+  // The review of session 21: a call without a user gave [undefined, undefined], and every
+  // anonymous call was refused 500.
+  it('keys a call without a user as anonymous (parts all missing): by the key it sent', async () => {
+    orders = 0;
+    const orderNo = randomUUID();
+    const first = await send(a.url, '/tenant-parts', { body: { orderNo } });
+    const again = await send(a.url, '/tenant-parts', { body: { orderNo } });
+    expect({ statuses: [first.status, again.status], replayed: replayed(again), orders }).toEqual({ statuses: [201, 201], replayed: true, orders: 1 });
   });
 
   it('refuses a user with a missing or empty part 500 IDEMPOTENCY_USER_UNRESOLVED, and runs nothing', async () => {
@@ -272,10 +282,8 @@ describe.each<Adapter>(['express', 'fastify'])('a getUser joining parts, and ids
     });
   });
 
-  it('keys users whose id holds nan_ or null_ (an email, an Azure guest) as a part of a join, or given whole as a part', async () => {
-    const whole = await send(plain.url, '/joined-orders', { body: { orderNo: randomUUID() }, headers: { 'x-user': 'nan' } });
-    expect({ status: whole.status, code: codeOf(whole) }).toEqual({ status: 500, code: 'IDEMPOTENCY_USER_UNRESOLVED' });
-    for (const app of [joined, parted]) {
+  it('keys users whose id holds nan_ or null_ (an email, an Azure guest): whole, as a part of a join, or as a part', async () => {
+    for (const app of [plain, joined, parted]) {
       orders = 0;
       const orderNo = randomUUID();
       const firsts = await Promise.all(['nan', 'guest'].map((user) => send(app.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': user } })));
@@ -357,7 +365,7 @@ describe('idText', () => {
     ['acme:Nan', { org: 'acme', profile: { first: 'Nan' } }, 'acme:Nan'],
     ['t1:NaN-team', { tenant: 't1', name: 'NaN-team' }, 't1:NaN-team'],
     // Held only as the whole id: where it was read, or a template's output stored.
-    ['nan_li@acme.io', { sub: 'nan_li@acme.io' }, undefined],
+    ['nan_li@acme.io', { sub: 'nan_li@acme.io' }, 'nan_li@acme.io'], // first, before `_`: a person
     ['t1:undefined', { id: 't1:undefined', name: 'alice' }, undefined],
     ['t1,', { id: 't1,', tenant: 't1' }, undefined],
     ['null:null', { id: 'null:null' }, undefined],
@@ -369,5 +377,19 @@ describe('idText', () => {
     ['t1:undefined', { tenant: 't1', sub: 'u-1' }, undefined],
     ['t1,', { tenant: 't1', id: null }, undefined],
     ['nan_li@acme.io:undefined', { email: 'nan_li@acme.io' }, undefined],
-  ])('%p with user %j is %p', (id, user, expected) => expect(idText(id, user)).toBe(expected));
+    // A sixth round: an empty middle part, a stored template wrapped, a field and a lone
+    // separator (join('-') over a missing field); real ids that end with a separator.
+    ['t1::eu', { tenant: 't1', region: 'eu' }, undefined],
+    ['api:t1:undefined', { id: 't1:undefined' }, undefined],
+    ['t1:undefined@eu', { id: 't1:undefined', region: 'eu' }, undefined],
+    ['t1-', { tenantId: 't1', sub: 'alice' }, undefined],
+    ['t1/', { tenantId: 't1', sub: 'alice' }, undefined],
+    ['-t1', { tenantId: 't1', sub: 'alice' }, undefined],
+    ['V1StGXR8_', { sub: 'V1StGXR8_' }, 'V1StGXR8_'],
+    ['V1StGXR8-Nil_dHi6B', { sub: 'V1StGXR8-Nil_dHi6B' }, 'V1StGXR8-Nil_dHi6B'],
+    ['nan.chen@acme.io', { sub: 'nan.chen@acme.io' }, 'nan.chen@acme.io'],
+    ['nil.armstrong', { sub: 'nil.armstrong' }, 'nil.armstrong'],
+    ['NaN-team', { name: 'NaN-team' }, 'NaN-team'],
+    ['jean-none', { sub: 'jean-none' }, undefined], // last after '-': a template's last field
+  ])('%p with user %j is %p', (id, user, expected) => expect(idText(id, () => user)).toBe(expected));
 });

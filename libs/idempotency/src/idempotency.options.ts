@@ -19,15 +19,16 @@ export type AnonymousPolicy = 'client-key' | 'address';
  */
 export type SaveStatuses = readonly number[] | ((status: number) => boolean);
 
-/** Reads the key from the request; return undefined when there is none. */
 /**
  * Who a request belongs to, as `getUser` gives it: an id (a non-empty string, a finite number, a
  * bigint), or the parts that make one together (`[tenantId, sub]`), each such an id. Parts are
- * kept apart in the key, and a missing part refuses the call, where a template (`${tenant}:${id}`)
- * writes `t1:undefined` for every user whose `id` is missing.
+ * kept apart in the key, and a missing part (`null`, `undefined`, empty) refuses the call, where a
+ * template (`${tenant}:${id}`) writes `t1:undefined` for every user whose `id` is missing. Parts
+ * that are all missing, on a request without a user, are an anonymous call.
  */
-export type IdempotencyUserId = string | number | bigint | readonly (string | number | bigint)[];
+export type IdempotencyUserId = string | number | bigint | readonly (string | number | bigint | null | undefined)[];
 
+/** Reads the key from the request; return undefined when there is none. */
 export type KeyResolver = (ctx: ExecutionContext) => string | undefined;
 
 /** Options of `IdempotencyModule.forRoot()` / `forRootAsync()`. */

@@ -177,6 +177,10 @@ describe('IdempotencyAdmin', () => {
     expect(admin.storageKeyOf({ user: ['t1', 42], handler: HANDLER, key: 'a' })).toBe('adm:t1,42:PaymentsController.pay:a');
     expect(admin.storageKeyOf({ user: ['t1'], handler: HANDLER, key: 'a' })).toBe('adm:t1:PaymentsController.pay:a');
     expect(() => admin.storageKeyOf({ user: ['t1', ''], handler: HANDLER, key: 'a' })).toThrow(IdempotencyError);
+    expect(admin.storageKeyOf({ user: { parts: ['t1', '42'] }, handler: HANDLER, key: 'a' })).toBe('adm:t1,42:PaymentsController.pay:a');
+    // One part is a plain id, and no part is no user: never the key of another (the review of session 21).
+    expect(() => admin.storageKeyOf({ user: { parts: ['a'] }, handler: HANDLER, key: 'a' })).toThrow(IdempotencyError);
+    expect(() => admin.storageKeyOf({ user: { parts: [] }, handler: HANDLER, key: 'a' })).toThrow(IdempotencyError);
     // A user the guard keyed because its user object held the text (nan_li@acme.io) is named as it is.
     expect(admin.storageKeyOf({ user: 'nan_li@acme.io', handler: HANDLER, key: 'a' })).toBe('adm:nan_li%40acme.io:PaymentsController.pay:a');
   });

@@ -13,10 +13,11 @@ export const MESSAGE_USER: KeyUser = Object.freeze({ id: '' });
  * it is refused, never keyed by address (which many users can share).
  */
 export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy, properties: readonly string[] = USER): KeyUser | undefined {
-  const userObject = userObjectOf(req, properties);
-  const user = userOfId(id, userObject);
+  const user = userOfId(id, () => userObjectOf(req, properties));
   if (user !== undefined) return user;
-  if (userObject || (id !== undefined && id !== null && id !== '')) return undefined;
+  // A `getUser` giving the parts of an anonymous call's user gives a list of nothing.
+  const none = id === undefined || id === null || id === '' || (Array.isArray(id) && id.every((part) => part === undefined || part === null));
+  if (!none || userObjectOf(req, properties) !== undefined) return undefined;
   // No address (a unix socket; a proxy's `unknown` or `_hidden`): keyed as under 'client-key',
   // never as one shared address, under which every caller's same request was one.
   const ip = anonymous === 'address' ? addressOf(req.ip) : undefined;
@@ -51,32 +52,42 @@ export function addressOf(given: string | undefined): string | undefined {
   return `${high >> 8}.${high & 255}.${low >> 8}.${low & 255}`;
 }
 
-/** What separates the parts of a template's text (`${tenant}:${id}`, `[tenant, id].join()`, `${t}-${id}`). */
-const SEP = String.raw`[:_|#,;/.\-\s]`;
+/**
+ * What a template or `String()` over a missing or wrong field writes, and no real id holds
+ * (never vouched for, in an id or in a part): `undefined` (not followed by a letter:
+ * `t1undefined`, `T1:UNDEFINED`) or `[object ...]` anywhere; an empty part at either end (`t1:`,
+ * `t1,` from `[tenant, id].join()`, `:42`) or two separators in a row (`t1::eu`); white space at
+ * either end; the whole text `null`, `NaN`, `None`, `nil`, `(null)`, `{}`, `[]`, `Invalid Date`,
+ * `false`, `true` or `Symbol(...)`, as those write it (a name `Nan` is someone's).
+ * `getUser: (ctx) => `${user.tenantId}:${user.id}`` over a user without `id` (a JWT user is
+ * `{ sub }`) gave every user of a tenant the one segment `t1:undefined`, and one user's answer was
+ * replayed to another (adversarial helpers, five rounds).
+ */
+const NOTHING_ALWAYS = /undefined(?![a-z])|\[object |^[:|,;]|[:|,;#]$|[:|,;]{2}|^\s|\s$/i;
+const NOTHING_WHOLE = /^(?:null|NULL|Null|NaN|None|nil|\(null\)|\{\}|\[\]|Invalid Date|false|true|Symbol\(.*\))$/;
+const isNothing = (text: string) => NOTHING_ALWAYS.test(text) || NOTHING_WHOLE.test(text);
 
 /**
- * What a template or `String()` over a missing or wrong field writes: `undefined` (not followed
- * by a letter: `t1undefined`, `T1:UNDEFINED`) or `[object ...]` anywhere; `null`, `NaN`, `None`,
- * `nil` or `(null)` as a part between separators (`:`, `_`, `|`, `#`, `,`, `;`, `/`, `.`, `-`,
- * spaces) or as the whole id; an empty part at either end (`t1:`, `t1,` from
- * `[tenant, id].join()`, `:42`); `{}`, `[]`, `Invalid Date`, `false`, `true`, `Symbol(...)` as the
- * whole id; white space at either end. `getUser: (ctx) => `${user.tenantId}:${user.id}`` over a
- * user without `id` (a JWT user is `{ sub }`) gave every user of a tenant the one segment
- * `t1:undefined`, and one user's answer was replayed to another (adversarial helpers, four
- * rounds). Some real ids have such text (`nan_li@acme.io`, an Azure guest's
- * `null_gmail.com#EXT#@...`): see `heldByUser`. Each match is the suspect text alone (lookarounds), so
- * that `heldByUser` can tell where it lies.
+ * What a template writes for a missing field that real ids also hold, so that the user object
+ * may vouch for it (`heldByUser`): `null`, `NaN`, `None`, `nil` or `(null)` between `:`, `|`,
+ * `#`, `,`, `;` (`t1:null`, `null:null`), or last after `_`, `-`, `.`, `/` or a space (`t1_null`,
+ * `NaN-NaN`: the template's last field missing). Not first before those (`nan_li@acme.io`,
+ * `nan.chen@acme.io`, `NaN-team`, an Azure guest's `null_gmail.com#EXT#@...` are people), nor
+ * inside a word run (`V1StGXR8-Nil_dHi6B`). So `null_u1` (a template's first field missing)
+ * passes: the parts (`[tenant, sub]`) are the way to key users made of several fields. Each match
+ * is the word alone (lookarounds), so that `heldByUser` can tell where it lies.
  */
-const TEMPLATE_OF_NOTHING = new RegExp(
-  String.raw`undefined(?![a-z])|\[object |(?<=^|${SEP})(?:null|nan|none|nil|\(null\))(?=$|${SEP})|^[:|,;]|[:|,;#]$|^(?:\{\}|\[\]|invalid date|false|true|symbol\(.*\))$|^\s|\s$`,
+const NOTHING_WORD = String.raw`(?:null|nan|none|nil|\(null\))`;
+const NOTHING_BETWEEN = new RegExp(
+  String.raw`(?<=^|[:|#,;])${NOTHING_WORD}(?=$|[:|#,;])|(?<=[_\-./\s])${NOTHING_WORD}$`,
   'i',
 );
-/** `TEMPLATE_OF_NOTHING`, for each of its matches. */
-const TEMPLATE_MATCHES = new RegExp(TEMPLATE_OF_NOTHING.source, 'gi');
+/** `NOTHING_BETWEEN`, for each of its matches. */
+const NOTHING_BETWEEN_ALL = new RegExp(NOTHING_BETWEEN.source, 'gi');
 /**
- * The same in a client key, narrower (no owner to ask, see `heldByUser`): the separators `:`,
- * `|`, `#`, `,`, `;` only (`nan_batch_7`, a nanoid's `_nan_` are keys), no empty part (a key
- * the client chose may end with a `:`), and `{}`, `[]`, `Invalid Date` as the whole key.
+ * The same in a client key, narrower (no owner to ask): the separators `:`, `|`, `#`, `,`, `;`
+ * only (`nan_batch_7`, a nanoid's `_nan_` are keys), no empty part (a key the client chose may
+ * end with a `:`), and `{}`, `[]`, `Invalid Date` as the whole key.
  */
 export const KEY_TEMPLATE_OF_NOTHING = /undefined(?![a-z])|\[object |(?:^|[:|#,;])(?:null|nan)(?:$|[:|#,;])|^(?:\{\}|\[\]|invalid date)$/i;
 
@@ -85,24 +96,24 @@ export const KEY_TEMPLATE_OF_NOTHING = /undefined(?![a-z])|\[object |(?:^|[:|#,;
  * holding only that vouches for nothing. A name `Nan` does (no template writes it so).
  */
 const BARE_NOTHING = /^\s*(?:undefined|null|NULL|NaN|None|nil|\(null\)|\[object \w+\])\s*$/;
-/** How many of the user object's texts `heldByUser` reads at most. */
+/** How many of the user object's texts `heldByUser` reads at most, and of each object property's. */
 const MAX_USER_TEXTS = 64;
 
 /**
- * Whether every suspect part of `id` (`TEMPLATE_OF_NOTHING`'s matches) lies inside text the
- * request's user object holds (a string property of it, or of an object property one level
- * down) that is only a part of the id: then the id was made of the user's data around it, as
- * `t1:nan_li@acme.io` of `${tenant}:${email}`. A text as long as the id never vouches for it:
- * that is where the id was read (`request.user.id`), and a template's output stored there
- * (Passport's `validate()` returning `{ id: `${tid}:${uid}` }`) vouched for itself, and users
- * merged (a session-21 helper). A field that is only `null` or `undefined` vouches for nothing.
- * Without a user object (a `getUser` that reads a header) nothing is held. An id that is such
- * text whole (`nan_li@acme.io`) is given as one part (`[user.email]`; see `partText`).
+ * Whether each `NOTHING_BETWEEN` match in `id` lies inside text the request's user object holds
+ * (a string property of it, or of an object property one level down) that is only a part of the
+ * id: then the id was made of the user's data around it, as `t1:Nan` of `${tenant}:${first}`. A
+ * text as long as the id never vouches for it: that is where the id was read
+ * (`request.user.id`), and a template's output stored there (Passport's `validate()` returning
+ * `{ id: `${tid}:${uid}` }`) vouched for itself, and users merged (a session-21 helper). A field
+ * that is only `null` or `undefined` vouches for nothing. Without a user object (a `getUser` that
+ * reads a header) nothing is held. `NOTHING_ALWAYS` is never held.
  */
-function heldByUser(id: string, user: unknown): boolean {
+function heldByUser(id: string, userOf: () => unknown): boolean {
+  const user = userOf();
   if (user === null || typeof user !== 'object') return false;
   const texts = textsOf(user).filter((text) => text.length < id.length);
-  for (const match of id.matchAll(TEMPLATE_MATCHES)) {
+  for (const match of id.matchAll(NOTHING_BETWEEN_ALL)) {
     const start = match.index;
     const end = start + match[0].length;
     const held = texts.some((text) => {
@@ -116,47 +127,69 @@ function heldByUser(id: string, user: unknown): boolean {
   return true;
 }
 
-/** The user object's texts, and those of its object properties, up to `MAX_USER_TEXTS`: as they are (an id is written from them verbatim). */
+/** The user object's texts, and those of its object properties, at most `MAX_USER_TEXTS` of each: as they are (an id is written from them verbatim). */
 function textsOf(user: object): string[] {
   const texts: string[] = [];
   const add = (value: unknown) => {
     if (typeof value === 'string' && value.length > 1 && !BARE_NOTHING.test(value)) texts.push(value);
   };
-  for (const value of Object.values(user)) {
-    if (texts.length >= MAX_USER_TEXTS) break;
-    if (value !== null && typeof value === 'object' && !Array.isArray(value)) {
-      for (const inner of Object.values(value as object).slice(0, MAX_USER_TEXTS)) add(inner);
-    } else {
+  let read = 0;
+  for (const key in user) {
+    if (!Object.hasOwn(user, key)) continue;
+    if (++read > MAX_USER_TEXTS) break;
+    const value = (user as Record<string, unknown>)[key];
+    if (value === null || typeof value !== 'object' || Array.isArray(value)) {
       add(value);
+      continue;
+    }
+    let inner = 0;
+    for (const name in value) {
+      if (!Object.hasOwn(value, name)) continue;
+      if (++inner > MAX_USER_TEXTS) break;
+      add((value as Record<string, unknown>)[name]);
     }
   }
   return texts;
 }
 
+const NO_USER_OBJECT = () => undefined;
+
 /**
  * A user id as its key segment: a non-empty string, a finite number or a bigint. Anything else
  * (an object, a Buffer, an array) has no text that tells every user apart, so it is refused; so
- * is a string that holds what a template writes for a missing field (`t1:undefined`), unless
- * the request's user object holds that text (`heldByUser`).
+ * is a string that holds what a template writes for a missing field: `NOTHING_ALWAYS`, and
+ * `NOTHING_BETWEEN` unless the request's user object holds it (`heldByUser`).
  */
-export function idText(id: unknown, user?: unknown): string | undefined {
-  if (typeof id === 'string' && TEMPLATE_OF_NOTHING.test(id) && !heldByUser(id, user)) return undefined;
+export function idText(id: unknown, userOf: () => unknown = NO_USER_OBJECT): string | undefined {
+  if (typeof id !== 'string') return plainIdText(id);
+  if (isNothing(id) || (NOTHING_BETWEEN.test(id) && !heldByUser(id, userOf)) || fieldAndSeparator(id, userOf)) return undefined;
   return plainIdText(id);
 }
 
+/** A text with a separator at one end and nothing past it (`t1-`, `_42`): real ids end so too (a nanoid's `_`, `-`). */
+const LONE_SEPARATOR = /^[-_./#](.+)$|^(.+)[-_./]$/s;
+
 /**
- * What `String()` (and other languages) write for nothing, as a whole part, or white space only:
- * a part is a value as its field holds it, never a template's output, so only these are refused.
+ * Whether the id is a field the request's user object holds with a separator at one end and
+ * nothing past it: `[user.tenantId, user.userId].join('-')` over a user without `userId` writes
+ * `t1-` for every user of the tenant (a session-21 helper: they merged). A real id that ends so (a
+ * nanoid's `_`) is no other field of its user.
  */
-const PART_OF_NOTHING = /^\s*(?:undefined|null|NULL|NaN|None|nil|\(null\)|\[object \w+\]|Invalid Date)?\s*$/;
+function fieldAndSeparator(id: string, userOf: () => unknown): boolean {
+  const found = LONE_SEPARATOR.exec(id);
+  if (!found) return false;
+  const user = userOf();
+  return user !== null && typeof user === 'object' && textsOf(user).includes(found[1] ?? found[2]!);
+}
 
 /**
  * A part of a user id (`getUser` giving `[user.tenantId, user.sub]`): its text by its type, and
- * not `PART_OF_NOTHING`. Not searched for a template's output: parts are what a template would be
- * made of, and `nan_li@acme.io` is a part as it stands.
+ * never `NOTHING_ALWAYS` (`t1:undefined` stored by a template, an empty text). Not searched for
+ * `NOTHING_BETWEEN`: a part is a value as its field holds it, and `nan_li@acme.io` or
+ * `li_nan` is a part as it stands.
  */
 export function partText(part: unknown): string | undefined {
-  return typeof part === 'string' && PART_OF_NOTHING.test(part) ? undefined : plainIdText(part);
+  return typeof part === 'string' && isNothing(part) ? undefined : plainIdText(part);
 }
 
 /** A user id's text by its type alone: a non-empty string, a finite number or a bigint. */
@@ -172,13 +205,13 @@ const MAX_ID_PARTS = 8;
 
 /**
  * The key user of what `getUser` gave: an id (see `idText`), or its parts, each as `partText`
- * takes it (a missing, empty or nothing-word part refuses the whole: it is no user); one part is
- * that part's id. `plain` reads both by their type alone (the admin: an operator names a user
- * the guard keyed).
+ * takes it (a missing, empty or template-made part refuses the whole: it is no user); one part is
+ * that part's id. `plain` reads both by their type alone (the admin: an operator names a user the
+ * guard keyed). `userOf` gives the request's user object, read only when an id needs it.
  */
-export function userOfId(id: unknown, user?: unknown, plain = false): KeyUser | undefined {
+export function userOfId(id: unknown, userOf: () => unknown = NO_USER_OBJECT, plain = false): KeyUser | undefined {
   if (!Array.isArray(id)) {
-    const text = plain ? plainIdText(id) : idText(id, user);
+    const text = plain ? plainIdText(id) : idText(id, userOf);
     return text === undefined ? undefined : { id: text };
   }
   if (id.length === 0 || id.length > MAX_ID_PARTS) return undefined;
