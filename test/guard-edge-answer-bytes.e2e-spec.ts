@@ -47,6 +47,14 @@ class BytesController {
     res.end('x'.repeat(2 * 1024 * 1024)); // over the default maxResponseBytes (1 MiB)
   }
 
+  /** Six characters, twelve bytes: over a bound of 10 bytes, though not of 10 characters. */
+  @Post('multibyte')
+  @NoRepeatSubmit({ maxResponseBytes: 10 })
+  multibyte(@Res() res: ServerResponse) {
+    res.statusCode = 201;
+    res.end('éééééé');
+  }
+
   @Post(':how')
   @HttpCode(201)
   @NoRepeatSubmit()
@@ -76,6 +84,14 @@ describe.each<Adapter>(['express'])('the bytes a replay sends (%s)', (adapter) =
       bytes: first.body.toString('hex'),
     });
     expect(first.status).toBe(201);
+  });
+
+  it('counts the bound in bytes, not characters: six é (12 bytes) over a bound of 10 is not kept', async () => {
+    const key = randomUUID();
+    const first = await send(a.url, '/bytes/multibyte', { key });
+    const again = await send(a.url, '/bytes/multibyte', { key });
+    expect({ status: first.status, text: first.text }).toEqual({ status: 201, text: 'éééééé' });
+    expect({ status: again.status, code: JSON.parse(again.text).code }).toEqual({ status: 409, code: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE' });
   });
 
   it('sends an answer over maxResponseBytes in one string whole, and keeps it as not replayable', async () => {

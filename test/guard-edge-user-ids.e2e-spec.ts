@@ -54,6 +54,13 @@ describe.each<Adapter>(['express', 'fastify'])('users with non-scalar ids (%s)',
   });
   afterAll(async () => a?.close());
 
+  it('refuses a listed id 500 (a list is parts from getUser only), and keys the plain one', async () => {
+    const key = randomUUID();
+    const alice = await send(a.url, '/account/statement', { key, headers: { 'x-user': 'alice-listed' } });
+    const bob = await send(a.url, '/account/statement', { key, headers: { 'x-user': 'bob-listed' } });
+    expect({ statuses: [alice.status, bob.status], code: codeOf(bob) }).toEqual({ statuses: [201, 500], code: 'IDEMPOTENCY_USER_UNRESOLVED' });
+  });
+
   it.each(['composite', 'binary', 'array', 'listed'])('%s ids: bob never gets alice\'s response', async (kind) => {
     const key = randomUUID(); // a key both clients happen to send (or bob learned alice's)
     await send(a.url, '/account/statement', { key, headers: { 'x-user': `alice-${kind}` } });

@@ -300,8 +300,9 @@ describe('createIdempotentClient', () => {
   it('checks its options', () => {
     expect(() => createIdempotentClient({ baseUrl: 'http://x', attemptTimeoutMs: 2 ** 31 })).toThrow(/attemptTimeoutMs.*2147483647/);
     expect(() => createIdempotentClient({ baseUrl: 'http://x', retries: -1 })).toThrow(/retries/);
-    expect(() => createIdempotentClient({ baseUrl: 'http://x', attemptTimeoutMs: 0 })).toThrow(/attemptTimeoutMs must be over 0/);
-    expect(() => createIdempotentClient({ baseUrl: 'http://x', timeoutMs: 0 })).toThrow(/timeoutMs must be over 0/);
+    expect(() => createIdempotentClient({ baseUrl: 'http://x', attemptTimeoutMs: 0 })).toThrow(/attemptTimeoutMs must be at least 1/);
+    expect(() => createIdempotentClient({ baseUrl: 'http://x', attemptTimeoutMs: 0.5 })).toThrow(/attemptTimeoutMs must be at least 1/);
+    expect(() => createIdempotentClient({ baseUrl: 'http://x', timeoutMs: 0 })).toThrow(/timeoutMs must be at least 1/);
     expect(() => createIdempotentClient({ baseUrl: 'http://x', backoff: { baseMs: Number.NaN } })).toThrow(/baseMs/);
     expect(() => createIdempotentClient({ baseUrl: 'http://x', backoff: { baseMs: undefined } })).not.toThrow();
   });

@@ -111,9 +111,9 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
   for (const [name, value] of Object.entries({ timeoutMs, attemptTimeoutMs, ...backoff })) {
     if (!Number.isFinite(value) || value < 0) throw new TypeError(`${name} must be a number >= 0, got ${value}`);
   }
-  // A bound of 0 aborted every attempt after 1 ms: no call could ever succeed.
+  // A bound under 1 ms aborted every attempt after 1 ms: no call could ever succeed.
   for (const [name, value] of Object.entries({ timeoutMs, attemptTimeoutMs })) {
-    if (value === 0) throw new TypeError(`${name} must be over 0 (a bound of 0 ends every attempt at once), got 0`);
+    if (value < 1) throw new TypeError(`${name} must be at least 1 (a shorter bound ends every attempt at once), got ${value}`);
   }
   // One timer bounds an attempt; a longer one would fire after 1 ms (and abort every attempt).
   if (attemptTimeoutMs > MAX_TIMER_MS) {

@@ -290,10 +290,6 @@ function toSaved(sent: CapturedResponse | undefined, statusCode: number): SavedR
 }
 
 /**
- * The value a replay hands the app's pipeline, for interceptors that look at it (what is sent
- * is the saved bytes either way): the JSON value, else the text, else nothing.
- */
-/**
  * A `@Render()` route's replay is the rendered page itself: Nest would hand the replay's value to
  * the view engine as the template's data (Express `res.render`, Fastify `reply.view`), which
  * fails, or renders a page the replay then drops. This response ends instead, and the replay
@@ -305,6 +301,10 @@ function skipViewEngine(res: HttpResponse): void {
   if ('view' in response) response.view = () => response.send?.();
 }
 
+/**
+ * The value a replay hands the app's pipeline, for interceptors that look at it (what is sent
+ * is the saved bytes either way): the JSON value, else the text, else nothing.
+ */
 function valueOf(saved: SavedResponse): unknown {
   if (saved.body === undefined || saved.encoding === 'base64') return undefined;
   if (saved.headers['content-type']?.includes('json')) {

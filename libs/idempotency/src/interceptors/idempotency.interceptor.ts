@@ -170,7 +170,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     if (params !== null && typeof params === 'object' && Object.hasOwn(params, name)) return;
     // An optional parameter the call left out (Fastify leaves it out of `params`).
     const path = matchedRoutePath(req);
-    if (path === undefined || path.split(/[^\w$]/).includes(name) && path.includes(`:${name}`)) return;
+    if (path === undefined || new RegExp(`:${name.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}(?![$\\p{ID_Continue}])`, 'u').test(path)) return;
     this.onceFor(`${route.handler}:params`, () =>
       this.logger.error(
         `${route.handler}: its key expression #params.${source.path.segments.join('.')} names no parameter of the route's path ` +

@@ -9,8 +9,8 @@ export interface CapturedResponse {
   headers: Record<string, string>;
   /**
    * The body bytes; undefined when they were over the bound (not kept). A string is bytes that
-   * are UTF-8 text without NUL, as that text (an answer sent as one string, as Express's
-   * `res.send` and Fastify send JSON): kept as given, never encoded to be decoded again.
+   * are UTF-8 text without NUL, as that text (an answer sent as one string, as Fastify sends JSON,
+   * and Express's `res.send` with ETags off): kept as given, never encoded to be decoded again.
    */
   body: Buffer | string | undefined;
 }
@@ -52,12 +52,12 @@ function headersOfArray(list: unknown[]): OutgoingHttpHeaders {
   return headers;
 }
 
-/** A lone surrogate: UTF-8 has no bytes for it (Node writes U+FFFD's). */
-const LONE_SURROGATE = /\p{Cs}/u;
+/** A lone surrogate (UTF-8 has no bytes for it: Node writes U+FFFD's), or a NUL. */
+const NOT_KEPT_AS_TEXT = /[\p{Cs}\0]/u;
 
 /** An answer's only chunk, a string, as `CapturedResponse.body`: itself where its bytes are UTF-8 text without NUL. */
 function bodyOfText(text: string): Buffer | string {
-  return LONE_SURROGATE.test(text) || text.includes('\0') ? Buffer.from(text, 'utf8') : text;
+  return NOT_KEPT_AS_TEXT.test(text) ? Buffer.from(text, 'utf8') : text;
 }
 
 const callbackOf = (args: Args) => args.find((arg) => typeof arg === 'function') as ((error?: Error) => void) | undefined;
@@ -276,7 +276,10 @@ export class ResponseCapture implements ResponseHook {
       const value = this.headerOf(name);
       if (value !== undefined) headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
     }
-    const body = this.overflowed ? undefined : this.text !== undefined ? bodyOfText(this.text) : Buffer.concat(this.chunks);
+    const chunks = this.chunks;
+    // One chunk (Express's res.send gives a Buffer): already a copy of its own, not copied again.
+    const bytes = () => (chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks));
+    const body = this.overflowed ? undefined : this.text !== undefined ? bodyOfText(this.text) : bytes();
     // Never a refusal's Retry-After or problem details type on another answer (a run after a retry()).
     return { statusCode: this.raw.statusCode, headers: withoutRefusalHeaders(this.raw, this.raw.statusCode, headers), body };
   }

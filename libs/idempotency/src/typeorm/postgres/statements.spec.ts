@@ -142,11 +142,14 @@ describe('statementRunner: named prepared statements on the pool or on a transac
     const name = `idempotency_${createHash('sha256').update(sql).digest('hex').slice(0, 24)}`;
     await single.query(`INSERT INTO ${table} (id, v) VALUES (1, 7)`);
     await single.query(`PREPARE ${name} (int) AS SELECT 0 AS v WHERE $1 = 0`);
-    expect((await run(sql, [1])).records).toEqual([{ v: 7 }]);
-    expect((await run(sql, [1])).records).toEqual([{ v: 7 }]);
-    // Only the other client's statement is there: this runner prepares no more.
-    expect(await single.query('SELECT name, from_sql FROM pg_prepared_statements')).toEqual([{ name, from_sql: true }]);
-    await single.query('DEALLOCATE ALL');
+    try {
+      expect((await run(sql, [1])).records).toEqual([{ v: 7 }]);
+      expect((await run(sql, [1])).records).toEqual([{ v: 7 }]);
+      // Only the other client's statement is there: this runner prepares no more.
+      expect(await single.query('SELECT name, from_sql FROM pg_prepared_statements')).toEqual([{ name, from_sql: true }]);
+    } finally {
+      await single.query('DEALLOCATE ALL');
+    }
   });
 
   // An adversarial helper (session 16): 100 parallel replays of a 1 MB response on a pool of 10,
