@@ -85,16 +85,22 @@ const JwtLikeGuard = loginFrom(JWT_USERS);
 
 let orders = 0;
 
-@Controller('tenant-orders')
-@UseGuards(JwtLikeGuard)
-class TenantOrdersController {
-  @Post()
-  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
-  create(@Req() req: { headers: Record<string, string> }) {
-    orders++;
-    return { orderOf: req.headers['x-user'] };
+/** Orders keyed by their business number, for the users `guard` signs in; each run counted in `orders`. */
+function ordersController(path: string, guard: ReturnType<typeof loginFrom>) {
+  @Controller(path)
+  @UseGuards(guard)
+  class OrdersController {
+    @Post()
+    @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
+    create(@Req() req: { headers: Record<string, string> }) {
+      orders++;
+      return { orderOf: req.headers['x-user'] };
+    }
   }
+  return OrdersController;
 }
+
+const TenantOrdersController = ordersController('tenant-orders', JwtLikeGuard);
 
 type TemplateUser = { tenantId?: unknown; id?: unknown; sub?: unknown } | undefined;
 const userOf = (ctx: ExecutionContext) => ctx.switchToHttp().getRequest<{ user?: TemplateUser }>().user;
@@ -134,16 +140,7 @@ const TENANT_USERS: Record<string, unknown> = {
   dan: { sub: '', tenantId: 't1' }, // an empty sub
 };
 
-@Controller('tenant-parts')
-@UseGuards(loginFrom(TENANT_USERS))
-class TenantPartsController {
-  @Post()
-  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
-  create(@Req() req: { headers: Record<string, string> }) {
-    orders++;
-    return { orderOf: req.headers['x-user'] };
-  }
-}
+const TenantPartsController = ordersController('tenant-parts', loginFrom(TENANT_USERS));
 
 describe.each<Adapter>(['express', 'fastify'])('a getUser giving the parts of a user (%s)', (adapter) => {
   let a: EdgeApp;
@@ -236,16 +233,7 @@ const JOIN_USERS: Record<string, unknown> = {
   guest: { tenant: 't1', id: 'null_gmail.com#EXT#@contoso.onmicrosoft.com', name: 'guest' },
 };
 
-@Controller('joined-orders')
-@UseGuards(loginFrom(JOIN_USERS))
-class JoinedOrdersController {
-  @Post()
-  @NoRepeatSubmit({ idempotentKey: '#body.orderNo' })
-  create(@Req() req: { headers: Record<string, string> }) {
-    orders++;
-    return { orderOf: req.headers['x-user'] };
-  }
-}
+const JoinedOrdersController = ordersController('joined-orders', loginFrom(JOIN_USERS));
 
 type JoinUser = { tenant?: string; id?: string | null };
 const joinUserOf = (ctx: ExecutionContext) => ctx.switchToHttp().getRequest<{ user?: JoinUser }>().user;
