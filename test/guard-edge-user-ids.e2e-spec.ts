@@ -386,5 +386,18 @@ describe('idText', () => {
     ['nil.armstrong', { sub: 'nil.armstrong' }, 'nil.armstrong'],
     ['NaN-team', { name: 'NaN-team' }, 'NaN-team'],
     ['jean-none', { sub: 'jean-none' }, undefined], // last after '-': a template's last field
+    // A seventh round: a numeric field, an empty field after several, doubled separators, a
+    // nothing-word in the middle, `@` with the name missing.
+    ['7-', { tenantId: 7, sub: 'alice' }, undefined],
+    ['-7', { tenantId: 7, sub: 'alice' }, undefined],
+    ['eu-t1-', { region: 'eu', tenantId: 't1' }, undefined],
+    ['eu.t1.', { region: 'eu', tenantId: 't1' }, undefined],
+    ['t1--eu', { tenantId: 't1', region: 'eu' }, undefined],
+    ['t1__eu', { tenantId: 't1', region: 'eu' }, undefined],
+    ['t1-null-eu', { tenantId: 't1', region: 'eu' }, undefined],
+    ['@acme', { realm: 'acme', sub: 'x' }, undefined],
+    ['t1@', { tenantId: 't1' }, undefined],
+    ['V1S--Xy9_', { sub: 'V1S--Xy9_', iat: 1712345678 }, 'V1S--Xy9_'],
+    ['wang.nan.li@acme.io', { sub: 'wang.nan.li@acme.io' }, 'wang.nan.li@acme.io'],
   ])('%p with user %j is %p', (id, user, expected) => expect(idText(id, () => user)).toBe(expected));
 });

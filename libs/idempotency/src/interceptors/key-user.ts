@@ -70,8 +70,9 @@ const isNothing = (text: string) => NOTHING_ALWAYS.test(text) || NOTHING_WHOLE.t
 /**
  * What a template writes for a missing field that real ids also hold, so that the user object
  * may vouch for it (`heldByUser`): `null`, `NaN`, `None`, `nil` or `(null)` between `:`, `|`,
- * `#`, `,`, `;` (`t1:null`, `null:null`), or last after `_`, `-`, `.`, `/` or a space (`t1_null`,
- * `NaN-NaN`: the template's last field missing). Not first before those (`nan_li@acme.io`,
+ * `#`, `,`, `;` (`t1:null`, `null:null`), last after `_`, `-`, `.`, `/` or a space (`t1_null`,
+ * `NaN-NaN`: the template's last field missing), or between two of one of `_`, `-`, `/`, a
+ * space (`t1-null-eu`; not `.`, which emails' names use, nor two kinds: a nanoid's `-Nil_`). Not first before those (`nan_li@acme.io`,
  * `nan.chen@acme.io`, `NaN-team`, an Azure guest's `null_gmail.com#EXT#@...` are people), nor
  * inside a word run (`V1StGXR8-Nil_dHi6B`). So `null_u1` (a template's first field missing)
  * passes: the parts (`[tenant, sub]`) are the way to key users made of several fields. Each match
@@ -79,7 +80,7 @@ const isNothing = (text: string) => NOTHING_ALWAYS.test(text) || NOTHING_WHOLE.t
  */
 const NOTHING_WORD = String.raw`(?:null|nan|none|nil|\(null\))`;
 const NOTHING_BETWEEN = new RegExp(
-  String.raw`(?<=^|[:|#,;])${NOTHING_WORD}(?=$|[:|#,;])|(?<=[_\-./\s])${NOTHING_WORD}$`,
+  String.raw`(?<=^|[:|#,;])${NOTHING_WORD}(?=$|[:|#,;])|(?<=[_\-./\s])${NOTHING_WORD}$|(?<=([_\-/\s]))${NOTHING_WORD}(?=\1)`,
   'i',
 );
 /** `NOTHING_BETWEEN`, for each of its matches. */
@@ -132,6 +133,8 @@ function textsOf(user: object): string[] {
   const texts: string[] = [];
   const add = (value: unknown) => {
     if (typeof value === 'string' && value.length > 1 && !BARE_NOTHING.test(value)) texts.push(value);
+    // A number is written as its text (a tenant id 7 makes `7-`).
+    else if ((typeof value === 'number' && Number.isFinite(value)) || typeof value === 'bigint') texts.push(String(value));
   };
   let read = 0;
   for (const key in user) {
@@ -162,24 +165,39 @@ const NO_USER_OBJECT = () => undefined;
  */
 export function idText(id: unknown, userOf: () => unknown = NO_USER_OBJECT): string | undefined {
   if (typeof id !== 'string') return plainIdText(id);
-  if (isNothing(id) || (NOTHING_BETWEEN.test(id) && !heldByUser(id, userOf)) || fieldAndSeparator(id, userOf)) return undefined;
+  if (isNothing(id) || (NOTHING_BETWEEN.test(id) && !heldByUser(id, userOf)) || emptyFieldAmongHeld(id, userOf)) return undefined;
   return plainIdText(id);
 }
 
-/** A text with a separator at one end and nothing past it (`t1-`, `_42`): real ids end so too (a nanoid's `_`, `-`). */
-const LONE_SEPARATOR = /^[-_./#](.+)$|^(.+)[-_./]$/s;
+/** A separator at one end with nothing past it (`t1-`, `_42`, `@acme`); real ids end so too (a nanoid's `_`, `-`). */
+const LONE_SEPARATOR = /^[-_./#@](.+)$|^(.+)[-_./@]$/s;
+/** Two separators in a row, an empty field between (`t1--eu`); a nanoid has `--` and `__` too. */
+const DOUBLED_SEPARATOR = /--|__|\.\.|@@/;
+/** What may stand before or after a field in a template's text. */
+const FIELD_EDGE = /[-_./:|#,;@+\s]/;
 
 /**
- * Whether the id is a field the request's user object holds with a separator at one end and
- * nothing past it: `[user.tenantId, user.userId].join('-')` over a user without `userId` writes
- * `t1-` for every user of the tenant (a session-21 helper: they merged). A real id that ends so (a
- * nanoid's `_`) is no other field of its user.
+ * Whether the id is the user's fields with an empty one among them: a separator at one end and
+ * nothing past it, after (or before) a field the request's user object holds (`[user.tenantId,
+ * user.userId].join('-')` over a user without `userId` writes `t1-` for every user of the tenant,
+ * and `eu-t1-` with a region first), or two separators in a row beside such a field (`t1--eu`).
+ * Numbers count as their text (a tenant id `7` makes `7-`). A real id that ends so, or holds
+ * `--` (a nanoid), is no other field of its user (sessions 21's helpers: such users merged).
  */
-function fieldAndSeparator(id: string, userOf: () => unknown): boolean {
-  const found = LONE_SEPARATOR.exec(id);
-  if (!found) return false;
+function emptyFieldAmongHeld(id: string, userOf: () => unknown): boolean {
+  const lone = LONE_SEPARATOR.exec(id);
+  const doubled = DOUBLED_SEPARATOR.exec(id);
+  if (!lone && !doubled) return false;
   const user = userOf();
-  return user !== null && typeof user === 'object' && textsOf(user).includes(found[1] ?? found[2]!);
+  if (user === null || typeof user !== 'object') return false;
+  const texts = textsOf(user).filter((text) => text.length < id.length);
+  const fieldEndsAt = (end: number) =>
+    texts.some((text) => end - text.length >= 0 && id.startsWith(text, end - text.length) && (end === text.length || FIELD_EDGE.test(id[end - text.length - 1]!)));
+  const fieldStartsAt = (start: number) =>
+    texts.some((text) => id.startsWith(text, start) && (start + text.length === id.length || FIELD_EDGE.test(id[start + text.length]!)));
+  if (lone?.[2] !== undefined && fieldEndsAt(id.length - 1)) return true;
+  if (lone?.[1] !== undefined && fieldStartsAt(1)) return true;
+  return doubled !== null && (fieldEndsAt(doubled.index) || fieldStartsAt(doubled.index + 2));
 }
 
 /**

@@ -1,4 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
 import type { Pool } from 'pg';
 import { randomUUID } from 'node:crypto';
 import {
@@ -411,6 +412,51 @@ describe('insertOnce (PostgreSQL)', () => {
       await runner.release();
     }
     expect([await count('R-left-1'), await count('R-left-2'), await count('R-left-3')]).toEqual([0, 0, 1]);
+  });
+
+  // A sixth round: the app's manager.query('ROLLBACK') in a dataSource.transaction callback that
+  // then returns, so TypeORM sends its COMMIT; a call whose INSERT went out before the ROLLBACK
+  // and finished after the COMMIT was answered created, for a row that is not there (35 of 40).
+  it('keeps a rollback a rollback when TypeORM commits after the app rolled back in its callback', async () => {
+    let call: Promise<unknown> | undefined;
+    await dataSource.transaction(async (manager) => {
+      const runner = manager.queryRunner!;
+      const query = runner.query.bind(runner) as (sql: string, ...rest: unknown[]) => Promise<unknown>;
+      let inserted!: () => void;
+      const insertAsked = new Promise<void>((resolve) => (inserted = resolve));
+      runner.query = ((sql: string, ...rest: unknown[]) => {
+        const sent = query(sql, ...rest);
+        if (!sql.startsWith('INSERT')) return sent;
+        inserted();
+        // Its answer comes back late (an afterInsert subscriber's own work).
+        return sent.then(async (answer) => new Promise((resolve) => setTimeout(() => resolve(answer), 30)));
+      }) as typeof runner.query;
+      call = insertOnce(manager.getRepository(Booking), { reference: 'R-rb-commit', guest: 'tx' }, byReference('R-rb-commit'));
+      call.catch(() => undefined);
+      await insertAsked;
+      await manager.query('ROLLBACK');
+    });
+    await expect(call).rejects.toThrow(/rolled back after this call inserted/);
+    expect(await count('R-rb-commit')).toBe(0);
+  });
+
+  // A seventh round: an async beforeQuery subscriber reorders a runner's statements (26 of 40
+  // rolled-back rows committed). Not something insertOnce can see per statement: said, once.
+  it('says once that an async beforeQuery subscriber lets statements out of order', async () => {
+    class Tracing implements EntitySubscriberInterface {
+      async beforeQuery(): Promise<void> {}
+    }
+    const tracing = new Tracing();
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    dataSource.subscribers.push(tracing);
+    try {
+      for (const reference of ['R-async-1', 'R-async-2']) await insertOnce(dataSource.getRepository(Booking), { reference, guest: 'x' }, byReference(reference));
+      const said = warn.mock.calls.map(([message]) => String(message)).filter((message) => message.includes('async beforeQuery'));
+      expect(said).toEqual([expect.stringContaining('Tracing has an async beforeQuery')]);
+    } finally {
+      dataSource.subscribers.splice(dataSource.subscribers.indexOf(tracing), 1);
+      warn.mockRestore();
+    }
   });
 
   it('answers created when the app asked for its COMMIT after the INSERT went out (the COMMIT keeps the row)', async () => {

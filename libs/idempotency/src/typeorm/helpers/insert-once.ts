@@ -8,6 +8,7 @@ import type {
   QueryRunner,
   Repository,
 } from 'typeorm';
+import { Logger } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { IdempotencyError } from '../../index.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
@@ -215,6 +216,29 @@ function stepsOf(query: string): TransactionStep[] {
 }
 
 const watching = new WeakSet<DataSource>();
+/** Per DataSource, how many subscribers it had when `sayIfAsyncBeforeQuery` last looked, and whether it said so. */
+const subscribersSeen = new WeakMap<DataSource, { count: number; said: boolean }>();
+
+/**
+ * An `async beforeQuery` subscriber makes TypeORM wait for it between asking for a statement and
+ * sending it, so a statement asked later (the app's ROLLBACK) can be sent first, and an INSERT
+ * then commits on its own, or goes out on the connection after the runner was released, in
+ * another job's transaction (a session-21 helper: 26 of 40). Order is what insertOnce reads a
+ * transaction's end by; said once per DataSource, when such a subscriber is there.
+ */
+function sayIfAsyncBeforeQuery(dataSource: DataSource): void {
+  const seen = subscribersSeen.get(dataSource);
+  const count = dataSource.subscribers.length;
+  if (seen && (seen.said || seen.count === count)) return;
+  const async = dataSource.subscribers.find((subscriber) => subscriber.beforeQuery?.constructor.name === 'AsyncFunction');
+  subscribersSeen.set(dataSource, { count, said: async !== undefined });
+  if (async) {
+    new Logger('Idempotency').warn(
+      `insertOnce: ${async.constructor.name} has an async beforeQuery: TypeORM then sends a runner's statements out of the order ` +
+        "they were asked for, and an INSERT racing the app's ROLLBACK may commit on its own. Make beforeQuery synchronous.",
+    );
+  }
+}
 
 /**
  * Adds, once per DataSource, a subscriber that keeps each runner's `RunnerState` from the
@@ -224,6 +248,7 @@ const watching = new WeakSet<DataSource>();
  * took it from a concurrent call already answered `created: false` with it (a second helper).
  */
 function watchRollbacks(dataSource: DataSource): void {
+  sayIfAsyncBeforeQuery(dataSource);
   if (watching.has(dataSource)) return;
   watching.add(dataSource);
   const marker: EntitySubscriberInterface = {
@@ -245,7 +270,9 @@ function watchRollbacks(dataSource: DataSource): void {
           if (step === 'start') {
             state.generation++;
             state.ending = undefined;
-          } else {
+          } else if (state.ending !== 'rollback') {
+            // A COMMIT after a ROLLBACK (TypeORM's own, once the app's callback rolled back with
+            // manager.query('ROLLBACK') and returned) commits nothing: the rollback stands.
             state.ending = step === 'commit' || step === 'chain-commit' ? 'commit' : 'rollback';
           }
         }
