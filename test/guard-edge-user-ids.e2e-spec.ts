@@ -399,5 +399,11 @@ describe('idText', () => {
     ['t1@', { tenantId: 't1' }, undefined],
     ['V1S--Xy9_', { sub: 'V1S--Xy9_', iat: 1712345678 }, 'V1S--Xy9_'],
     ['wang.nan.li@acme.io', { sub: 'wang.nan.li@acme.io' }, 'wang.nan.li@acme.io'],
+    // An eighth round: `//` doubled, a one-character field, JSON of a missing field.
+    ['t1//eu', { tenantId: 't1', region: 'eu' }, undefined],
+    ['1-', { tenantId: '1', sub: 'alice' }, undefined],
+    ['["t1",null]', { tenantId: 't1' }, undefined],
+    ['{"tenantId":"t1","userId":null}', { tenantId: 't1' }, undefined],
+    ['https://id.example.com/users/42', { sub: 'https://id.example.com/users/42', iss: 'https://id.example.com/' }, 'https://id.example.com/users/42'],
   ])('%p with user %j is %p', (id, user, expected) => expect(idText(id, () => user)).toBe(expected));
 });

@@ -70,7 +70,8 @@ const isNothing = (text: string) => NOTHING_ALWAYS.test(text) || NOTHING_WHOLE.t
 /**
  * What a template writes for a missing field that real ids also hold, so that the user object
  * may vouch for it (`heldByUser`): `null`, `NaN`, `None`, `nil` or `(null)` between `:`, `|`,
- * `#`, `,`, `;` (`t1:null`, `null:null`), last after `_`, `-`, `.`, `/` or a space (`t1_null`,
+ * `#`, `,`, `;` (`t1:null`, `null:null`; after `[` or `{`, before `]` or `}`: JSON's
+ * `["t1",null]`), last after `_`, `-`, `.`, `/` or a space (`t1_null`,
  * `NaN-NaN`: the template's last field missing), or between two of one of `_`, `-`, `/`, a
  * space (`t1-null-eu`; not `.`, which emails' names use, nor two kinds: a nanoid's `-Nil_`). Not first before those (`nan_li@acme.io`,
  * `nan.chen@acme.io`, `NaN-team`, an Azure guest's `null_gmail.com#EXT#@...` are people), nor
@@ -80,7 +81,7 @@ const isNothing = (text: string) => NOTHING_ALWAYS.test(text) || NOTHING_WHOLE.t
  */
 const NOTHING_WORD = String.raw`(?:null|nan|none|nil|\(null\))`;
 const NOTHING_BETWEEN = new RegExp(
-  String.raw`(?<=^|[:|#,;])${NOTHING_WORD}(?=$|[:|#,;])|(?<=[_\-./\s])${NOTHING_WORD}$|(?<=([_\-/\s]))${NOTHING_WORD}(?=\1)`,
+  String.raw`(?<=^|[:|#,;[{])${NOTHING_WORD}(?=$|[:|#,;\]}])|(?<=[_\-./\s])${NOTHING_WORD}$|(?<=([_\-/\s]))${NOTHING_WORD}(?=\1)`,
   'i',
 );
 /** `NOTHING_BETWEEN`, for each of its matches. */
@@ -132,7 +133,7 @@ function heldByUser(id: string, userOf: () => unknown): boolean {
 function textsOf(user: object): string[] {
   const texts: string[] = [];
   const add = (value: unknown) => {
-    if (typeof value === 'string' && value.length > 1 && !BARE_NOTHING.test(value)) texts.push(value);
+    if (typeof value === 'string' && value.trim() !== '' && !BARE_NOTHING.test(value)) texts.push(value);
     // A number is written as its text (a tenant id 7 makes `7-`).
     else if ((typeof value === 'number' && Number.isFinite(value)) || typeof value === 'bigint') texts.push(String(value));
   };
@@ -172,7 +173,7 @@ export function idText(id: unknown, userOf: () => unknown = NO_USER_OBJECT): str
 /** A separator at one end with nothing past it (`t1-`, `_42`, `@acme`); real ids end so too (a nanoid's `_`, `-`). */
 const LONE_SEPARATOR = /^[-_./#@](.+)$|^(.+)[-_./@]$/s;
 /** Two separators in a row, an empty field between (`t1--eu`); a nanoid has `--` and `__` too. */
-const DOUBLED_SEPARATOR = /--|__|\.\.|@@/;
+const DOUBLED_SEPARATOR = /--|__|\.\.|@@|\/\//;
 /** What may stand before or after a field in a template's text. */
 const FIELD_EDGE = /[-_./:|#,;@+\s]/;
 
