@@ -111,10 +111,9 @@ const MAX_USER_TEXTS = 64;
  * that is only `null` or `undefined` vouches for nothing. Without a user object (a `getUser` that
  * reads a header) nothing is held. `NOTHING_ALWAYS` is never held.
  */
-function heldByUser(id: string, userOf: () => unknown): boolean {
-  const user = userOf();
-  if (user === null || typeof user !== 'object') return false;
-  const texts = textsOf(user).filter((text) => text.length < id.length);
+function heldByUser(id: string, shorterTexts: () => string[]): boolean {
+  const texts = shorterTexts();
+  if (texts.length === 0) return false;
   for (const match of id.matchAll(NOTHING_BETWEEN_ALL)) {
     const start = match.index;
     const end = start + match[0].length;
@@ -166,8 +165,17 @@ const NO_USER_OBJECT = () => undefined;
  */
 export function idText(id: unknown, userOf: () => unknown = NO_USER_OBJECT): string | undefined {
   if (typeof id !== 'string') return plainIdText(id);
-  if (isNothing(id) || (NOTHING_BETWEEN.test(id) && !heldByUser(id, userOf)) || emptyFieldAmongHeld(id, userOf)) return undefined;
+  // The user object's texts shorter than the id, read once and only for a suspect id.
+  let texts: string[] | undefined;
+  const shorterTexts = () => (texts ??= shorterTextsOf(id, userOf()));
+  if (isNothing(id) || (NOTHING_BETWEEN.test(id) && !heldByUser(id, shorterTexts)) || emptyFieldAmongHeld(id, shorterTexts)) return undefined;
   return plainIdText(id);
+}
+
+/** The texts of the user object (`textsOf`) shorter than `id`: a text as long as the id is where it was read, and vouches for nothing. */
+function shorterTextsOf(id: string, user: unknown): string[] {
+  if (user === null || typeof user !== 'object') return [];
+  return textsOf(user).filter((text) => text.length < id.length);
 }
 
 /** A separator at one end with nothing past it (`t1-`, `_42`, `@acme`); real ids end so too (a nanoid's `_`, `-`). */
@@ -183,15 +191,13 @@ const FIELD_EDGE = /[-_./:|#,;@+\s]/;
  * user.userId].join('-')` over a user without `userId` writes `t1-` for every user of the tenant,
  * and `eu-t1-` with a region first), or two separators in a row beside such a field (`t1--eu`).
  * Numbers count as their text (a tenant id `7` makes `7-`). A real id that ends so, or holds
- * `--` (a nanoid), is no other field of its user (sessions 21's helpers: such users merged).
+ * `--` (a nanoid), is no other field of its user (session 21's helpers: such users merged).
  */
-function emptyFieldAmongHeld(id: string, userOf: () => unknown): boolean {
+function emptyFieldAmongHeld(id: string, shorterTexts: () => string[]): boolean {
   const lone = LONE_SEPARATOR.exec(id);
   const doubled = DOUBLED_SEPARATOR.exec(id);
   if (!lone && !doubled) return false;
-  const user = userOf();
-  if (user === null || typeof user !== 'object') return false;
-  const texts = textsOf(user).filter((text) => text.length < id.length);
+  const texts = shorterTexts();
   const fieldEndsAt = (end: number) =>
     texts.some((text) => end - text.length >= 0 && id.startsWith(text, end - text.length) && (end === text.length || FIELD_EDGE.test(id[end - text.length - 1]!)));
   const fieldStartsAt = (start: number) =>

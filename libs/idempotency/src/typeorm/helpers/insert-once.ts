@@ -53,7 +53,7 @@ export async function insertOnce<T extends ObjectLiteral>(
   findExisting: (violation: UniqueViolation) => FindOptionsWhere<T> | FindOptionsWhere<T>[],
 ): Promise<InsertOnceResult<T>> {
   coverNewConnections(repo.manager.connection);
-  watchRollbacks(repo.manager.connection);
+  watchTransactions(repo.manager.connection);
   const entity = repo.create(values);
   const queryRunner = repo.manager.queryRunner;
   const inTransaction = queryRunner !== undefined && (queryRunner.isTransactionActive || beganWithRawSql(queryRunner));
@@ -247,7 +247,7 @@ function sayIfAsyncBeforeQuery(dataSource: DataSource): void {
  * is sent, nothing is undone afterwards: deleting a row that committed on its own (a first fix)
  * took it from a concurrent call already answered `created: false` with it (a second helper).
  */
-function watchRollbacks(dataSource: DataSource): void {
+function watchTransactions(dataSource: DataSource): void {
   sayIfAsyncBeforeQuery(dataSource);
   if (watching.has(dataSource)) return;
   watching.add(dataSource);
