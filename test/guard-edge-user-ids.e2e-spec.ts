@@ -231,6 +231,12 @@ const JOIN_USERS: Record<string, unknown> = {
   'bob-stored': { tenant: 't1', id: 't1:undefined', name: 'bob' },
   nan: { tenant: 't1', id: 'nan_li@acme.io', name: 'Nan Li' },
   guest: { tenant: 't1', id: 'null_gmail.com#EXT#@contoso.onmicrosoft.com', name: 'guest' },
+  // Session 22: people named Nan (a common given name), read by the default lookup, were refused
+  // 500 on every call; a template's output stored beside the tenant it was made of still is not a user.
+  'li-nan': { id: 'li_nan', name: 'Li Nan' },
+  'zhang-nan': { sub: 'zhang-nan' },
+  'alice-t1-null': { tenant: 't1', id: 't1_null', name: 'alice' },
+  'bob-t1-null': { tenant: 't1', id: 't1_null', name: 'bob' },
 };
 
 const JoinedOrdersController = ordersController('joined-orders', loginFrom(JOIN_USERS));
@@ -290,6 +296,26 @@ describe.each<Adapter>(['express', 'fastify'])('a getUser joining parts, and ids
         orders: 2,
       });
     }
+  });
+  it('keys people whose id, read by the default lookup, ends with a word for nothing (li_nan); not a template beside its field (t1_null)', async () => {
+    orders = 0;
+    const orderNo = randomUUID();
+    const people = await Promise.all(['li-nan', 'zhang-nan'].map((user) => send(plain.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': user } })));
+    const again = await send(plain.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': 'zhang-nan' } });
+    const stored = [];
+    for (const user of ['alice-t1-null', 'bob-t1-null']) stored.push(await send(plain.url, '/joined-orders', { body: { orderNo }, headers: { 'x-user': user } }));
+    // Observed before: li_nan and zhang-nan 500 IDEMPOTENCY_USER_UNRESOLVED on every call.
+    expect({
+      people: [...people, again].map((r) => r.status),
+      again: [replayed(again), JSON.parse(again.text).orderOf],
+      stored: stored.map(codeOf),
+      orders,
+    }).toEqual({
+      people: [201, 201, 201],
+      again: [true, 'zhang-nan'],
+      stored: ['IDEMPOTENCY_USER_UNRESOLVED', 'IDEMPOTENCY_USER_UNRESOLVED'],
+      orders: 2,
+    });
   });
 });
 
@@ -406,4 +432,24 @@ describe('idText', () => {
     ['{"tenantId":"t1","userId":null}', { tenantId: 't1' }, undefined],
     ['https://id.example.com/users/42', { sub: 'https://id.example.com/users/42', iss: 'https://id.example.com/' }, 'https://id.example.com/users/42'],
   ])('%p with user %j is %p', (id, user, expected) => expect(idText(id, () => user)).toBe(expected));
+
+  // Session 22: an id read as the user's field holds it (the default lookup) is the user's where
+  // the word follows `_-./` or a space with no field of the user beside it: people named Nan.
+  // Between `:|#,;`, or beside a field the user holds, it is still a template's output stored.
+  it.each<[string, object, string | undefined, string | undefined]>([
+    ['li_nan', { id: 'li_nan' }, 'li_nan', undefined],
+    ['zhang-nan', { sub: 'zhang-nan' }, 'zhang-nan', undefined],
+    ['wang.nan', { id: 'wang.nan', name: 'Wang Nan' }, 'wang.nan', undefined],
+    ['dev-null', { id: 'dev-null' }, 'dev-null', undefined],
+    ['li-nan-88', { id: 'li-nan-88' }, 'li-nan-88', undefined],
+    ['t1_null', { id: 't1_null', tenant: 't1' }, undefined, undefined],
+    ['t1-null-eu', { id: 't1-null-eu', region: 'eu' }, undefined, undefined],
+    ['eu_t1_null', { id: 'eu_t1_null', tenantId: 't1' }, undefined, undefined],
+    ['7-NaN', { id: '7-NaN', tenantId: 7 }, undefined, undefined],
+    ['t1:null', { id: 't1:null' }, undefined, undefined],
+    ['["li",null]', { id: '["li",null]' }, undefined, undefined],
+    ['li_nan:undefined', { id: 'li_nan:undefined' }, undefined, undefined],
+  ])('%p with user %j is %p read as a field, %p from a getUser', (id, user, asField, asTemplate) => {
+    expect([idText(id, () => user, 'field'), idText(id, () => user)]).toEqual([asField, asTemplate]);
+  });
 });

@@ -12,7 +12,7 @@ import type {
 } from './idempotency.options.js';
 import type { HttpRequest } from './interceptors/http-request.js';
 import type { SkippedMessageHandler } from './messages/skipped-message.js';
-import { userObjectOf } from './interceptors/key-user.js';
+import { userObjectOf, type IdReading } from './interceptors/key-user.js';
 import { resolveLocalCache } from './stores/local-cache/local-cache-options.js';
 
 /** Whether the answer to a handler's error, of this status, is saved (only asked for 400-499). */
@@ -29,6 +29,8 @@ export interface ResolvedIdempotencyOptions {
   replayHeaders: readonly string[];
   ignoreFields: readonly string[];
   getUser: (ctx: ExecutionContext) => IdempotencyUserId | undefined;
+  /** `'field'` for the default `getUser`, which gives the id a field of the user holds; `'template'` for the app's own. */
+  userIdReading: IdReading;
   anonymous: AnonymousPolicy;
   maxResponseBytes: number;
   required: boolean;
@@ -87,6 +89,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
       .filter((name) => name !== 'set-cookie'),
     ignoreFields: options.ignoreFields ?? [],
     getUser: options.getUser ?? ((ctx) => defaultGetUser(ctx, userLocation)),
+    userIdReading: options.getUser === undefined ? 'field' : 'template',
     anonymous: options.anonymous ?? DEFAULTS.anonymous,
     maxResponseBytes: options.maxResponseBytes ?? DEFAULTS.maxResponseBytes,
     required: options.required ?? DEFAULTS.required,

@@ -127,12 +127,12 @@ function keyUser(user: IdempotencyRecordUser): KeyUser {
     // `{ parts }` as the guard makes it: two or more non-empty texts (one part is a plain id).
     const parts = (user as { parts?: unknown }).parts;
     if (parts === undefined) return user as KeyUser;
-    const keyed = Array.isArray(parts) && parts.length > 1 ? userOfId(parts, undefined, true) : undefined;
+    const keyed = Array.isArray(parts) && parts.length > 1 ? userOfId(parts, undefined, 'plain') : undefined;
     if (keyed === undefined) throw new IdempotencyError(`IdempotencyAdmin: ${JSON.stringify(user)} is not a user the guard keys by`);
     return keyed;
   }
   // '' is a message's user (they have none); an HTTP user id is never empty.
-  const keyed = user === '' ? { id: '' } : userOfId(user, undefined, true);
+  const keyed = user === '' ? { id: '' } : userOfId(user, undefined, 'plain');
   if (keyed === undefined) throw new IdempotencyError(`IdempotencyAdmin: ${String(user)} is not a user id the guard keys by`);
   return keyed;
 }

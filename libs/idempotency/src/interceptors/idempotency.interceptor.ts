@@ -211,7 +211,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
   private userOf(ctx: ExecutionContext, route: GuardedRoute): KeyUser | undefined {
     if (ctx.getType() === 'rpc') return MESSAGE_USER;
     const req = ctx.getArgByIndex<HttpRequest>(0);
-    const user = requestUser(this.getUser(ctx), req, this.options.anonymous, this.options.userLocation.properties);
+    // A subclass's own getUser may write its id from several fields, as the module's may.
+    const reading = this.getUser === IdempotencyInterceptor.prototype.getUser ? this.options.userIdReading : 'template';
+    const user = requestUser(this.getUser(ctx), req, this.options.anonymous, this.options.userLocation.properties, reading);
     if (user && ('ip' in user || 'anonymous' in user)) {
       const credentials = req.headers.authorization !== undefined ? 'an Authorization header' : hasSession(req) ? 'a session' : undefined;
       if (credentials) {

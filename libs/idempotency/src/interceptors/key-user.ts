@@ -3,6 +3,13 @@ import type { AnonymousPolicy } from '../idempotency.options.js';
 import type { KeyUser } from '../keys/storage-key.js';
 import type { HttpRequest } from './http-request.js';
 
+/**
+ * How a user id was read: `'template'`, from the app's `getUser` (which may write it from several
+ * fields); `'field'`, as a field of the user holds it (the default lookup: `request.user.id`, else
+ * `.sub`, the id the app keys its own data by).
+ */
+export type IdReading = 'template' | 'field';
+
 /** A message's user: messages have none, so the user segment of their keys is empty (an HTTP request's never is). */
 export const MESSAGE_USER: KeyUser = Object.freeze({ id: '' });
 
@@ -12,8 +19,14 @@ export const MESSAGE_USER: KeyUser = Object.freeze({ id: '' });
  * as `'client-key'` does). `undefined` for an authenticated request without a usable id:
  * it is refused, never keyed by address (which many users can share).
  */
-export function requestUser(id: unknown, req: HttpRequest, anonymous: AnonymousPolicy, properties: readonly string[] = USER): KeyUser | undefined {
-  const user = userOfId(id, () => userObjectOf(req, properties));
+export function requestUser(
+  id: unknown,
+  req: HttpRequest,
+  anonymous: AnonymousPolicy,
+  properties: readonly string[] = USER,
+  reading: IdReading = 'template',
+): KeyUser | undefined {
+  const user = userOfId(id, () => userObjectOf(req, properties), reading);
   if (user !== undefined) return user;
   // A `getUser` giving the parts of an anonymous call's user gives a list of nothing.
   const none = id === undefined || id === null || id === '' || (Array.isArray(id) && id.every((part) => part === undefined || part === null));
@@ -102,30 +115,63 @@ const BARE_NOTHING = /^\s*(?:undefined|null|NULL|NaN|None|nil|\(null\)|\[object 
 const MAX_USER_TEXTS = 64;
 
 /**
- * Whether each `NOTHING_BETWEEN` match in `id` lies inside text the request's user object holds
- * (a string property of it, or of an object property one level down) that is only a part of the
- * id: then the id was made of the user's data around it, as `t1:Nan` of `${tenant}:${first}`. A
- * text as long as the id never vouches for it: that is where the id was read
- * (`request.user.id`), and a template's output stored there (Passport's `validate()` returning
- * `{ id: `${tid}:${uid}` }`) vouched for itself, and users merged (a session-21 helper). A field
- * that is only `null` or `undefined` vouches for nothing. Without a user object (a `getUser` that
- * reads a header) nothing is held. `NOTHING_ALWAYS` is never held.
+ * Whether each `NOTHING_BETWEEN` match in `id` is the user's: it lies inside text the request's
+ * user object holds (a string property of it, or of an object property one level down) that is
+ * only a part of the id, so the id was made of the user's data around it, as `t1:Nan` of
+ * `${tenant}:${first}`. A text as long as the id never vouches for it: that is where the id was
+ * read (`request.user.id`), and a template's output stored there (Passport's `validate()`
+ * returning `{ id: `${tid}:${uid}` }`) vouched for itself, and users merged (a session-21
+ * helper). A field that is only `null` or `undefined` vouches for nothing. Without a user object
+ * (a `getUser` that reads a header) nothing is held. `NOTHING_ALWAYS` is never held.
+ *
+ * An id read as the user's field holds (`reading` `'field'`: the default lookup, `request.user.id`
+ * or `.sub`, which the app keys its own data by) is the user's also where the word stands after
+ * `_`, `-`, `.`, `/` or a space with no field of the user beside it: `li_nan` and `zhang-nan`
+ * are people (the given name Nan), refused 500 on every call before; `t1_null` next to a tenant
+ * `t1` the user holds is still a template's output stored.
  */
-function heldByUser(id: string, shorterTexts: () => string[]): boolean {
-  const texts = shorterTexts();
-  if (texts.length === 0) return false;
+function vouchedFor(id: string, shorterTexts: () => string[], reading: IdReading): boolean {
   for (const match of id.matchAll(NOTHING_BETWEEN_ALL)) {
     const start = match.index;
     const end = start + match[0].length;
-    const held = texts.some((text) => {
-      for (let at = id.indexOf(text); at !== -1 && at <= start; at = id.indexOf(text, at + 1)) {
-        if (at + text.length >= end) return true;
-      }
-      return false;
-    });
-    if (!held) return false;
+    if (heldAround(id, start, end, shorterTexts())) continue;
+    if (reading === 'field' && !betweenMarks(id, start, end) && !besideHeldField(id, start, end, shorterTexts())) continue;
+    return false;
   }
   return true;
+}
+
+/** Whether one of `texts` holds `id`'s `[start, end)`, as a part of the id. */
+function heldAround(id: string, start: number, end: number, texts: readonly string[]): boolean {
+  return texts.some((text) => {
+    for (let at = id.indexOf(text); at !== -1 && at <= start; at = id.indexOf(text, at + 1)) {
+      if (at + text.length >= end) return true;
+    }
+    return false;
+  });
+}
+
+/** Whether a word at `[start, end)` stands between `:`, `|`, `#`, `,`, `;` (or JSON's brackets) or the id's ends: a template's filler, whoever holds what. */
+function betweenMarks(id: string, start: number, end: number): boolean {
+  return (start === 0 || MARK_BEFORE.test(id[start - 1]!)) && (end === id.length || MARK_AFTER.test(id[end]!));
+}
+const MARK_BEFORE = /[:|#,;[{]/;
+const MARK_AFTER = /[:|#,;\]}]/;
+
+/** Whether a word after a separator at `start - 1` has a field of the user's just before that separator, or (`t1-null-eu`) just after the same separator following it. */
+function besideHeldField(id: string, start: number, end: number, texts: readonly string[]): boolean {
+  if (start > 0 && fieldEndsAt(id, start - 1, texts)) return true;
+  return end < id.length && id[end] === id[start - 1] && fieldStartsAt(id, end + 1, texts);
+}
+
+/** Whether one of `texts` ends at `end` in `id`, after the id's start or a field's edge. */
+function fieldEndsAt(id: string, end: number, texts: readonly string[]): boolean {
+  return texts.some((text) => end - text.length >= 0 && id.startsWith(text, end - text.length) && (end === text.length || FIELD_EDGE.test(id[end - text.length - 1]!)));
+}
+
+/** Whether one of `texts` starts at `start` in `id`, before the id's end or a field's edge. */
+function fieldStartsAt(id: string, start: number, texts: readonly string[]): boolean {
+  return texts.some((text) => id.startsWith(text, start) && (start + text.length === id.length || FIELD_EDGE.test(id[start + text.length]!)));
 }
 
 /** The user object's texts, and those of its object properties, at most `MAX_USER_TEXTS` of each: as they are (an id is written from them verbatim). */
@@ -163,12 +209,12 @@ const NO_USER_OBJECT = () => undefined;
  * is a string that holds what a template writes for a missing field: `NOTHING_ALWAYS`, and
  * `NOTHING_BETWEEN` unless the request's user object holds it (`heldByUser`).
  */
-export function idText(id: unknown, userOf: () => unknown = NO_USER_OBJECT): string | undefined {
+export function idText(id: unknown, userOf: () => unknown = NO_USER_OBJECT, reading: IdReading = 'template'): string | undefined {
   if (typeof id !== 'string') return plainIdText(id);
   // The user object's texts shorter than the id, read once and only for a suspect id.
   let texts: string[] | undefined;
   const shorterTexts = () => (texts ??= shorterTextsOf(id, userOf()));
-  if (isNothing(id) || (NOTHING_BETWEEN.test(id) && !heldByUser(id, shorterTexts)) || emptyFieldAmongHeld(id, shorterTexts)) return undefined;
+  if (isNothing(id) || (NOTHING_BETWEEN.test(id) && !vouchedFor(id, shorterTexts, reading)) || emptyFieldAmongHeld(id, shorterTexts)) return undefined;
   return plainIdText(id);
 }
 
@@ -198,13 +244,9 @@ function emptyFieldAmongHeld(id: string, shorterTexts: () => string[]): boolean 
   const doubled = DOUBLED_SEPARATOR.exec(id);
   if (!lone && !doubled) return false;
   const texts = shorterTexts();
-  const fieldEndsAt = (end: number) =>
-    texts.some((text) => end - text.length >= 0 && id.startsWith(text, end - text.length) && (end === text.length || FIELD_EDGE.test(id[end - text.length - 1]!)));
-  const fieldStartsAt = (start: number) =>
-    texts.some((text) => id.startsWith(text, start) && (start + text.length === id.length || FIELD_EDGE.test(id[start + text.length]!)));
-  if (lone?.[2] !== undefined && fieldEndsAt(id.length - 1)) return true;
-  if (lone?.[1] !== undefined && fieldStartsAt(1)) return true;
-  return doubled !== null && (fieldEndsAt(doubled.index) || fieldStartsAt(doubled.index + 2));
+  if (lone?.[2] !== undefined && fieldEndsAt(id, id.length - 1, texts)) return true;
+  if (lone?.[1] !== undefined && fieldStartsAt(id, 1, texts)) return true;
+  return doubled !== null && (fieldEndsAt(id, doubled.index, texts) || fieldStartsAt(id, doubled.index + 2, texts));
 }
 
 /**
@@ -231,12 +273,13 @@ const MAX_ID_PARTS = 8;
 /**
  * The key user of what `getUser` gave: an id (see `idText`), or its parts, each as `partText`
  * takes it (a missing, empty or template-made part refuses the whole: it is no user); one part is
- * that part's id. `plain` reads both by their type alone (the admin: an operator names a user the
+ * that part's id. `'plain'` reads both by their type alone (the admin: an operator names a user the
  * guard keyed). `userOf` gives the request's user object, read only when an id needs it.
  */
-export function userOfId(id: unknown, userOf: () => unknown = NO_USER_OBJECT, plain = false): KeyUser | undefined {
+export function userOfId(id: unknown, userOf: () => unknown = NO_USER_OBJECT, reading: IdReading | 'plain' = 'template'): KeyUser | undefined {
+  const plain = reading === 'plain';
   if (!Array.isArray(id)) {
-    const text = plain ? plainIdText(id) : idText(id, userOf);
+    const text = plain ? plainIdText(id) : idText(id, userOf, reading);
     return text === undefined ? undefined : { id: text };
   }
   if (id.length === 0 || id.length > MAX_ID_PARTS) return undefined;
