@@ -61,7 +61,8 @@ export interface IdempotencyModuleOptions {
   /**
    * The longest a running handler keeps its claim, in seconds. Default 300. Past it the guard
    * stops renewing, and the key frees one lease later (logged and counted as a lost lease).
-   * Set it to `leaseSeconds` for a lease that is never renewed.
+   * Set it to `leaseSeconds` for a lease that is never renewed; a value below `leaseSeconds`
+   * counts as `leaseSeconds` (a claim always holds one whole lease).
    */
   maxHoldSeconds?: number;
   /**
