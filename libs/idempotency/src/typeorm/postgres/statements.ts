@@ -75,6 +75,18 @@ const NO_SUCH_STATEMENT = '26000';
  */
 const STATEMENT_EXISTS = '42P05';
 
+/**
+ * `could not serialize access` (40001) and `deadlock detected` (40P01): PostgreSQL rolled the
+ * statement's transaction back, and says to run it again. A statement of the store's own, alone
+ * in its transaction, meets them where the pool's sessions default to REPEATABLE READ or
+ * SERIALIZABLE (`default_transaction_isolation` set for the role, the database or the
+ * connection): concurrent claims of one key failed with 40001 on a healthy database, as an
+ * outage, and a fail-open route ran one key up to 6 times (an adversarial helper).
+ */
+const TRY_AGAIN = new Set(['40001', '40P01']);
+/** How many times a statement outside a transaction runs while PostgreSQL answers `TRY_AGAIN`. */
+const TRY_AGAIN_ATTEMPTS = 10;
+
 /** Statement names by SQL text: a digest of the text, so that one text has one name in every session. */
 const names = new Map<string, string>();
 /** Per connection, the texts whose prepared statement PostgreSQL refused, and how many times: they run under a new name. */
@@ -147,7 +159,7 @@ export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned, 
     logger.logQuery(sql, params, runner);
     const started = Date.now();
     try {
-      const raw = await prepared(client, sql, params, canRetry);
+      const raw = canRetry ? await tryingAgain(() => prepared(client, sql, params, true)) : await prepared(client, sql, params, false);
       const slowMs = dataSource.options.maxQueryExecutionTime;
       if (slowMs && Date.now() - started > slowMs) logger.logQuerySlow(Date.now() - started, sql, params, runner);
       return { records: raw.rows, affected: raw.rowCount ?? undefined };
@@ -166,6 +178,19 @@ export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned, 
       throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
     }
   };
+}
+
+/** Runs `statement` (alone in its transaction) again while PostgreSQL answers `TRY_AGAIN`, at most `TRY_AGAIN_ATTEMPTS` times. */
+async function tryingAgain<T>(statement: () => Promise<T>): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await statement();
+    } catch (error) {
+      if (!TRY_AGAIN.has(sqlStateOf(error) as string) || attempt >= TRY_AGAIN_ATTEMPTS) throw error;
+      // Statements racing on one row in lockstep can keep failing each other: a short random pause.
+      await new Promise((resolve) => setTimeout(resolve, Math.random() * attempt));
+    }
+  }
 }
 
 /** Runs `work` on the connection of `runner` (TypeORM's, with its own error listener). */
