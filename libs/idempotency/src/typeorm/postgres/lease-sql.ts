@@ -7,6 +7,12 @@
 /** `now()` plus the milliseconds in parameter `param` (e.g. `'$4'`): where a lease or a retention ends. */
 export const msFromNow = (param: string) => `now() + ${param}::float8 * interval '1 millisecond'`;
 
+/**
+ * The statement's own clock (`clock_timestamp()`) plus the milliseconds in parameter `param`: a
+ * retention set inside a longer transaction, whose `now()` is the transaction's start.
+ */
+export const msFromClock = (param: string) => `clock_timestamp() + ${param}::float8 * interval '1 millisecond'`;
+
 /** Milliseconds until row `r` expires, rounded up (zero or less once it has). */
 export const REMAINING_MS = `ceil(extract(epoch FROM r."expires_at" - now()) * 1000)::float8`;
 

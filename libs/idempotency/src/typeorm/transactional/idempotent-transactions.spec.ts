@@ -93,6 +93,19 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     expect(await record(key)).toMatchObject({ state: 'completed', status_code: 201, has_body: true, fingerprint: 'fp' });
   });
 
+  it('counts the retention from the save, not from the transaction\'s start: a retry right after a run longer than it replays', async () => {
+    const key = `slow:${randomUUID()}`;
+    const short = new IdempotentTransactions(dataSource, { retentionMs: 1_000 });
+    const work = async (manager: EntityManager) => {
+      await manager.query('SELECT pg_sleep(1.3)');
+      return pay(key)(manager);
+    };
+    const first = await short.run({ key, fingerprint: 'fp' }, work);
+    const again = await short.run({ key, fingerprint: 'fp' }, work);
+    // Observed before: ran, ran, 2 payments (the answer committed already expired).
+    expect({ statuses: [first.status, again.status], payments: await payments(key) }).toEqual({ statuses: ['ran', 'replayed'], payments: 1 });
+  });
+
   it("writes the guard store's row format: the store reads the answer, and its claim of the key replays it", async () => {
     const key = `format:${randomUUID()}`;
     const store = new PostgresIdempotencyStore(dataSource);

@@ -1,4 +1,4 @@
-import { heldBy, LEASE_RUNNING, msFromNow, REMAINING_MS } from '../postgres/lease-sql.js';
+import { heldBy, LEASE_RUNNING, msFromClock, REMAINING_MS } from '../postgres/lease-sql.js';
 
 /**
  * The statements of `IdempotentTransactions`, all run inside the caller's READ COMMITTED
@@ -79,7 +79,10 @@ SELECT false, l."state", l."fingerprint", l."status_code", l."body", l."has_body
   FROM live AS l`;
 
 /**
- * Turn the transaction's claim row into the completed record, with the answer and its retention.
+ * Turn the transaction's claim row into the completed record, with the answer and its retention,
+ * counted from this statement (`clock_timestamp()`), not from the transaction's start: a run
+ * longer than the retention committed an answer that had already expired, and a retry right
+ * after it ran the work again (an adversarial helper).
  * The fence (key, token, `processing`) always matches: the transaction holds the row's lock since
  * its claim. The record becomes visible only when the work's writes do, at COMMIT.
  *
@@ -89,5 +92,5 @@ SELECT false, l."state", l."fingerprint", l."status_code", l."body", l."has_body
 export const completeSql = (table: string) => `
 UPDATE ${table} AS r
    SET "state" = 'completed', "status_code" = $3, "headers" = $4::jsonb, "body" = $5, "has_body" = $6,
-       "body_encoding" = NULL, "unreplayable" = NULL, "expires_at" = ${msFromNow('$7')}
+       "body_encoding" = NULL, "unreplayable" = NULL, "expires_at" = ${msFromClock('$7')}
  WHERE ${heldBy('key', 'processing')}`;
