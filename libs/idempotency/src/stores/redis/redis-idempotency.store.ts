@@ -74,6 +74,8 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   private readonly watchers = new SettleWatchers();
   private subscriber: Redis | Cluster | undefined;
   private subscribing: Promise<void> | undefined;
+  /** The first connection while it is being made (`firstConnection`). */
+  private connecting: Promise<void> | undefined;
   /** The store's own bound on each command, for a client that has none (see `ownDeadlineMs`). */
   private readonly deadlineMs: number | undefined;
   /** The store's client as its commands' bounds see it: when a command left, and what came back since. */
@@ -229,7 +231,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
    * Redis's eviction policy; never fails start-up.
    */
   async onModuleInit(): Promise<void> {
-    await this.ready();
+    await this.firstConnection();
     // A Redis that comes up later is checked when the client first gets ready.
     if ((this.client.status as string) === 'ready') await this.checkServer();
     else this.client.once('ready', () => void this.checkServer());
@@ -285,6 +287,20 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     }
   }
 
+  /**
+   * The first connection of a client not connected yet (the module's is lazy, see createStore),
+   * made once, from `onModuleInit` or from the first command, whichever comes first: a hybrid
+   * app's microservices take messages before the module's init hooks run
+   * (`startAllMicroservices()` before `listen()`, as Nest's docs order them), and each of those
+   * commands failed at once on the unconnected client, as an outage: under fail-open a backlog of
+   * one message's copies ran it 11 to 20 times (an adversarial helper). Bounded as `ready` is.
+   */
+  private firstConnection(): Promise<void> {
+    return (this.connecting ??= this.ready().finally(() => {
+      this.connecting = undefined;
+    }));
+  }
+
   private async ready(): Promise<void> {
     if (this.client.status === 'ready') return;
     // A client the module opened is created lazily (see createStore); a failed first connection
@@ -325,6 +341,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
 
   /** Runs a command (bounded), and names what failed. */
   private async run<T>(command: () => Promise<T>, extraMs = 0): Promise<T> {
+    if (this.client.status === 'wait' || this.connecting !== undefined) await this.firstConnection();
     try {
       return await this.bounded(command(), extraMs);
     } catch (error) {

@@ -1,0 +1,73 @@
+// A hybrid app started as Nest's docs show it: `connectMicroservice()`, `startAllMicroservices()`,
+// then `listen()`. The microservices take messages from `startAllMicroservices()` on, before the
+// module's init hooks run (they run in `listen()`), and the Redis client the module opens was
+// connected only in its `onModuleInit`: each command failed at once, as an outage, and under the
+// default fail-open a backlog of one message's copies ran it 11 to 20 times (an adversarial helper).
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Controller, Module, type INestApplication } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { ClientProxyFactory, MessagePattern, Payload, Transport, type ClientProxy } from '@nestjs/microservices';
+import { randomUUID } from 'node:crypto';
+import { createServer, type AddressInfo } from 'node:net';
+import { firstValueFrom } from 'rxjs';
+import { IdempotencyModule, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { REDIS_URL } from './support/services.js';
+
+let runs = 0;
+
+@Controller()
+class PaymentsController {
+  @MessagePattern('pay')
+  @NoRepeatSubmit({ idempotentKey: '#data.paymentId' })
+  async pay(@Payload() data: { paymentId: string }) {
+    runs++;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    return { paid: data.paymentId };
+  }
+}
+
+@Module({
+  imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL }, keyPrefix: `hybrid${randomUUID().slice(0, 8)}` })],
+  controllers: [PaymentsController],
+})
+class HybridModule {}
+
+/** A free TCP port on the loopback. */
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+describe('a hybrid app: messages before listen()', () => {
+  let app: INestApplication;
+  let client: ClientProxy;
+  let port: number;
+  beforeAll(async () => {
+    port = await freePort();
+    app = await NestFactory.create(HybridModule, { logger: false });
+    app.connectMicroservice({ transport: Transport.TCP, options: { host: '127.0.0.1', port } });
+    await app.startAllMicroservices();
+    client = ClientProxyFactory.create({ transport: Transport.TCP, options: { host: '127.0.0.1', port } });
+    await client.connect();
+  });
+  afterAll(async () => {
+    client?.close();
+    await app?.close();
+  });
+
+  it('runs a message sent 20 times at once once, before the app listens', async () => {
+    runs = 0;
+    const paymentId = randomUUID();
+    const answers = await Promise.allSettled(Array.from({ length: 20 }, () => firstValueFrom(client.send('pay', { paymentId }))));
+    const settled = answers.map((a) => (a.status === 'fulfilled' ? 'answered' : 'refused'));
+    // Observed before: 20 runs ("idempotency store unavailable ... running unguarded").
+    expect({ runs, answered: settled.filter((s) => s === 'answered').length >= 1 }).toEqual({ runs: 1, answered: true });
+    // The app's listen() then runs the module's init hooks on the connected store.
+    await app.listen(0, '127.0.0.1');
+    const again = await firstValueFrom(client.send('pay', { paymentId }));
+    expect({ again, runs }).toEqual({ again: { paid: paymentId }, runs: 1 });
+  });
+});
