@@ -19,7 +19,12 @@ export class TcpProxy {
    */
   swallowRequest: ((chunk: Buffer, cut: () => void) => boolean) | undefined;
 
-  constructor(private readonly target: { host: string; port: number }) {}
+  constructor(private target: { host: string; port: number }) {}
+
+  /** Connections from now on go to `target` (a DNS name's flip); open ones stay where they are. */
+  retarget(target: { host: string; port: number }): void {
+    this.target = target;
+  }
 
   async start(): Promise<this> {
     this.server = createServer((client) => {

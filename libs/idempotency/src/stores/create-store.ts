@@ -21,7 +21,20 @@ export const REDIS_CLIENT_DEFAULTS: RedisOptions = Object.freeze({
   connectTimeout: DEFAULTS.redisConnectTimeoutMs,
   enableOfflineQueue: false,
   maxRetriesPerRequest: 0,
+  reconnectOnError: reconnectOnReadOnly,
 });
+
+/**
+ * A `READONLY` answer: the server the connection reached is a replica now (a failover promoted
+ * another and demoted it, behind one address: a DNS name, a managed Redis's endpoint). The
+ * connection reconnects, to the address's new primary; the command that met it fails (the
+ * outage policy answers that request). Kept on the old connection, every claim failed for good:
+ * under fail-open every new key ran once per instance, under fail-closed every one got 503
+ * (an adversarial helper).
+ */
+function reconnectOnReadOnly(error: Error): boolean {
+  return /\bREADONLY\b/.test(error.message);
+}
 
 /**
  * Builds the store the module options describe, behind the local cache when `localCache` asks

@@ -3,6 +3,8 @@ import type { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { startRedisServer, type RedisServer } from '../../../../../test/support/redis-server.js';
 import { connectRedis } from '../../../../../test/support/services.js';
+import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
+import { createStore } from '../create-store.js';
 import { IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
 
@@ -57,5 +59,54 @@ describe('RedisIdempotencyStore with waitForReplicas (a primary and a replica th
       IdempotencyStoreError,
     );
     expect(await client.exists(key)).toBe(0);
+  });
+});
+
+// A failover behind one address (a DNS name, a managed Redis's endpoint): the replica promoted,
+// the old primary made its replica, the address now leading to the new primary. The client the
+// module opened stayed on its connection to the old primary, and every claim failed READONLY for
+// good (an adversarial helper: every new key ran once per instance under fail-open, 503 under
+// fail-closed, 40 s on).
+describe('the client the module opens, across a failover behind one address', () => {
+  let first: RedisServer;
+  let second: RedisServer;
+  let proxy: TcpProxy;
+  beforeAll(async () => {
+    first = await startRedisServer();
+    second = await startRedisServer(undefined, ['--replicaof', '127.0.0.1', String(first.port)]);
+    proxy = await new TcpProxy({ host: '127.0.0.1', port: first.port }).start();
+  }, 30_000);
+  afterAll(async () => {
+    await proxy?.stop();
+    await second?.kill();
+    await first?.kill();
+  });
+
+  it('claims on the new primary once a command has met READONLY', async () => {
+    const store = (await createStore({ store: { redis: proxy.url } })) as RedisIdempotencyStore;
+    await store.onModuleInit();
+    try {
+      expect((await store.claim({ key: `before:${randomUUID()}`, token: 't', fingerprint: '', leaseMs: 60_000 })).status).toBe('acquired');
+      const promoted = await connectRedis(second.url);
+      const demoted = await connectRedis(first.url);
+      await promoted.replicaof('NO', 'ONE');
+      proxy.retarget({ host: '127.0.0.1', port: second.port });
+      await demoted.replicaof('127.0.0.1', String(second.port));
+      promoted.disconnect();
+      demoted.disconnect();
+      const outcomes: string[] = [];
+      for (let i = 0; i < 20; i++) {
+        const claim = store.claim({ key: `after:${randomUUID()}`, token: 't', fingerprint: '', leaseMs: 60_000 });
+        outcomes.push(await claim.then((r) => r.status, (error: Error) => (/READONLY/.test(error.message) ? 'readonly' : 'failed')));
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+      // Observed before: readonly × 20.
+      expect({ readonly: outcomes.filter((o) => o === 'readonly').length <= 1, last: outcomes.slice(-10) }).toEqual({
+        readonly: true,
+        last: Array(10).fill('acquired'),
+      });
+    } finally {
+      await store.onApplicationShutdown();
+    }
   });
 });
