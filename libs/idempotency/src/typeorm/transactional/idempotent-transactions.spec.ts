@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { Exclude, Expose, instanceToPlain } from 'class-transformer';
 import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
 import { Column, DataSource, Entity, PrimaryGeneratedColumn, type DataSourceOptions, type EntityManager } from 'typeorm';
@@ -24,6 +25,18 @@ class Payment {
 
   @Column({ name: 'created_at', type: 'timestamptz', default: () => 'now()' })
   createdAt!: Date;
+}
+
+/** An account as the app's global ClassSerializerInterceptor sends it: never its password hash. */
+class AccountView {
+  id!: number;
+  email!: string;
+  @Exclude()
+  passwordHash!: string;
+
+  constructor(fields: AccountView) {
+    Object.assign(this, fields);
+  }
 }
 
 /** A promise the test opens when it chooses: holds a transaction open at a known point. */
@@ -104,6 +117,29 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     const again = await short.run({ key, fingerprint: 'fp' }, work);
     // Observed before: ran, ran, 2 payments (the answer committed already expired).
     expect({ statuses: [first.status, again.status], payments: await payments(key) }).toEqual({ statuses: ['ran', 'replayed'], payments: 1 });
+  });
+
+  // The record commits before Nest's ClassSerializerInterceptor sees the body: JSON.stringify
+  // sent, replayed and saved an @Exclude()d password hash (an adversarial helper).
+  it("answers, replays and saves the body as class-transformer makes it (@Exclude() holds); serialize gives the app's own options", async () => {
+    const key = `account:${randomUUID()}`;
+    const work = async () => ({ statusCode: 201, body: new AccountView({ id: 7, email: 'a@b', passwordHash: 'bcrypt$SECRET' }) });
+    const first = await transactions.run({ key }, work);
+    const again = await transactions.run({ key }, work);
+    // Observed before: the hash in the answer, the replay and the record.
+    expect({ first: first.status === 'ran' && first.body, again: again.status === 'replayed' && again.body, saved: (await record(key)).body }).toEqual({
+      first: { id: 7, email: 'a@b' },
+      again: { id: 7, email: 'a@b' },
+      saved: JSON.stringify({ id: 7, email: 'a@b' }),
+    });
+    class Exposed {
+      @Expose() id = 8;
+      email = 'c@d';
+    }
+    const exposing = new IdempotentTransactions(dataSource, { serialize: (body) => instanceToPlain(body, { excludeExtraneousValues: true }) });
+    const only = await exposing.run({ key: `exposed:${randomUUID()}` }, async () => ({ body: new Exposed() }));
+    expect(only.status === 'ran' && only.body).toEqual({ id: 8 });
+    expect(() => new IdempotentTransactions(dataSource, { serialize: 'instanceToPlain' as never })).toThrow(IdempotencyConfigError);
   });
 
   it("writes the guard store's row format: the store reads the answer, and its claim of the key replays it", async () => {

@@ -15,7 +15,7 @@
 import { Logger, type FactoryProvider, type InjectionToken } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { DataSource, type EntityManager, type QueryRunner } from 'typeorm';
-import { IDEMPOTENCY_DEFAULTS, IdempotencyError, IdempotencyKeyError, IdempotencyStoreError } from '../../index.js';
+import { IDEMPOTENCY_DEFAULTS, IdempotencyConfigError, IdempotencyError, IdempotencyKeyError, IdempotencyStoreError } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from '../store/idempotency-record.entity.js';
 import { recordKey } from '../store/record-key.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
@@ -24,10 +24,19 @@ import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statement
 import { qualifiedTable } from '../postgres/table-name.js';
 import type { IdempotentAnswer, IdempotentRunInput, IdempotentRunResult } from './idempotent-run.js';
 import { boundWaitSql, claimSql, completeSql, restoreWaitSql } from './idempotent-transactions.sql.js';
+import { serializerOf, type SerializeBody } from './plain-body.js';
 
 export interface IdempotentTransactionsOptions {
-  /** How long a completed record is replayed, in milliseconds, from its transaction's start. Default 3,600,000 (the guard's `expireSeconds`). */
+  /** How long a completed record is replayed, in milliseconds, from its save. Default 3,600,000 (the guard's `expireSeconds`). */
   retentionMs?: number;
+  /**
+   * Makes the work's body what the client sees, before it is saved (as JSON) and answered. The
+   * record commits before Nest's `ClassSerializerInterceptor` sees the body, so by default the body
+   * goes through class-transformer's `instanceToPlain` (`@Exclude()` holds), where the app has
+   * class-transformer. Give the serializer's own options here when it has some:
+   * `(body) => instanceToPlain(body, { excludeExtraneousValues: true })`.
+   */
+  serialize?: (body: unknown) => unknown;
   /**
    * How long a duplicate waits for the transaction that holds its key, in milliseconds, before
    * it answers `in_progress` (sooner when the app's `statement_timeout` is shorter). The waiting
@@ -114,6 +123,7 @@ export class IdempotentTransactions {
   private readonly sql: Record<'claim' | 'complete', string>;
   private readonly statement: RunStatement;
   private readonly purge: ExpiredRowsPurge;
+  private readonly serialize: SerializeBody | undefined;
 
   constructor(
     readonly dataSource: DataSource,
@@ -124,6 +134,10 @@ export class IdempotentTransactions {
     // lock_timeout counts whole milliseconds, and 0 would mean no bound at all.
     this.lockTimeoutMs = Math.ceil(positiveMs('IdempotentTransactions', 'lockTimeoutMs', options.lockTimeoutMs ?? DEFAULT_LOCK_TIMEOUT_MS));
     this.statement = statementRunner(dataSource);
+    if (options.serialize !== undefined && typeof options.serialize !== 'function') {
+      throw new IdempotencyConfigError(`IdempotentTransactions: serialize must be a function (got ${typeof options.serialize})`);
+    }
+    this.serialize = options.serialize;
     const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, schema);
     this.sql = { claim: claimSql(table), complete: completeSql(table) };
     this.purge = new ExpiredRowsPurge({ run: this.statement, table, idColumn: 'key', logger: this.logger, what: 'idempotency records' });
@@ -155,7 +169,8 @@ export class IdempotentTransactions {
         return claim as IdempotentRunResult<T>;
       }
       const { statusCode = 200, body } = await work(runner.manager);
-      const text = body === undefined ? undefined : JSON.stringify(body);
+      const serialize = await serializerOf(this.serialize);
+      const text = body === undefined ? undefined : JSON.stringify(serialize ? serialize(body) : body);
       const params = [key, token, statusCode, JSON_HEADERS, text ?? null, text !== undefined, this.retentionMs];
       if ((await this.statement(this.sql.complete, params, runner)).affected !== 1) {
         throw new IdempotencyStoreError(`The claim of ${JSON.stringify(input.key)} was lost inside its transaction`);
