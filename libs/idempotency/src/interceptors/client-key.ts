@@ -63,8 +63,16 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
   return clientKey;
 }
 
-/** Whether the request carried the header on more than one line (Node's `headersDistinct`; Fastify's on its Node.js request). */
+/**
+ * Whether the request carried the header on more than one line (Node's `headersDistinct`; Fastify's
+ * on its Node.js request). HTTP/2's compatibility request has no `headersDistinct`: its
+ * `rawHeaders` tell (two lines joined as `a, b` were taken for one key, an adversarial helper).
+ */
 function sentMoreThanOnce(req: HttpRequest, name: string): boolean {
-  const node = ('raw' in req ? (req as { raw: unknown }).raw : req) as { headersDistinct?: Record<string, string[] | undefined> };
-  return (node.headersDistinct?.[name]?.length ?? 0) > 1;
+  const node = ('raw' in req ? (req as { raw: unknown }).raw : req) as { headersDistinct?: Record<string, string[] | undefined>; rawHeaders?: string[] };
+  if (node.headersDistinct) return (node.headersDistinct[name]?.length ?? 0) > 1;
+  let lines = 0;
+  const raw = node.rawHeaders ?? [];
+  for (let i = 0; i < raw.length; i += 2) if (raw[i]!.toLowerCase() === name && ++lines > 1) return true;
+  return false;
 }
