@@ -1,5 +1,6 @@
 import { describe, expect, it, jest } from '@jest/globals';
 import type { ExecutionContext } from '@nestjs/common';
+import { TcpContext } from '@nestjs/microservices';
 import { settleRmqMessage, type SkippedMessage } from './skipped-message.js';
 
 /**
@@ -34,6 +35,13 @@ describe('settleRmqMessage', () => {
   it('acks a message whose sender was answered "in progress" or "unavailable"', () => {
     expect(settle({ reason: 'in_progress', answered: true, retryAfterMs: 900 })).toEqual(['ack']);
     expect(settle({ reason: 'store_unavailable', answered: true })).toEqual(['ack']);
+  });
+
+  // A hybrid app (RMQ and TCP) with it module-wide: each skipped TCP message logged
+  // "getChannelRef is not a function" (an adversarial helper).
+  it("leaves another transport's message to its transport (a hybrid app's TCP)", () => {
+    const ctx = { switchToRpc: () => ({ getContext: () => new TcpContext([{} as never, 'pay']) }) } as unknown as ExecutionContext;
+    expect(() => settleRmqMessage(ctx, { reason: 'replayed', answered: true })).not.toThrow();
   });
 
   it('requeues an event after a pause: the lease left within 0.1 to 2 s, or 1 s after an outage', () => {

@@ -56,10 +56,13 @@ const REQUEUE_OUTAGE_MS = 1000;
  *   `waitForResultMs`.
  *
  * Never use it with `noAck: true` (the default): the broker then closes the channel on an ack
- * of a message it did not wait for.
+ * of a message it did not wait for. Messages of other transports (a hybrid app's TCP) are left
+ * to their transport: each such message logged "getChannelRef is not a function" (an adversarial helper).
  */
 export const settleRmqMessage: SkippedMessageHandler = (ctx, { reason, answered, retryAfterMs }) => {
-  const rmq = ctx.switchToRpc().getContext<{ getChannelRef(): RmqChannel; getMessage(): unknown }>();
+  const rmq = ctx.switchToRpc().getContext<{ getChannelRef?(): RmqChannel; getMessage(): unknown } | undefined>();
+  // A message of another transport in the same app (a hybrid app's TCP, Redis): its transport settles it.
+  if (typeof rmq?.getChannelRef !== 'function') return;
   const channel = rmq.getChannelRef();
   const message = rmq.getMessage();
   if (reason === 'rejected') return channel.nack(message, false, false);
