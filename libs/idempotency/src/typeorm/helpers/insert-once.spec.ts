@@ -40,6 +40,16 @@ class Booking {
   createdAt!: Date;
 }
 
+/** Its unique code checked at COMMIT (`DEFERRABLE INITIALLY DEFERRED`, made by SQL in the test). */
+@Entity({ name: 'tickets', synchronize: false })
+class Ticket {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @Column({ type: 'text' })
+  code!: string;
+}
+
 /** A partitioned table (made by SQL in the test): PostgreSQL names the partition in its errors. */
 @Entity({ name: 'regional_events', synchronize: false })
 class RegionalEvent {
@@ -172,7 +182,7 @@ describe('insertOnce (PostgreSQL)', () => {
 
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
-      entities: [Booking, AuditLine, RegionalEvent, Pass, Voucher, GiftCard],
+      entities: [Booking, AuditLine, RegionalEvent, Pass, Voucher, GiftCard, Ticket],
       subscribers: [DomainEvents, AuditTrail, VoucherAudit],
       extra: { max: 30 },
       synchronize: true,
@@ -540,6 +550,23 @@ describe('insertOnce (PostgreSQL)', () => {
 
   // The violation names the partition (regional_events_eu), not the entity's table: a duplicate
   // all the same (an adversarial helper found a table-name check that rethrew it).
+  // A duplicate of a deferred unique constraint went through the INSERT: created was answered,
+  // and the COMMIT failed on every retry (an adversarial helper).
+  it('refuses a call in a transaction on a table whose unique constraint is checked at COMMIT; outside one, finds the row', async () => {
+    await dataSource.query(
+      `CREATE TABLE "${schema}".tickets (id serial PRIMARY KEY, code text NOT NULL, ` +
+        `CONSTRAINT uq_tickets_code UNIQUE (code) DEFERRABLE INITIALLY DEFERRED)`,
+    );
+    const repo = dataSource.getRepository(Ticket);
+    const byCode = () => ({ code: 'T1' });
+    const first = await insertOnce(repo, { code: 'T1' }, byCode);
+    expect(await insertOnce(repo, { code: 'T1' }, byCode)).toMatchObject({ created: false, entity: { id: first.entity.id } });
+    const inTransaction = dataSource.transaction((manager) => insertOnce(manager.getRepository(Ticket), { code: 'T1' }, byCode));
+    // Observed before: created true, then the COMMIT failed (duplicate key value violates uq_tickets_code).
+    await expect(inTransaction).rejects.toThrow(/uq_tickets_code is DEFERRABLE INITIALLY DEFERRED/);
+    expect(await repo.countBy({ code: 'T1' })).toBe(1);
+  });
+
   it('finds the existing row of a partitioned table, outside and inside a transaction', async () => {
     await dataSource.query(
       `CREATE TABLE "${schema}".regional_events (id serial, region text NOT NULL, ref text NOT NULL, ` +

@@ -59,8 +59,13 @@ export async function insertOnce<T extends ObjectLiteral>(
   const inTransaction = queryRunner !== undefined && (queryRunner.isTransactionActive || beganWithRawSql(queryRunner));
   try {
     const insert = () => repo.insert(entity as QueryDeepPartialEntity<T>);
+    // In its turn, so that the call keeps its place and its transaction (see underSavepoint).
+    const checkedInsert = async () => {
+      await refuseDeferredUnique(repo, queryRunner!);
+      return insert();
+    };
     const duplicate = (error: unknown) => uniqueViolationOf(error) !== undefined && isOwnInsert(repo, error);
-    const result = inTransaction ? await underSavepoint(queryRunner!, stateOf(queryRunner!).generation, insert, duplicate) : await insert();
+    const result = inTransaction ? await underSavepoint(queryRunner!, stateOf(queryRunner!).generation, checkedInsert, duplicate) : await insert();
     // Database defaults (generated id, created_at, version) come back through RETURNING.
     const generated = result.generatedMaps[0];
     if (generated) repo.merge(entity, generated as DeepPartial<T>);
@@ -73,6 +78,42 @@ export async function insertOnce<T extends ObjectLiteral>(
     if (!existing) throw error;
     return { created: false, entity: existing, constraint: violation.constraint };
   }
+}
+
+/** Per DataSource, per table: its unique constraints PostgreSQL checks only at COMMIT (`DEFERRABLE INITIALLY DEFERRED`). */
+const deferredUniqueOf = new WeakMap<DataSource, Map<string, Promise<string[]>>>();
+
+const DEFERRED_UNIQUE_SQL = `SELECT c.conname FROM pg_constraint AS c
+ WHERE c.conrelid = to_regclass(quote_ident(coalesce($1, current_schema())) || '.' || quote_ident($2))
+   AND c.contype IN ('u', 'p', 'x') AND c.condeferred`;
+
+/**
+ * Refuses a call in a transaction on a PostgreSQL table whose unique constraint is `DEFERRABLE
+ * INITIALLY DEFERRED`: its INSERT of a duplicate goes through, `created: true` is answered, and
+ * the violation comes at COMMIT, which then fails on every retry (an adversarial helper). Read
+ * once per table, on the call's own connection. Outside a transaction the INSERT's own commit
+ * checks the constraint, and the duplicate is found as usual.
+ */
+async function refuseDeferredUnique(repo: Repository<ObjectLiteral>, queryRunner: QueryRunner): Promise<void> {
+  const dataSource = repo.manager.connection;
+  if (dataSource.options.type !== 'postgres') return;
+  let tables = deferredUniqueOf.get(dataSource);
+  if (!tables) deferredUniqueOf.set(dataSource, (tables = new Map()));
+  const { schema, tableName, tablePath } = repo.metadata;
+  let deferred = tables.get(tablePath);
+  if (!deferred) {
+    const read = queryRunner.query(DEFERRED_UNIQUE_SQL, [schema ?? null, tableName]) as Promise<{ conname: string }[]>;
+    deferred = read.then((rows) => rows.map((row) => row.conname));
+    tables.set(tablePath, deferred);
+    deferred.catch(() => tables.delete(tablePath));
+  }
+  const names = await deferred;
+  if (names.length === 0) return;
+  throw new IdempotencyError(
+    `insertOnce: ${tablePath}'s unique constraint ${names.join(', ')} is DEFERRABLE INITIALLY DEFERRED, so in a transaction a ` +
+      'duplicate is refused only at COMMIT, after insertOnce answered created. Make it NOT DEFERRABLE or INITIALLY IMMEDIATE, ' +
+      'or call insertOnce outside a transaction',
+  );
 }
 
 /**
