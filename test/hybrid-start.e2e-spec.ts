@@ -3,10 +3,10 @@
 // module's init hooks run (they run in `listen()`), and the Redis client the module opens was
 // connected only in its `onModuleInit`: each command failed at once, as an outage, and under the
 // default fail-open a backlog of one message's copies ran it 11 to 20 times (an adversarial helper).
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Module, type INestApplication } from '@nestjs/common';
+import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Body, Controller, Logger, Module, Post, type INestApplication } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { ClientProxyFactory, MessagePattern, Payload, Transport, type ClientProxy } from '@nestjs/microservices';
+import { ClientProxyFactory, EventPattern, MessagePattern, Payload, Transport, type ClientProxy } from '@nestjs/microservices';
 import { randomUUID } from 'node:crypto';
 import { createServer, type AddressInfo } from 'node:net';
 import { firstValueFrom } from 'rxjs';
@@ -69,5 +69,49 @@ describe('a hybrid app: messages before listen()', () => {
     await app.listen(0, '127.0.0.1');
     const again = await firstValueFrom(client.send('pay', { paymentId }));
     expect({ again, runs }).toEqual({ again: { paid: paymentId }, runs: 1 });
+  });
+});
+
+// A class-level key expression for HTTP over a controller with an @EventPattern: every event was
+// refused as keyless and dropped, said only per message (an adversarial helper).
+@Controller('shipments')
+@NoRepeatSubmit({ idempotentKey: '#body.shipmentNo' })
+class ShipmentsController {
+  @Post()
+  create(@Body() body: { shipmentNo: string }) {
+    return body;
+  }
+
+  @EventPattern('shipment.created')
+  created(@Payload() data: unknown) {
+    return data;
+  }
+
+  @Post('labels')
+  @NoRepeatSubmit({ idempotentKey: '#data.labelNo' })
+  label(@Body() body: unknown) {
+    return body;
+  }
+}
+
+@Module({ imports: [IdempotencyModule.forRoot({})], controllers: [ShipmentsController] })
+class ShipmentsModule {}
+
+describe('key expressions that read where the calls carry none', () => {
+  it('are named at start-up: an HTTP root on a message handler, #data on an HTTP route', async () => {
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    const app = await NestFactory.create(ShipmentsModule, { logger: false });
+    try {
+      await app.init();
+      const said = warn.mock.calls.map((call) => String(call[0])).filter((text) => text.includes('key expression'));
+      // Observed before: nothing at start-up.
+      expect(said).toEqual([
+        expect.stringMatching(/^ShipmentsController\.created is a message handler, and its key expression #body\.shipmentNo reads the body field "shipmentNo"/),
+        expect.stringMatching(/^ShipmentsController\.label is an HTTP route, and its key expression #data\.labelNo reads a message's data/),
+      ]);
+    } finally {
+      warn.mockRestore();
+      await app.close();
+    }
   });
 });

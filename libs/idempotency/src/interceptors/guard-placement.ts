@@ -1,7 +1,8 @@
 import { Logger, type NestInterceptor, type OnApplicationBootstrap, type Type } from '@nestjs/common';
 import { APP_INTERCEPTOR, type ModulesContainer } from '@nestjs/core';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
-import { controllerMethods, guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
+import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
+import { describeKeyPath } from '../keys/key-expression.js';
 import { watchRouteMethod } from './handler-start.js';
 import { markMountedTwice } from './route-paths.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
@@ -66,8 +67,10 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
       }
       for (const { name: method, handler: declared, declaredOn } of controllerMethods(controller.prototype)) {
         const isHttpRoute = Reflect.hasMetadata(PATH_METADATA, declared);
-        const isRoute = isHttpRoute || Reflect.hasMetadata(PATTERN_METADATA, declared);
-        if (!isRoute || !guardedRouteMetadata(controller, declared)) continue;
+        const isMessageHandler = Reflect.hasMetadata(PATTERN_METADATA, declared);
+        const guarded = isHttpRoute || isMessageHandler ? guardedRouteMetadata(controller, declared) : undefined;
+        if (!guarded) continue;
+        sayIfKeyReadsElsewhere(logger, `${controller.name}.${method}`, guarded.key, isHttpRoute, isMessageHandler);
         const subclass = [...classInterceptors, ...interceptorsOf(declared)].find(isGuardSubclass);
         if (subclass) {
           throw new IdempotencyConfigError(
@@ -99,6 +102,36 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
     }
   }
   return { onApplicationBootstrap: () => checkGlobalGuards(modules, logger) };
+}
+
+/**
+ * Warns at start-up of a key expression that reads where the handler's calls never carry a key:
+ * an HTTP root (`#body`, `#headers`, ...) on a message handler, whose messages are `#data`, or
+ * `#data` on an HTTP route. A class-level `@NoRepeatSubmit({ idempotentKey: '#body.orderNo' })`
+ * over a controller with an `@EventPattern` refused every event as keyless, and each was dropped
+ * (an adversarial helper); said only per call before.
+ */
+function sayIfKeyReadsElsewhere(
+  logger: Logger,
+  name: string,
+  key: NoRepeatSubmitMetadata['key'],
+  isHttpRoute: boolean,
+  isMessageHandler: boolean,
+): void {
+  if (!('path' in key)) return;
+  const { root, expression } = key.path;
+  if (isMessageHandler && !isHttpRoute && root !== 'data') {
+    logger.warn(
+      `${name} is a message handler, and its key expression ${expression} reads ${describeKeyPath(key.path)} of an HTTP ` +
+        'request: no message carries a key there, so every message is refused as keyless. Read messages with #data (per method, ' +
+        'when a class-level @NoRepeatSubmit serves HTTP routes too).',
+    );
+  } else if (isHttpRoute && !isMessageHandler && root === 'data') {
+    logger.warn(
+      `${name} is an HTTP route, and its key expression ${expression} reads a message's data: no request carries a key there. ` +
+        'Read requests with #body, #headers, #query, #params or #user.',
+    );
+  }
 }
 
 const refuseGlobal = (named: string, how: string) =>
