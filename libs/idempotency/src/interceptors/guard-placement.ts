@@ -123,7 +123,8 @@ function sayIfKeyReadsElsewhere(
   if (isMessageHandler && !isHttpRoute && root !== 'data') {
     logger.warn(
       `${name} is a message handler, and its key expression ${expression} reads ${describeKeyPath(key.path)} of an HTTP ` +
-        'request: no message carries a key there, so every message is refused as keyless. Read messages with #data (per method, ' +
+        'request: no message carries a key there, so every message is refused as keyless (runs unguarded under required: false; ' +
+        'is keyed by its content under useRequestFingerprint). Read messages with #data (per method, ' +
         'when a class-level @NoRepeatSubmit serves HTTP routes too).',
     );
   } else if (isHttpRoute && !isMessageHandler && root === 'data') {

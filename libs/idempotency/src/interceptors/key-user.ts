@@ -126,20 +126,25 @@ const MAX_USER_TEXTS = 64;
  *
  * An id read as the user's field holds (`reading` `'field'`: the default lookup, `request.user.id`
  * or `.sub`, which the app keys its own data by) is the user's also where the word stands after
- * `_`, `-`, `.`, `/` or a space with no field of the user beside it: `li_nan` and `zhang-nan`
- * are people (the given name Nan), refused 500 on every call before; `t1_null` next to a tenant
- * `t1` the user holds is still a template's output stored.
+ * `_`, `-`, `.`, `/` or a space with no field of the user beside it, unless it is the word as a
+ * template writes it (`WRITTEN_FOR_NOTHING`): `li_nan` and `Zhang-Nan` are people (the given name
+ * Nan), refused 500 on every call before; `acme-null` (a stored `${org}-${uid}` over a missing
+ * uid, the org kept nowhere else: the review) and `t1_null` beside a tenant `t1` the user holds
+ * are still a template's output.
  */
 function vouchedFor(id: string, shorterTexts: () => string[], reading: IdReading): boolean {
   for (const match of id.matchAll(NOTHING_BETWEEN_ALL)) {
     const start = match.index;
     const end = start + match[0].length;
     if (heldAround(id, start, end, shorterTexts())) continue;
-    if (reading === 'field' && !betweenMarks(id, start, end) && !besideHeldField(id, start, end, shorterTexts())) continue;
+    if (reading === 'field' && !WRITTEN_FOR_NOTHING.test(match[0]) && !betweenMarks(id, start, end) && !besideHeldField(id, start, end, shorterTexts())) continue;
     return false;
   }
   return true;
 }
+
+/** The words as templates write them, in their case: JavaScript's `null` and `NaN`, Python's `None`, C's `(null)`. */
+const WRITTEN_FOR_NOTHING = /^(?:null|NaN|None|\(null\))$/;
 
 /** Whether one of `texts` holds `id`'s `[start, end)`, as a part of the id. */
 function heldAround(id: string, start: number, end: number, texts: readonly string[]): boolean {

@@ -129,8 +129,7 @@ export class StoreCalls {
 /** A held claim: its renewal while the handler runs, and the save or release that settles it. One object per call, no closures. */
 class Hold implements HeldClaim {
   readonly holdMs: number;
-  private readonly renewal: LeaseRenewal | undefined;
-  private readonly claimedAt = Date.now();
+  private readonly renewal: LeaseRenewal;
 
   constructor(
     private readonly calls: StoreCalls,
@@ -140,26 +139,69 @@ class Hold implements HeldClaim {
     private readonly uncertain: boolean,
     private readonly events: CallEvents | undefined,
   ) {
-    this.renewal = uncertain ? undefined : new LeaseRenewal(route.leaseMs, route.maxHoldMs, new RenewalHooks(calls, storageKey, token, route, events));
-    this.holdMs = this.renewal ? route.maxHoldMs : route.leaseMs;
+    const hooks = new RenewalHooks(calls, storageKey, token, route, events);
+    // A fail-open run's claim may have landed (its answer lost in the outage): renewed too, so
+    // that once the store is back it holds the key while the handler runs. Left to expire after
+    // one lease, it let a duplicate that came (and waited) once Redis was healthy run beside the
+    // first, every key of a burst (an adversarial helper). Quiet until a renewal says it landed.
+    this.uncertainHooks = uncertain ? new UncertainRenewalHooks(hooks, calls.logger, route.handler) : undefined;
+    this.renewal = new LeaseRenewal(route.leaseMs, route.maxHoldMs, this.uncertainHooks ?? hooks);
+    this.holdMs = route.maxHoldMs;
   }
 
-  /** Read only by `@LeaseSignal()`: the renewal makes its AbortController then. */
+  private readonly uncertainHooks: UncertainRenewalHooks | undefined;
+
+  /** Read only by `@LeaseSignal()`: the renewal makes its AbortController then. A fail-open run's never aborts: it holds no claim it knows of. */
   get signal(): AbortSignal {
-    return this.renewal?.signal ?? NEVER_ABORTED;
+    return this.uncertainHooks ? NEVER_ABORTED : this.renewal.signal;
   }
 
   save(response: SavedResponse): Promise<void> {
     this.events?.settled(); // handlerMs: the answer is ready; the save's round trip is a store_call
-    this.renewal?.stop();
-    const leaseEndsAt = this.renewal?.leaseEndsAt ?? this.claimedAt + this.route.leaseMs;
-    return this.calls.save(this.storageKey, this.token, response, this.route, leaseEndsAt, this.uncertain, this.events);
+    this.renewal.stop();
+    const uncertain = this.uncertain && !this.uncertainHooks?.landed;
+    return this.calls.save(this.storageKey, this.token, response, this.route, this.renewal.leaseEndsAt, uncertain, this.events);
   }
 
   release(): Promise<void> {
     this.events?.settled();
-    this.renewal?.stop();
+    this.renewal.stop();
     return this.calls.release(this.storageKey, this.token, this.route.handler, this.events);
+  }
+}
+
+/**
+ * The renewal of a claim a fail-open run may hold: the store's answer to the claim was lost. A
+ * renewal that lands says the claim landed: from then on it is the claim's, reported as any.
+ * Before that, a failed or refused renewal, and the lease ending, say only that it did not land
+ * (or not yet): logged at debug level (the outage was reported as `fail_open`).
+ */
+class UncertainRenewalHooks implements LeaseRenewalHooks {
+  landed = false;
+
+  constructor(
+    private readonly hooks: RenewalHooks,
+    private readonly logger: Logger,
+    private readonly handler: string,
+  ) {}
+
+  renew(): Promise<boolean> {
+    return this.hooks.renew();
+  }
+
+  renewed(): void {
+    this.landed = true;
+    this.hooks.renewed();
+  }
+
+  failed(error: unknown): void {
+    if (this.landed) this.hooks.failed(error);
+    else this.logger.debug(`${this.handler}: a fail-open run's claim could not be renewed (${(error as Error).message})`);
+  }
+
+  lost(why: string): void {
+    if (this.landed) this.hooks.lost(why);
+    else this.logger.debug(`${this.handler}: a fail-open run holds no claim (${why})`);
   }
 }
 

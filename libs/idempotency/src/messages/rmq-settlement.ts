@@ -17,6 +17,13 @@ type Channel = Record<PropertyKey, unknown> & { [MARKS]?: ChannelMarks };
 /** How a handler settled its own message: `nacked` (or rejected), `acked`, or not at all (undefined). */
 export type HandlerSettlement = 'nacked' | 'acked' | undefined;
 
+/** Nest's RabbitMQ context of a message, or undefined for another transport's (TCP, Redis, ...). */
+export function rmqContextOf(ctx: ExecutionContext): { getChannelRef(): unknown; getMessage(): unknown } | undefined {
+  const rmq = ctx.switchToRpc().getContext<{ getChannelRef?: unknown; getMessage?: unknown } | undefined>();
+  if (typeof rmq?.getChannelRef !== 'function' || typeof rmq.getMessage !== 'function') return undefined;
+  return rmq as { getChannelRef(): unknown; getMessage(): unknown };
+}
+
 /**
  * How the handler settled its own message, for Nest's RabbitMQ transport with manual
  * acknowledgement (`noAck: false`); undefined (no watch) for other transports. Such handlers
@@ -32,8 +39,8 @@ export type HandlerSettlement = 'nacked' | 'acked' | undefined;
  * still says the handler took its work for done).
  */
 export function watchRmqSettlement(ctx: ExecutionContext): (() => HandlerSettlement) | undefined {
-  const rmq = ctx.switchToRpc().getContext<{ getChannelRef?: unknown; getMessage?: unknown } | undefined>();
-  if (typeof rmq?.getChannelRef !== 'function' || typeof rmq.getMessage !== 'function') return undefined;
+  const rmq = rmqContextOf(ctx);
+  if (!rmq) return undefined;
   const channel: unknown = rmq.getChannelRef();
   const message: unknown = rmq.getMessage();
   if (!isObject(channel) || !isObject(message)) return undefined;

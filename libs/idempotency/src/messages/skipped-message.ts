@@ -1,4 +1,5 @@
 import type { ExecutionContext } from '@nestjs/common';
+import { rmqContextOf } from './rmq-settlement.js';
 
 /**
  * Why the guard answered a message without running its handler:
@@ -60,10 +61,10 @@ const REQUEUE_OUTAGE_MS = 1000;
  * to their transport: each such message logged "getChannelRef is not a function" (an adversarial helper).
  */
 export const settleRmqMessage: SkippedMessageHandler = (ctx, { reason, answered, retryAfterMs }) => {
-  const rmq = ctx.switchToRpc().getContext<{ getChannelRef?(): RmqChannel; getMessage(): unknown } | undefined>();
+  const rmq = rmqContextOf(ctx);
   // A message of another transport in the same app (a hybrid app's TCP, Redis): its transport settles it.
-  if (typeof rmq?.getChannelRef !== 'function') return;
-  const channel = rmq.getChannelRef();
+  if (!rmq) return;
+  const channel = rmq.getChannelRef() as RmqChannel;
   const message = rmq.getMessage();
   if (reason === 'rejected') return channel.nack(message, false, false);
   if (reason === 'replayed' || answered) return channel.ack(message);

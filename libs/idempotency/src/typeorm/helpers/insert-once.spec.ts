@@ -22,7 +22,8 @@ import {
   type TransactionRollbackEvent,
 } from 'typeorm';
 import { insertOnce } from './insert-once.js';
-import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
+import { createTestSchema, dropSchemaDataSource, dropTestSchema, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
+import { DATABASE_URL } from '../../../../../test/support/services.js';
 
 @Entity({ name: 'bookings' })
 @Index('uq_bookings_reference', ['reference'], { unique: true })
@@ -43,6 +44,16 @@ class Booking {
 /** Its unique code checked at COMMIT (`DEFERRABLE INITIALLY DEFERRED`, made by SQL in the test). */
 @Entity({ name: 'tickets', synchronize: false })
 class Ticket {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @Column({ type: 'text' })
+  code!: string;
+}
+
+/** The same, in a schema the entity does not name, found on the session's `search_path`. */
+@Entity({ name: 'path_tickets', synchronize: false })
+class PathTicket {
   @PrimaryGeneratedColumn()
   id!: number;
 
@@ -651,5 +662,29 @@ describe('insertOnce (PostgreSQL)', () => {
     }).catch((e: unknown) => e);
     expect((error as QueryFailedError<Error & { code: string }>).driverError.code).toBe('22001');
     expect(looked).toBe(false);
+  });
+});
+
+// The table on the search_path behind another schema: the check read current_schema() only, and
+// a duplicate was answered created (a helper, this session's second round).
+describe('insertOnce on a table the search_path finds in a later schema', () => {
+  const schema = testSchemaName();
+  let dataSource: DataSource;
+  beforeAll(async () => {
+    await createTestSchema(schema);
+    dataSource = new DataSource({ type: 'postgres', url: DATABASE_URL, entities: [PathTicket], extra: { options: `-c search_path=public,${schema}` } });
+    await dataSource.initialize();
+    await dataSource.query(`CREATE TABLE "${schema}".path_tickets (id serial PRIMARY KEY, code text NOT NULL, CONSTRAINT uq_path_tickets_code UNIQUE (code) DEFERRABLE INITIALLY DEFERRED)`);
+  });
+  afterAll(async () => {
+    await dataSource?.destroy();
+    await dropTestSchema(schema);
+  });
+
+  it('refuses it in a transaction as it refuses one the entity names', async () => {
+    await insertOnce(dataSource.getRepository(PathTicket), { code: 'P1' }, () => ({ code: 'P1' }));
+    const inTransaction = dataSource.transaction((manager) => insertOnce(manager.getRepository(PathTicket), { code: 'P1' }, () => ({ code: 'P1' })));
+    // Observed before: created true, then the COMMIT failed.
+    await expect(inTransaction).rejects.toThrow(/uq_path_tickets_code is DEFERRABLE INITIALLY DEFERRED/);
   });
 });

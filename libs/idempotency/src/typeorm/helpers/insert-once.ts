@@ -10,7 +10,7 @@ import type {
 } from 'typeorm';
 import { Logger } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { IdempotencyError } from '../../index.js';
+import { IdempotencyConfigError, IdempotencyError } from '../../index.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { findOnPrimary } from './find-on-primary.js';
 import { uniqueViolationOf, type UniqueViolation } from './unique-violation.js';
@@ -81,18 +81,20 @@ export async function insertOnce<T extends ObjectLiteral>(
 }
 
 /** Per DataSource, per table: its unique constraints PostgreSQL checks only at COMMIT (`DEFERRABLE INITIALLY DEFERRED`). */
-const deferredUniqueOf = new WeakMap<DataSource, Map<string, Promise<string[]>>>();
+const deferredUniqueOf = new WeakMap<DataSource, Map<string, string[]>>();
 
+/** $1 schema or NULL (the table as the INSERT finds it, on the `search_path`), $2 table. */
 const DEFERRED_UNIQUE_SQL = `SELECT c.conname FROM pg_constraint AS c
- WHERE c.conrelid = to_regclass(quote_ident(coalesce($1, current_schema())) || '.' || quote_ident($2))
+ WHERE c.conrelid = to_regclass(CASE WHEN $1::text IS NULL THEN quote_ident($2) ELSE quote_ident($1) || '.' || quote_ident($2) END)
    AND c.contype IN ('u', 'p', 'x') AND c.condeferred`;
 
 /**
  * Refuses a call in a transaction on a PostgreSQL table whose unique constraint is `DEFERRABLE
  * INITIALLY DEFERRED`: its INSERT of a duplicate goes through, `created: true` is answered, and
- * the violation comes at COMMIT, which then fails on every retry (an adversarial helper). Read
- * once per table, on the call's own connection. Outside a transaction the INSERT's own commit
- * checks the constraint, and the duplicate is found as usual.
+ * the violation comes at COMMIT, which then fails on every retry (an adversarial helper). Read on
+ * the call's own connection until one read answered (calls of other transactions never wait on
+ * it), then kept per table. Outside a transaction the INSERT's own commit checks the constraint,
+ * and the duplicate is found as usual. A constraint deferred by `SET CONSTRAINTS` is not seen.
  */
 async function refuseDeferredUnique(repo: Repository<ObjectLiteral>, queryRunner: QueryRunner): Promise<void> {
   const dataSource = repo.manager.connection;
@@ -100,16 +102,14 @@ async function refuseDeferredUnique(repo: Repository<ObjectLiteral>, queryRunner
   let tables = deferredUniqueOf.get(dataSource);
   if (!tables) deferredUniqueOf.set(dataSource, (tables = new Map()));
   const { schema, tableName, tablePath } = repo.metadata;
-  let deferred = tables.get(tablePath);
-  if (!deferred) {
-    const read = queryRunner.query(DEFERRED_UNIQUE_SQL, [schema ?? null, tableName]) as Promise<{ conname: string }[]>;
-    deferred = read.then((rows) => rows.map((row) => row.conname));
-    tables.set(tablePath, deferred);
-    deferred.catch(() => tables.delete(tablePath));
+  let names = tables.get(tablePath);
+  if (!names) {
+    const rows = (await queryRunner.query(DEFERRED_UNIQUE_SQL, [schema ?? null, tableName])) as { conname: string }[];
+    names = rows.map((row) => row.conname);
+    tables.set(tablePath, names);
   }
-  const names = await deferred;
   if (names.length === 0) return;
-  throw new IdempotencyError(
+  throw new IdempotencyConfigError(
     `insertOnce: ${tablePath}'s unique constraint ${names.join(', ')} is DEFERRABLE INITIALLY DEFERRED, so in a transaction a ` +
       'duplicate is refused only at COMMIT, after insertOnce answered created. Make it NOT DEFERRABLE or INITIALLY IMMEDIATE, ' +
       'or call insertOnce outside a transaction',

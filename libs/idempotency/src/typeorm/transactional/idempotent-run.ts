@@ -22,8 +22,10 @@ export interface IdempotentAnswer<T> {
 }
 
 /**
- * What `run` did. `body` is the answer's JSON form (`JSON.parse(JSON.stringify(body))`: a Date
- * becomes its ISO string) both when the work ran and when it is replayed, so the two look alike.
+ * What `run` did. `body` is the answer's JSON form (`JSON.parse` of the saved text: the work's
+ * body through `serialize`, or by default `JSON.stringify` keeping of each class instance without
+ * `toJSON` what class-transformer's `instanceToPlain` keeps; a Date becomes its ISO string) both
+ * when the work ran and when it is replayed, so the two look alike.
  */
 export type IdempotentRunResult<T> =
   /** The work ran; its writes and the answer committed together. */

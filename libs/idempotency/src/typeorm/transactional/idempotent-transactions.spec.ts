@@ -142,6 +142,37 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     expect(() => new IdempotentTransactions(dataSource, { serialize: 'instanceToPlain' as never })).toThrow(IdempotencyConfigError);
   });
 
+  // A first version took every body apart through instanceToPlain: what a toJSON hid was sent,
+  // replayed and saved, and a URL became {} (the review, a helper).
+  it('honours a toJSON of the body and of what it holds; keeps of a nested entity what class-transformer keeps', async () => {
+    class Money {
+      constructor(
+        readonly cents: number,
+        readonly ledgerSecret: string,
+      ) {}
+      toJSON() {
+        return `${(this.cents / 100).toFixed(2)} EUR`;
+      }
+    }
+    class Order {
+      id = 1;
+      total = new Money(1250, 'LEDGER-7731');
+      link = new URL('https://shop.example/o/1');
+      owner = new AccountView({ id: 7, email: 'a@b', passwordHash: 'bcrypt$SECRET' });
+      placedAt = new Date('2026-01-02T03:04:05.000Z');
+    }
+    const key = `order:${randomUUID()}`;
+    const first = await transactions.run({ key }, async () => ({ body: new Order() }));
+    const expected = { id: 1, total: '12.50 EUR', link: 'https://shop.example/o/1', owner: { id: 7, email: 'a@b' }, placedAt: '2026-01-02T03:04:05.000Z' };
+    expect({ first: first.status === 'ran' && first.body, saved: JSON.parse((await record(key)).body) }).toEqual({ first: expected, saved: expected });
+    const secretive = { toJSON: () => ({ shown: true }), hidden: 'no' };
+    const own = await transactions.run({ key: `own:${randomUUID()}` }, async () => ({ body: secretive }));
+    expect(own.status === 'ran' && own.body).toEqual({ shown: true });
+    await expect(transactions.run({ key: `async:${randomUUID()}` }, async () => ({ body: 1 })).then(() =>
+      new IdempotentTransactions(dataSource, { serialize: async () => ({}) }).run({ key: `async:${randomUUID()}` }, async () => ({ body: 1 })),
+    )).rejects.toThrow(/serialize returned a promise/);
+  });
+
   it("writes the guard store's row format: the store reads the answer, and its claim of the key replays it", async () => {
     const key = `format:${randomUUID()}`;
     const store = new PostgresIdempotencyStore(dataSource);

@@ -24,17 +24,17 @@ import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statement
 import { qualifiedTable } from '../postgres/table-name.js';
 import type { IdempotentAnswer, IdempotentRunInput, IdempotentRunResult } from './idempotent-run.js';
 import { boundWaitSql, claimSql, completeSql, restoreWaitSql } from './idempotent-transactions.sql.js';
-import { serializerOf, type SerializeBody } from './plain-body.js';
+import { bodyText, type SerializeBody } from './plain-body.js';
 
 export interface IdempotentTransactionsOptions {
   /** How long a completed record is replayed, in milliseconds, from its save. Default 3,600,000 (the guard's `expireSeconds`). */
   retentionMs?: number;
   /**
    * Makes the work's body what the client sees, before it is saved (as JSON) and answered. The
-   * record commits before Nest's `ClassSerializerInterceptor` sees the body, so by default the body
-   * goes through class-transformer's `instanceToPlain` (`@Exclude()` holds), where the app has
-   * class-transformer. Give the serializer's own options here when it has some:
-   * `(body) => instanceToPlain(body, { excludeExtraneousValues: true })`.
+   * record commits before Nest's `ClassSerializerInterceptor` sees the body, so by default, where
+   * the app has class-transformer, each class instance without a `toJSON` keeps only what
+   * `instanceToPlain` keeps (`@Exclude()` holds); `toJSON` is honoured. Give the serializer's own
+   * options here when it has some: `(body) => instanceToPlain(body, { excludeExtraneousValues: true })`.
    */
   serialize?: (body: unknown) => unknown;
   /**
@@ -169,8 +169,7 @@ export class IdempotentTransactions {
         return claim as IdempotentRunResult<T>;
       }
       const { statusCode = 200, body } = await work(runner.manager);
-      const serialize = await serializerOf(this.serialize);
-      const text = body === undefined ? undefined : JSON.stringify(serialize ? serialize(body) : body);
+      const text = await bodyText(body, this.serialize);
       const params = [key, token, statusCode, JSON_HEADERS, text ?? null, text !== undefined, this.retentionMs];
       if ((await this.statement(this.sql.complete, params, runner)).affected !== 1) {
         throw new IdempotencyStoreError(`The claim of ${JSON.stringify(input.key)} was lost inside its transaction`);

@@ -1,21 +1,62 @@
-/** What `IdempotentTransactions` makes of a work's body before it saves and answers it. */
+/** What `IdempotentTransactions` makes of a work's body before it saves and answers it, given as `serialize`. */
 export type SerializeBody = (body: unknown) => unknown;
 
-let classTransformer: Promise<SerializeBody | undefined> | undefined;
+type InstanceToPlain = (value: object) => unknown;
+
+let classTransformer: Promise<InstanceToPlain | undefined> | undefined;
 
 /**
- * The body as the app's client sees it, the form saved, answered and replayed. The record commits
- * inside the work's transaction, before Nest's `ClassSerializerInterceptor` could see the body, and
- * `JSON.stringify` knows nothing of `@Exclude()`: an entity's password hash was sent, replayed and
- * saved (an adversarial helper). So the body goes through class-transformer's `instanceToPlain`,
- * as that interceptor does with no options, where the app has class-transformer; else it is
- * taken as it is. `serialize` (the options') replaces that: the interceptor's own options
- * (`excludeExtraneousValues`, groups) are the app's, and only it knows them.
+ * The work's body as JSON text, as the app's client sees it: saved, answered and replayed. The
+ * record commits inside the work's transaction, before Nest's `ClassSerializerInterceptor` could
+ * see the body, and `JSON.stringify` alone knows nothing of `@Exclude()`: an entity's password
+ * hash was sent, replayed and saved (an adversarial helper). So, where the app has
+ * class-transformer, each class instance without a `toJSON` of its own keeps only the properties
+ * class-transformer's `instanceToPlain` keeps (`@Exclude()`, `@Expose()`, a class's strategy),
+ * with their own values (a `@Transform`ed one when it gives a primitive). Everything else is as
+ * `JSON.stringify` writes it: a `toJSON` (a dayjs, a Decimal, a URL, an entity that hides its
+ * own fields) is honoured (a first version took every body apart through `instanceToPlain`, and
+ * what a `toJSON` hid was sent: the review and a helper). `serialize` (the options') replaces all
+ * that: a serializer's own options (`excludeExtraneousValues`, groups) are the app's.
  */
-export function serializerOf(serialize: SerializeBody | undefined): Promise<SerializeBody | undefined> {
-  if (serialize) return Promise.resolve(serialize);
-  return (classTransformer ??= import('class-transformer').then(
-    ({ instanceToPlain }) => (body: unknown) => (body !== null && typeof body === 'object' ? instanceToPlain(body) : body),
+export async function bodyText(body: unknown, serialize: SerializeBody | undefined): Promise<string | undefined> {
+  if (body === undefined) return undefined;
+  if (serialize) return JSON.stringify(serializedOnce(serialize, body));
+  const toPlain = await (classTransformer ??= import('class-transformer').then(
+    ({ instanceToPlain }) => instanceToPlain as InstanceToPlain,
     () => undefined,
   ));
+  return JSON.stringify(body, toPlain && keptBy(toPlain));
+}
+
+/** A `JSON.stringify` replacer: a class instance without `toJSON` keeps the properties `instanceToPlain` keeps. */
+function keptBy(toPlain: InstanceToPlain) {
+  return function (_key: string, value: unknown): unknown {
+    if (value === null || typeof value !== 'object' || Array.isArray(value)) return value;
+    const prototype: unknown = Object.getPrototypeOf(value);
+    if (prototype === Object.prototype || prototype === null || typeof (value as { toJSON?: unknown }).toJSON === 'function') return value;
+    let plain: unknown;
+    try {
+      plain = toPlain(value);
+    } catch {
+      // Say a cycle (class-transformer overflows the stack): JSON.stringify says what it says.
+      return value;
+    }
+    if (plain === null || typeof plain !== 'object') return plain;
+    const kept: Record<string, unknown> = {};
+    for (const name of Object.keys(plain)) {
+      const own = name in value ? (value as Record<string, unknown>)[name] : undefined;
+      const made = (plain as Record<string, unknown>)[name];
+      kept[name] = own === undefined || made === null || typeof made !== 'object' ? made : own;
+    }
+    return kept;
+  };
+}
+
+/** `serialize(body)`, refusing a result that is a promise (saved as `{}`, it would be answered so). */
+function serializedOnce(serialize: SerializeBody, body: unknown): unknown {
+  const plain = serialize(body);
+  if (typeof (plain as { then?: unknown } | null)?.then === 'function') {
+    throw new TypeError('IdempotentTransactions: serialize returned a promise; it must return the body itself');
+  }
+  return plain;
 }
