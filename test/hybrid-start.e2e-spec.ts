@@ -8,9 +8,9 @@ import { Body, Controller, Logger, Module, Post, type INestApplication } from '@
 import { NestFactory } from '@nestjs/core';
 import { ClientProxyFactory, EventPattern, MessagePattern, Payload, Transport, type ClientProxy } from '@nestjs/microservices';
 import { randomUUID } from 'node:crypto';
-import { createServer, type AddressInfo } from 'node:net';
 import { firstValueFrom } from 'rxjs';
 import { IdempotencyModule, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { freePort } from './support/redis-server.js';
 import { REDIS_URL } from './support/services.js';
 
 let runs = 0;
@@ -31,15 +31,6 @@ class PaymentsController {
   controllers: [PaymentsController],
 })
 class HybridModule {}
-
-/** A free TCP port on the loopback. */
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as AddressInfo;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
 
 describe('a hybrid app: messages before listen()', () => {
   let app: INestApplication;
