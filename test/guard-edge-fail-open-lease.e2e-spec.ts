@@ -3,6 +3,9 @@
 // never renewed, so it expired one lease later while the handler still ran, and a duplicate sent
 // once Redis was healthy took the key and ran beside the first (every key of a burst, an
 // adversarial helper). The guard now renews such a claim too: once a renewal lands, it holds the key.
+// Its renewals went on only until the first lease ended, though, so a pause longer than a lease
+// and the bound left the late claim to expire while the handler ran (a third helper round: 40 of
+// 40 keys ran twice with a 3.5 s pause on a 2 s lease): they now go on until the handler settles.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Controller, Post } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
@@ -10,7 +13,7 @@ import type { Redis } from 'ioredis';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
 import { startRedisServer, type RedisServer } from './support/redis-server.js';
 import { connectRedis } from './support/services.js';
-import { codeOf, makeApp, send, sleep, type EdgeApp } from './support/edge-app.js';
+import { codeOf, makeApp, replayed, send, sleep, type EdgeApp } from './support/edge-app.js';
 
 let runs = 0;
 
@@ -21,6 +24,14 @@ class OrdersController {
   async create() {
     runs++;
     await sleep(4000);
+    return { run: runs };
+  }
+
+  @Post('long')
+  @NoRepeatSubmit({ leaseSeconds: 2, failMode: 'open' })
+  async createLong() {
+    runs++;
+    await sleep(7000);
     return { run: runs };
   }
 }
@@ -56,4 +67,23 @@ describe('a fail-open run whose claim landed late', () => {
       runs: 1,
     });
   }, 20_000);
+
+  it('holds the key after an outage longer than a lease: a duplicate gets 409, a retry after the answer its replay', async () => {
+    runs = 0;
+    const key = randomUUID();
+    // The claim lands at 4 s, two leases after the failed claim's, and expires at 6 s unless renewed.
+    await admin.call('CLIENT', 'PAUSE', '4000', 'ALL');
+    const first = send(a.url, '/orders/long', { headers: { 'idempotency-key': key }, body: {}, timeoutMs: 15_000 });
+    await sleep(6500);
+    const duplicate = await send(a.url, '/orders/long', { headers: { 'idempotency-key': key }, body: {}, timeoutMs: 10_000 });
+    const answered = await first;
+    const retry = await send(a.url, '/orders/long', { headers: { 'idempotency-key': key }, body: {}, timeoutMs: 15_000 });
+    // Observed before: the duplicate 201 and the retry 201 unreplayed, runs 3.
+    expect({
+      first: answered.status,
+      duplicate: [duplicate.status, codeOf(duplicate)],
+      retry: [retry.status, replayed(retry)],
+      runs,
+    }).toEqual({ first: 201, duplicate: [409, 'IDEMPOTENCY_IN_PROGRESS'], retry: [201, true], runs: 1 });
+  }, 30_000);
 });

@@ -30,6 +30,13 @@ const now = () => performance.now();
  * hold its key for ever). A deadline timer at the lease's end decides, whatever a renewal in
  * flight still does. Then `signal` aborts, for a handler that reads it (`@LeaseSignal()`) to
  * stop before its effect.
+ *
+ * A `tentative` claim is one whose claim call failed (fail-open): it may have landed, or may land
+ * later (a paused or reconnecting store runs it when it answers again), and holds the key one
+ * lease from then. Until a renewal lands, nothing is lost: failed and refused renewals go on
+ * every third of a lease, until the handler settles or `maxHoldMs`, whenever the claim lands.
+ * Renewing only until the first lease ended let a claim that landed after a longer outage expire
+ * while the handler ran, and a duplicate run beside it (an adversarial helper: 40 of 40 keys).
  */
 export class LeaseRenewal {
   /** Made when the signal is first read: most handlers never read it (an AbortController per call was a third of the memory a call kept past a young-generation collection). */
@@ -50,6 +57,8 @@ export class LeaseRenewal {
     private readonly leaseMs: number,
     maxHoldMs: number,
     private readonly hooks: LeaseRenewalHooks,
+    /** The claim may not have landed (its call failed): until a renewal lands, nothing is lost. */
+    private tentative = false,
   ) {
     const start = now();
     this.endsAt = start + leaseMs;
@@ -100,9 +109,9 @@ export class LeaseRenewal {
   }
 
   /** Renews in `delayMs`, unless that lease would end past `maxHoldMs`; says whether it will. */
-  private next(delayMs: number): boolean {
+  private next(delayMs: number, failures = 0): boolean {
     if (now() + delayMs + this.leaseMs > this.holdEndsAt) return false;
-    this.timer = setTimeout(() => void this.renewNow(), delayMs);
+    this.timer = setTimeout(() => void this.renewNow(failures), delayMs);
     this.timer.unref();
     return true;
   }
@@ -111,28 +120,39 @@ export class LeaseRenewal {
     if (this.stopped) return;
     const startedAt = now();
     // Whatever this renewal (or its retries) does, the lease's end decides.
-    if (failures === 0) this.armDeadline();
+    // A tentative claim has no lease of its own yet: it may land at any time.
+    if (failures === 0 && !this.tentative) this.armDeadline();
     let held: boolean;
     try {
       held = await this.hooks.renew();
     } catch (error) {
       if (this.stopped) return;
       this.hooks.failed(error);
+      const delay = Math.min(this.everyMs, RETRY_MS * 2 ** failures);
+      if (this.tentative) return this.goOn(delay, failures + 1);
       // Soon, then backing off, never at or past the lease's end: the deadline decides there.
-      const delay = Math.min(this.everyMs, RETRY_MS * 2 ** failures, Math.max((this.endsAt - now()) / 2, 10));
-      if (now() + delay >= this.endsAt) return;
-      this.timer = setTimeout(() => void this.renewNow(failures + 1), delay);
+      const retryIn = Math.min(delay, Math.max((this.endsAt - now()) / 2, 10));
+      if (now() + retryIn >= this.endsAt) return;
+      this.timer = setTimeout(() => void this.renewNow(failures + 1), retryIn);
       this.timer.unref();
       return;
     }
     if (this.stopped) return;
+    // Not landed, or not yet: the claim call may still run (queued in a paused or reconnecting store).
+    if (!held && this.tentative) return this.goOn(this.everyMs, 0);
     if (!held) return this.lose('the store refused the renewal: the lease had run out, or the key was deleted');
+    this.tentative = false;
     this.endsAt = Math.max(this.endsAt, startedAt + this.leaseMs);
     clearTimeout(this.deadline);
     this.hooks.renewed();
     // A third of a lease after this renewal was sent, not after its answer was read: an answer
     // read late (the process stalled) leaves less of the lease, and the next renewal goes sooner.
     if (!this.next(Math.max(startedAt + this.everyMs - now(), 0))) this.armDeadline();
+  }
+
+  /** A tentative claim's next renewal; past `maxHoldMs` it is given up (a claim that lands later expires one lease after). */
+  private goOn(delayMs: number, failures: number): void {
+    if (!this.next(delayMs, failures)) this.lose('the handler ran past maxHoldSeconds, so the claim was not renewed');
   }
 
   private lose(why: string): void {

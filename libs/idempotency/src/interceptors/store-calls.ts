@@ -144,8 +144,9 @@ class Hold implements HeldClaim {
     // that once the store is back it holds the key while the handler runs. Left to expire after
     // one lease, it let a duplicate that came (and waited) once Redis was healthy run beside the
     // first, every key of a burst (an adversarial helper). Quiet until a renewal says it landed.
+    // Renewed until the handler settles, not only for one lease: it may land after a long outage.
     this.uncertainHooks = uncertain ? new UncertainRenewalHooks(hooks, calls.logger, route.handler) : undefined;
-    this.renewal = new LeaseRenewal(route.leaseMs, route.maxHoldMs, this.uncertainHooks ?? hooks);
+    this.renewal = new LeaseRenewal(route.leaseMs, route.maxHoldMs, this.uncertainHooks ?? hooks, uncertain);
     this.holdMs = route.maxHoldMs;
   }
 
