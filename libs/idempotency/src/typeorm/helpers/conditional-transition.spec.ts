@@ -39,6 +39,24 @@ class Payment {
   version!: number;
 }
 
+enum ShipmentState {
+  Packed = 'PACKED',
+  Shipped = 'SHIPPED',
+}
+
+/** A PostgreSQL enum state: a state it does not know failed as a raw driver error (22P02). */
+@Entity({ name: 'shipments' })
+class Shipment {
+  @PrimaryGeneratedColumn('uuid')
+  id!: string;
+
+  @Column({ type: 'enum', enum: ShipmentState, enumName: 'shipment_state', default: ShipmentState.Packed })
+  status!: ShipmentState;
+
+  @Column({ type: 'integer', default: 1 })
+  version!: number;
+}
+
 describe('transition (PostgreSQL)', () => {
   const schema = testSchemaName();
   let dataSource: DataSource;
@@ -49,7 +67,7 @@ describe('transition (PostgreSQL)', () => {
 
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
-      entities: [Payment],
+      entities: [Payment, Shipment],
       extra: { max: 30 },
       synchronize: true,
     });
@@ -190,5 +208,23 @@ describe('transition (PostgreSQL)', () => {
     expect(row).toMatchObject({ status: 'PENDING', transactionId: null, version: 1 });
     await payments.restore({ id });
     expect(await pay(id, 'tx-restored')).toMatchObject({ changed: true, entity: { status: 'PAID', transactionId: 'tx-restored' } });
+  });
+
+  // Session 22's adversaries: a state the column's enum does not know failed as PostgreSQL's
+  // 22P02 (a QueryFailedError), not as transition's own refusal naming the states it knows.
+  it.each([
+    ['to', { from: [ShipmentState.Packed], to: 'DELIVERED' }],
+    ['from', { from: ['LOST', ShipmentState.Packed], to: ShipmentState.Shipped }],
+  ])('refuses a state the enum column does not know (in `%s`), naming the states it knows, and changes nothing', async (_name, states) => {
+    const shipments = dataSource.getRepository(Shipment);
+    const { id } = await shipments.save(shipments.create({}));
+    await expect(transition(shipments, { where: { id }, ...(states as { from: string[]; to: string }) })).rejects.toThrow(
+      /Shipment\.status has no state "(DELIVERED|LOST)" \(its states: PACKED, SHIPPED\)/,
+    );
+    expect(await shipments.findOneByOrFail({ id })).toMatchObject({ status: 'PACKED', version: 1 });
+    expect(await transition(shipments, { where: { id }, from: [ShipmentState.Packed], to: ShipmentState.Shipped })).toMatchObject({
+      changed: true,
+      entity: { status: 'SHIPPED', version: 2 },
+    });
   });
 });

@@ -68,6 +68,7 @@ export async function transition<T extends ObjectLiteral>(
   }
   coverNewConnections(repo.manager.connection);
   const statusColumn = columnOf(repo, statusProperty);
+  knowsStates(repo, statusColumn, [...spec.from, spec.to]);
   const versionColumn = versionProperty === false ? undefined : columnOf(repo, versionProperty);
   const driver = repo.manager.connection.driver;
   const quoted = (column: ColumnMetadata) => driver.escape(column.databaseName);
@@ -145,6 +146,20 @@ function columnOf<T extends ObjectLiteral>(repo: Repository<T>, property: string
   const column = repo.metadata.findColumnWithPropertyPath(property);
   if (!column) throw new RangeError(`transition: ${repo.metadata.name} has no column "${property}"`);
   return column;
+}
+
+/**
+ * Refuses a state an enum column does not know, as transition's own error: PostgreSQL's
+ * `invalid input value for enum` (22P02) named neither the entity nor the states it takes.
+ */
+function knowsStates<T extends ObjectLiteral>(repo: Repository<T>, column: ColumnMetadata, states: readonly string[]): void {
+  if (!column.enum) return;
+  const known = column.enum.map(String);
+  const unknown = states.find((state) => !known.includes(String(state)));
+  if (unknown === undefined) return;
+  throw new RangeError(
+    `transition: ${repo.metadata.name}.${column.propertyPath} has no state ${JSON.stringify(unknown)} (its states: ${known.join(', ')})`,
+  );
 }
 
 /** Turns a RETURNING row into an entity the way TypeORM hydrates query results. */
