@@ -353,3 +353,50 @@ describe('PostgresOutcomeRecorder', () => {
     expect(() => new PostgresOutcomeRecorder(dataSource, { retentionMs: 0 })).toThrow(/retentionMs/);
   });
 });
+
+// Sessions that default to a stricter isolation: `succeedWith`'s lock of the record waited for
+// a concurrent update of it (the owner's own renewal, as a heartbeat sends it) and then failed
+// with 40001, as its snapshot predates that update; the work had not run. It runs again now.
+describe.each(['serializable', 'repeatable read'])('PostgresOutcomeRecorder on sessions that default to %s', (isolation) => {
+  const schema = testSchemaName();
+  let dataSource: DataSource;
+  let recorder: PostgresOutcomeRecorder;
+  beforeAll(async () => {
+    dataSource = await openSchemaDataSource(schema, {
+      entities: IDEMPOTENCY_OUTCOME_ENTITIES,
+      migrations: IDEMPOTENCY_OUTCOME_MIGRATIONS,
+      migrationsRun: true,
+      extra: { max: 10, options: `-c default_transaction_isolation=${isolation.replace(' ', '\\ ')}` },
+    });
+    await dataSource.query(`CREATE TABLE "${schema}".effects (record_id bigint NOT NULL)`);
+    recorder = new PostgresOutcomeRecorder(dataSource);
+  });
+  afterAll(async () => {
+    await dropSchemaDataSource(dataSource);
+  });
+
+  it('records the work once when the record was updated while succeedWith waited for its lock', async () => {
+    expect(await dataSource.query('SHOW default_transaction_isolation')).toEqual([{ default_transaction_isolation: isolation }]);
+    const claim = held(await recorder.claim({ scope: `test:${randomUUID()}`, requestId: 'r', contentHash: hash('serial') }));
+    const renewal = dataSource.createQueryRunner();
+    await renewal.startTransaction();
+    await renewal.query(`UPDATE "${schema}".idempotency_outcomes SET expires_at = expires_at + interval '1 s' WHERE id = $1`, [claim.recordId]);
+    let runs = 0;
+    const done = recorder.succeedWith(claim, async (manager) => {
+      runs++;
+      await manager.query(`INSERT INTO "${schema}".effects VALUES ($1)`, [claim.recordId]);
+      return { statusCode: 201, body: { ok: true } };
+    });
+    await until(
+      async () =>
+        (await dataSource.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`, [`%${schema}%FOR UPDATE%`]))[0]
+          .n > 0,
+    );
+    await renewal.commitTransaction();
+    await renewal.release();
+    // Observed before: rejected with "could not serialize access due to concurrent update".
+    const settled = await done.then((value) => value, (error: Error) => error.message);
+    const effects = await dataSource.query(`SELECT count(*)::int AS n FROM "${schema}".effects WHERE record_id = $1`, [claim.recordId]);
+    expect({ settled, runs, effects: effects[0].n }).toEqual({ settled: { recorded: true, outcome: { statusCode: 201, body: { ok: true } } }, runs: 1, effects: 1 });
+  });
+});

@@ -17,7 +17,16 @@ import {
 import { claimSql, finishSql, getSql, lockSql, renewSql } from './postgres-outcome-recorder.sql.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
-import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
+import {
+  claimUntilAnswered,
+  mustRunAgain,
+  postgresSchemaOf,
+  positiveMs,
+  sqlStateOf,
+  statementRunner,
+  tryingAgain,
+  type RunStatement,
+} from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresOutcomeRecorderOptions {
@@ -160,21 +169,31 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
    * taken over runs nothing and gets `{ recorded: false }`. If `work` throws, everything rolls
    * back and the error is rethrown (the record stays PROCESSING: `fail` it).
    * Keep `work` short: claims of the same record wait for the transaction.
+   *
+   * The transaction runs at the database's default isolation. Under REPEATABLE READ or
+   * SERIALIZABLE the lock fails with 40001 when the record changed while it waited (a renewal of
+   * it): the transaction then runs again, since `work` has not run; a 40001 from `work` or the
+   * commit is thrown (your work may have done more than its writes).
    */
   async succeedWith(
     held: HeldOutcome,
     work: (manager: EntityManager) => Promise<RecordedOutcome>,
   ): Promise<{ recorded: true; outcome: RecordedOutcome } | { recorded: false }> {
     coverNewConnections(this.dataSource);
-    return this.dataSource.transaction(async (manager) => {
-      const runner = manager.queryRunner!;
-      const locked = await this.run(this.sql.lock, [held.recordId, held.token], runner);
-      if (locked.records.length === 0) return { recorded: false };
-      const outcome = await work(manager);
-      const finished = await this.run(this.sql.finish, this.finishParams(held, 'SUCCESS', outcome), runner);
-      if (finished.affected !== 1) throw new IdempotencyStoreError(`Outcome record ${held.recordId} changed while locked`);
-      return { recorded: true, outcome };
-    });
+    let working = false;
+    const inTransaction = () =>
+      this.dataSource.transaction(async (manager): Promise<{ recorded: true; outcome: RecordedOutcome } | { recorded: false }> => {
+        const runner = manager.queryRunner!;
+        const locked = await this.run(this.sql.lock, [held.recordId, held.token], runner);
+        if (locked.records.length === 0) return { recorded: false };
+        working = true;
+        const outcome = await work(manager);
+        const finished = await this.run(this.sql.finish, this.finishParams(held, 'SUCCESS', outcome), runner);
+        if (finished.affected !== 1) throw new IdempotencyStoreError(`Outcome record ${held.recordId} changed while locked`);
+        return { recorded: true, outcome };
+      });
+    // Only the lock, refused before `work` ran, runs again.
+    return tryingAgain(inTransaction, (error) => !working && mustRunAgain((error as Error).cause));
   }
 
   /** The live record of a request id, or else of a content hash, in `scope`. */

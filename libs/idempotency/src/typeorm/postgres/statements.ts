@@ -180,13 +180,22 @@ export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned, 
   };
 }
 
-/** Runs `statement` (alone in its transaction) again while PostgreSQL answers `TRY_AGAIN`, at most `TRY_AGAIN_ATTEMPTS` times. */
-async function tryingAgain<T>(statement: () => Promise<T>): Promise<T> {
+/** Whether PostgreSQL refused a statement with `TRY_AGAIN` (40001, 40P01): its transaction rolled back, to run again. */
+export function mustRunAgain(error: unknown): boolean {
+  return TRY_AGAIN.has(sqlStateOf(error) as string);
+}
+
+/**
+ * Runs `statement` (alone in its transaction, or a transaction that did nothing else yet) again
+ * while it fails as `mayRunAgain` says (by default PostgreSQL's `TRY_AGAIN`), at most
+ * `TRY_AGAIN_ATTEMPTS` times.
+ */
+export async function tryingAgain<T>(statement: () => Promise<T>, mayRunAgain: (error: unknown) => boolean = mustRunAgain): Promise<T> {
   for (let attempt = 1; ; attempt++) {
     try {
       return await statement();
     } catch (error) {
-      if (!TRY_AGAIN.has(sqlStateOf(error) as string) || attempt >= TRY_AGAIN_ATTEMPTS) throw error;
+      if (!mayRunAgain(error) || attempt >= TRY_AGAIN_ATTEMPTS) throw error;
       // Statements racing on one row in lockstep can keep failing each other: a short random pause.
       await new Promise((resolve) => setTimeout(resolve, Math.random() * attempt));
     }
