@@ -2,6 +2,7 @@ import { Logger, type NestInterceptor, type OnApplicationBootstrap, type Type } 
 import { APP_INTERCEPTOR, type ModulesContainer } from '@nestjs/core';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
+import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
 import { describeKeyPath } from '../keys/key-expression.js';
 import { watchRouteMethod } from './handler-start.js';
 import { markMountedTwice } from './route-paths.js';
@@ -101,7 +102,34 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
       }
     }
   }
+  refuseGuardsOutsideControllers(modules, seen);
   return { onApplicationBootstrap: () => checkGlobalGuards(modules, logger) };
+}
+
+/**
+ * Refuses `@NoRepeatSubmit()` on a class that is no controller: a GraphQL resolver, a WebSocket
+ * gateway, a service. The guard keys HTTP requests and messages only, so every call of such a
+ * method ran unguarded (or never met the guard at all), said only at the first call, if ever.
+ */
+function refuseGuardsOutsideControllers(modules: ModulesContainer, controllers: ReadonlySet<Type>): void {
+  for (const module of modules.values()) {
+    for (const wrapper of module.providers.values()) {
+      const type = wrapper.metatype as Type | null;
+      // A factory provider's metatype is its factory function, not a class of the app's.
+      if (typeof type !== 'function' || wrapper.inject || controllers.has(type) || !type.prototype) continue;
+      const where = Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, type)
+        ? type.name
+        : controllerMethods(type.prototype)
+            .filter(({ handler }) => Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, handler))
+            .map(({ name }) => `${type.name}.${name}`)[0];
+      if (!where) continue;
+      throw new IdempotencyConfigError(
+        `${where}: @NoRepeatSubmit() guards the HTTP routes and message handlers of controllers, and ${type.name} is a ` +
+          'provider (a GraphQL resolver, a WebSocket gateway, a service?): its calls would run unguarded. Guard the ' +
+          'controller route that calls it, or use the storage layer (insertOnce, transition) in it.',
+      );
+    }
+  }
 }
 
 /**
