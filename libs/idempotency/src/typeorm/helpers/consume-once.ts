@@ -3,6 +3,7 @@ import { CONSUMER_COLUMN_CHARS, ConsumeLogEntry, MESSAGE_ID_COLUMN_CHARS } from 
 import { uniqueViolationOf } from './unique-violation.js';
 import { IdempotencyError } from '../../index.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
+import { refuseRoutedRepositories } from './routed-repositories.js';
 import { DIGEST_BYTES, digestForm } from '../store/record-key.js';
 
 /** A delivered message, named by who consumes it and its id. */
@@ -61,6 +62,7 @@ export async function consumeOnce<R>(
         'entities (with autoLoadEntities, to a TypeOrmModule.forFeature()), and run IDEMPOTENCY_HELPER_MIGRATIONS.',
     );
   }
+  refuseRoutedRepositories(dataSource, 'consumeOnce', 'the message is logged processed');
   let processed: { status: 'processed'; result: R };
   let txid: string | undefined;
   coverNewConnections(dataSource);

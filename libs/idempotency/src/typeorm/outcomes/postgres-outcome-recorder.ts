@@ -16,6 +16,7 @@ import {
 } from './outcome-claim.js';
 import { claimSql, finishSql, getSql, lockSql, renewSql } from './postgres-outcome-recorder.sql.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
+import { refuseRoutedRepositories } from '../helpers/routed-repositories.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import {
   claimUntilAnswered,
@@ -179,6 +180,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
     held: HeldOutcome,
     work: (manager: EntityManager) => Promise<RecordedOutcome>,
   ): Promise<{ recorded: true; outcome: RecordedOutcome } | { recorded: false }> {
+    refuseRoutedRepositories(this.dataSource, 'succeedWith', 'its SUCCESS');
     coverNewConnections(this.dataSource);
     let working = false;
     const inTransaction = () =>

@@ -19,6 +19,7 @@ import { IDEMPOTENCY_DEFAULTS, IdempotencyConfigError, IdempotencyError, Idempot
 import { IDEMPOTENCY_RECORDS_TABLE } from '../store/idempotency-record.entity.js';
 import { recordKey } from '../store/record-key.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
+import { refuseRoutedRepositories } from '../helpers/routed-repositories.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
@@ -157,6 +158,7 @@ export class IdempotentTransactions {
     if (input.key.includes('\0')) throw new IdempotencyKeyError('it contains a NUL');
     const problem = fingerprintProblem(input.fingerprint);
     if (problem) throw new IdempotencyError(`IdempotentTransactions.run: the fingerprint ${problem}`);
+    refuseRoutedRepositories(this.dataSource, 'IdempotentTransactions.run', 'its record, replayed to every retry,');
     const key = recordKey(input.key);
     const token = randomUUID();
     coverNewConnections(this.dataSource);

@@ -1,0 +1,126 @@
+// typeorm-transactional (`@Transactional()`, `runInTransaction`) patches TypeORM so that, while one
+// of its transactions is active, every repository answers that transaction's manager. Called
+// inside one, consumeOnce (and IdempotentTransactions.run, the outcome recorder's succeedWith)
+// opened its own transaction, but `work`'s `manager.getRepository(X)` wrote in the outer one: the
+// log row committed, the effect rolled back with the outer transaction, and every redelivery was
+// answered duplicate (an adversarial helper: 50 of 50 effects lost). The real library, wired as its
+// README says: initializeTransactionalContext, then addTransactionalDataSource.
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { createHash, randomUUID } from 'node:crypto';
+import { Column, DataSource, Entity, PrimaryGeneratedColumn, type EntityManager } from 'typeorm';
+import {
+  addTransactionalDataSource,
+  initializeTransactionalContext,
+  Propagation,
+  runInTransaction,
+  StorageDriver,
+} from 'typeorm-transactional';
+import { IdempotencyConfigError } from '../../index.js';
+import { IDEMPOTENCY_ENTITIES } from '../entities.js';
+import { IDEMPOTENCY_MIGRATIONS } from '../migrations.js';
+import { IDEMPOTENCY_OUTCOME_ENTITIES } from '../outcomes/outcome-record.entity.js';
+import { IDEMPOTENCY_OUTCOME_MIGRATIONS } from '../outcomes/idempotency-outcomes.migration.js';
+import { PostgresOutcomeRecorder } from '../outcomes/postgres-outcome-recorder.js';
+import { IdempotentTransactions } from '../transactional/idempotent-transactions.js';
+import { consumeOnce } from './consume-once.js';
+import { ConsumeLogEntry } from './consume-log.entity.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
+
+/** The business effect, written through a repository as most services do. */
+@Entity({ name: 'ledger_lines' })
+class LedgerLine {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @Column({ name: 'op', type: 'text' })
+  op!: string;
+}
+
+/** The outer transaction rolls back after the call returned (a later step of the method failed). */
+class LaterStepFailed extends Error {}
+
+describe('under typeorm-transactional', () => {
+  const schema = testSchemaName();
+  let dataSource: DataSource;
+  const lines = (op: string) => dataSource.getRepository(LedgerLine).countBy({ op });
+  const logged = (messageId: string) => dataSource.getRepository(ConsumeLogEntry).countBy({ messageId });
+  const book = (op: string) => async (manager: EntityManager) => (await manager.getRepository(LedgerLine).insert({ op })).identifiers[0].id as number;
+  /** Runs `call` in a @Transactional()-style transaction that then fails; what `call` threw or returned. */
+  const inFailingTransaction = async <T>(call: () => Promise<T>): Promise<{ threw: unknown } | { returned: T }> => {
+    let outcome: { threw: unknown } | { returned: T } | undefined;
+    await runInTransaction(async () => {
+      try {
+        outcome = { returned: await call() };
+      } catch (error) {
+        outcome = { threw: error };
+        return;
+      }
+      throw new LaterStepFailed();
+    }).catch((error: unknown) => {
+      if (!(error instanceof LaterStepFailed)) throw error;
+    });
+    return outcome!;
+  };
+
+  beforeAll(async () => {
+    initializeTransactionalContext({ storageDriver: StorageDriver.ASYNC_LOCAL_STORAGE });
+    dataSource = await openSchemaDataSource(schema, {
+      entities: [...IDEMPOTENCY_ENTITIES, ...IDEMPOTENCY_OUTCOME_ENTITIES, LedgerLine],
+      migrations: [...IDEMPOTENCY_MIGRATIONS, ...IDEMPOTENCY_OUTCOME_MIGRATIONS],
+      migrationsRun: true,
+      extra: { max: 10 },
+    });
+    await dataSource.query(`CREATE TABLE "${schema}".ledger_lines (id serial PRIMARY KEY, op text NOT NULL)`);
+    addTransactionalDataSource(dataSource);
+  });
+  afterAll(async () => {
+    await dropSchemaDataSource(dataSource);
+  });
+
+  it('consumeOnce refuses to run inside a transaction, before its own: nothing is logged, and the redelivery processes the message', async () => {
+    const message = { consumer: 'billing', messageId: randomUUID() };
+    const inside = await inFailingTransaction(() => consumeOnce(dataSource, message, book(message.messageId)));
+    // Observed before: processed, the log row committed and the line rolled back; the redelivery a duplicate.
+    expect(inside).toEqual({ threw: expect.any(IdempotencyConfigError) });
+    expect((inside as { threw: Error }).threw.message).toMatch(/consumeOnce.*@Transactional/s);
+    expect(await logged(message.messageId)).toBe(0);
+    expect(await consumeOnce(dataSource, message, book(message.messageId))).toEqual({ status: 'processed', result: expect.any(Number) });
+    expect({ lines: await lines(message.messageId), logged: await logged(message.messageId) }).toEqual({ lines: 1, logged: 1 });
+  });
+
+  it('consumeOnce runs as ever outside one, and where the transaction is suspended (Propagation.NOT_SUPPORTED)', async () => {
+    const outside = { consumer: 'billing', messageId: randomUUID() };
+    expect(await consumeOnce(dataSource, outside, book(outside.messageId))).toEqual({ status: 'processed', result: expect.any(Number) });
+    const suspended = { consumer: 'billing', messageId: randomUUID() };
+    const inside = await inFailingTransaction(() =>
+      runInTransaction(() => consumeOnce(dataSource, suspended, book(suspended.messageId)), { propagation: Propagation.NOT_SUPPORTED }),
+    );
+    expect(inside).toEqual({ returned: { status: 'processed', result: expect.any(Number) } });
+    expect(await Promise.all([lines(outside.messageId), lines(suspended.messageId), logged(suspended.messageId)])).toEqual([1, 1, 1]);
+  });
+
+  it('IdempotentTransactions.run refuses to run inside a transaction: no record is left to replay an effect that rolled back', async () => {
+    const transactions = new IdempotentTransactions(dataSource);
+    const key = `pay:${randomUUID()}`;
+    const pay = async (manager: EntityManager) => ({ statusCode: 201, body: { id: await book(key)(manager) } });
+    const inside = await inFailingTransaction(() => transactions.run({ key }, pay));
+    // Observed before: ran, its record committed; the retry replayed a payment that was never made.
+    expect(inside).toEqual({ threw: expect.any(IdempotencyConfigError) });
+    expect(await transactions.run({ key }, pay)).toMatchObject({ status: 'ran', statusCode: 201 });
+    expect(await lines(key)).toBe(1);
+  });
+
+  it("the outcome recorder's succeedWith refuses to run inside a transaction: the record stays processing", async () => {
+    const recorder = new PostgresOutcomeRecorder(dataSource);
+    const scope = `test:${randomUUID()}`;
+    const claim = await recorder.claim({ scope, requestId: 'r1', contentHash: createHash('sha256').update(scope).digest('hex') });
+    if (claim.status !== 'acquired') throw new Error(`not acquired: ${claim.status}`);
+    const inside = await inFailingTransaction(() =>
+      recorder.succeedWith(claim.held, async (manager) => ({ statusCode: 201, body: { id: await book(scope)(manager) } })),
+    );
+    // Observed before: recorded SUCCESS, while its effect rolled back.
+    expect(inside).toEqual({ threw: expect.any(IdempotencyConfigError) });
+    expect(await recorder.get(scope, { requestId: 'r1' })).toMatchObject({ state: 'PROCESSING' });
+    expect(await lines(scope)).toBe(0);
+  });
+});
