@@ -9,10 +9,11 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { Controller, Post } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
-import type { Redis } from 'ioredis';
+import { Redis as IORedis, type Redis } from 'ioredis';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
 import { startRedisServer, type RedisServer } from './support/redis-server.js';
 import { connectRedis } from './support/services.js';
+import { TcpProxy } from './support/tcp-proxy.js';
 import { codeOf, makeApp, replayed, send, sleep, type EdgeApp } from './support/edge-app.js';
 
 let runs = 0;
@@ -24,6 +25,14 @@ class OrdersController {
   async create() {
     runs++;
     await sleep(4000);
+    return { run: runs };
+  }
+
+  @Post('short')
+  @NoRepeatSubmit({ leaseSeconds: 2, maxHoldSeconds: 30, failMode: 'open' })
+  async createShort() {
+    runs++;
+    await sleep(1000);
     return { run: runs };
   }
 
@@ -85,5 +94,54 @@ describe('a fail-open run whose claim landed late', () => {
       retry: [retry.status, replayed(retry)],
       runs,
     }).toEqual({ first: 201, duplicate: [409, 'IDEMPOTENCY_IN_PROGRESS'], retry: [201, true], runs: 1 });
+  }, 30_000);
+});
+
+// A client handed in with ioredis's defaults keeps what it could not send: a command a dropped
+// connection left unanswered is sent again on the next connection, before its offline queue,
+// whose commands are dropped after 20 reconnect attempts. So a fail-open run's claim landed once
+// Redis was back, after its handler had settled and its save had been dropped: the key stayed
+// processing with nothing to complete it, duplicates got 409 for a lease, and then a retry ran
+// the handler again (an adversarial helper: 40 of 40 keys ran twice). Its save is now tried again
+// until maxHoldSeconds on such a client, and lands after the late claim.
+describe('a fail-open run on a handed-in client that sends commands late', () => {
+  let redis: RedisServer;
+  let proxy: TcpProxy;
+  let client: Redis;
+  let a: EdgeApp;
+  beforeAll(async () => {
+    redis = await startRedisServer();
+    proxy = await new TcpProxy({ host: '127.0.0.1', port: redis.port }).start();
+    // ioredis's defaults, but for reconnecting every 50 ms (its default backs off to 2 s, and
+    // drops the offline queue after some 10 s instead of 1 s).
+    client = new IORedis(proxy.url, { retryStrategy: () => 50 });
+    a = await makeApp('express', [OrdersController], { store: { redis: client } });
+  }, 30_000);
+  afterAll(async () => {
+    await a?.close();
+    client?.disconnect();
+    await proxy?.stop();
+    await redis?.kill();
+  });
+
+  it("completes the claim that lands after the handler settled: a retry gets the first run's replay", async () => {
+    runs = 0;
+    const key = randomUUID();
+    // The claim goes out and is never answered; then the server is down behind a live address.
+    proxy.swallowRequest = () => true;
+    const first = send(a.url, '/orders/short', { headers: { 'idempotency-key': key }, body: {}, timeoutMs: 15_000 });
+    await sleep(1200);
+    proxy.refusing = true;
+    proxy.cut();
+    proxy.swallowRequest = undefined;
+    const answered = await first;
+    // Past the settled run (~2 s) and three drops of the offline queue (every 21 attempts, ~1 s).
+    await sleep(3000);
+    proxy.refusing = false;
+    // The claim is sent again and lands (lease 2 s); past its lease, a retry.
+    await sleep(4500);
+    const retry = await send(a.url, '/orders/short', { headers: { 'idempotency-key': key }, body: {}, timeoutMs: 10_000 });
+    // Observed before: the retry 201 unreplayed, runs 2.
+    expect({ first: answered.status, retry: [retry.status, replayed(retry)], runs }).toEqual({ first: 201, retry: [201, true], runs: 1 });
   }, 30_000);
 });

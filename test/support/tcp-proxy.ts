@@ -2,8 +2,8 @@ import { createConnection, createServer, type Server, type Socket } from 'node:n
 
 /**
  * A loopback TCP proxy in front of a server, for fault tests: it can delay every chunk in both
- * directions, cut every connection, cut one connection as its answer comes back, or swallow a
- * request.
+ * directions, cut every connection, cut one connection as its answer comes back, swallow a
+ * request, or accept connections and close them at once (`refusing`).
  */
 export class TcpProxy {
   private server!: Server;
@@ -11,6 +11,8 @@ export class TcpProxy {
   private dropArmed = false;
   delayMs = 0;
   port = 0;
+  /** New connections are accepted and closed at once: a server that is down behind a live address (a load balancer's, a proxy's). */
+  refusing = false;
   /** Answers dropped by `dropNextResponse()` so far. */
   droppedResponses = 0;
   /**
@@ -28,6 +30,11 @@ export class TcpProxy {
 
   async start(): Promise<this> {
     this.server = createServer((client) => {
+      if (this.refusing) {
+        client.on('error', () => undefined);
+        client.destroy();
+        return;
+      }
       const upstream = createConnection(this.target);
       for (const socket of [client, upstream]) {
         this.sockets.add(socket);

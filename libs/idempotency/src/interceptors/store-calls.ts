@@ -4,6 +4,7 @@ import type { CallEvents } from '../events/call-events.js';
 import type { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import type { ClaimInput, IdempotencyStore, SavedResponse } from '../stores/idempotency-store.js';
 import type { HeldClaim } from './exchange.js';
+import { LateSaves } from './late-saves.js';
 import { LeaseRenewal, type LeaseRenewalHooks } from './lease-renewal.js';
 import type { GuardedRoute } from './route-options.js';
 
@@ -18,11 +19,16 @@ const NEVER_ABORTED = new AbortController().signal;
  * and (for a failed save) tried again until the lease ends.
  */
 export class StoreCalls {
+  /** Fail-open runs' saves past their lease, on a store that `deliversLate`. */
+  private readonly lateSaves: LateSaves;
+
   constructor(
     readonly store: IdempotencyStore,
     readonly counters: IdempotencyCounters,
     readonly logger: Logger,
-  ) {}
+  ) {
+    this.lateSaves = new LateSaves(store, logger);
+  }
 
   /**
    * The claim this run holds, renewed while the handler runs; or, after a failed claim, the one
@@ -36,6 +42,8 @@ export class StoreCalls {
   /**
    * Saves the answer. A save that fails is tried again in the background until the lease ends:
    * the effect happened, and a key left processing would refuse retries, then run them again.
+   * With `lateUntil` (a fail-open run on a store that `deliversLate`), it then waits with the
+   * late saves until that time.
    */
   async save(
     storageKey: string,
@@ -43,6 +51,7 @@ export class StoreCalls {
     response: SavedResponse,
     route: GuardedRoute,
     leaseEndsAt: number,
+    lateUntil: number | undefined,
     uncertain: boolean,
     events: CallEvents | undefined,
   ) {
@@ -65,7 +74,7 @@ export class StoreCalls {
       // After a failed claim (fail-open) the outage was logged already; the save may have no claim to complete.
       if (uncertain) this.logger.debug(message);
       else this.logger.error(message);
-      void this.saveLater(storageKey, token, response, route, leaseEndsAt, uncertain, events);
+      void this.saveLater(storageKey, token, response, route, leaseEndsAt, lateUntil, uncertain, events);
     }
   }
 
@@ -75,6 +84,7 @@ export class StoreCalls {
     response: SavedResponse,
     route: GuardedRoute,
     leaseEndsAt: number,
+    lateUntil: number | undefined,
     uncertain: boolean,
     events: CallEvents | undefined,
   ) {
@@ -91,6 +101,9 @@ export class StoreCalls {
         this.counters.count('storeErrors', route.handler);
         events?.emit('store_error', { operation: 'complete', error });
       }
+    }
+    if (lateUntil !== undefined && lateUntil > Date.now()) {
+      if (this.lateSaves.add({ storageKey, token, response, route, until: lateUntil, events })) return;
     }
     const message = `${route.handler}: gave up saving the response; the key frees when its lease ends`;
     if (uncertain) this.logger.debug(message);
@@ -130,6 +143,8 @@ export class StoreCalls {
 class Hold implements HeldClaim {
   readonly holdMs: number;
   private readonly renewal: LeaseRenewal;
+  /** When `maxHoldSeconds` ends, by the wall clock. */
+  private readonly holdEndsAt: number;
 
   constructor(
     private readonly calls: StoreCalls,
@@ -148,6 +163,7 @@ class Hold implements HeldClaim {
     this.uncertainHooks = uncertain ? new UncertainRenewalHooks(hooks, calls.logger, route.handler) : undefined;
     this.renewal = new LeaseRenewal(route.leaseMs, route.maxHoldMs, this.uncertainHooks ?? hooks, uncertain);
     this.holdMs = route.maxHoldMs;
+    this.holdEndsAt = Date.now() + route.maxHoldMs;
   }
 
   private readonly uncertainHooks: UncertainRenewalHooks | undefined;
@@ -161,7 +177,12 @@ class Hold implements HeldClaim {
     this.events?.settled(); // handlerMs: the answer is ready; the save's round trip is a store_call
     this.renewal.stop();
     const uncertain = this.uncertain && !this.uncertainHooks?.landed;
-    return this.calls.save(this.storageKey, this.token, response, this.route, this.renewal.leaseEndsAt, uncertain, this.events);
+    // A claim not known to have landed may land after the run settled, on a client that sends
+    // failed calls later (its save, dropped meanwhile, never came after it): the save waits
+    // until maxHoldSeconds, to come after it. Tried only until the lease ended, the save gave up,
+    // the late claim held the key with nothing to complete it, and a retry ran again (an adversarial helper: 40 of 40 keys).
+    const lateUntil = uncertain && this.calls.store.deliversLate ? this.holdEndsAt : undefined;
+    return this.calls.save(this.storageKey, this.token, response, this.route, this.renewal.leaseEndsAt, lateUntil, uncertain, this.events);
   }
 
   release(): Promise<void> {

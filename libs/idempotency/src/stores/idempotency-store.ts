@@ -125,6 +125,17 @@ export abstract class IdempotencyStore {
     throw new IdempotencyError(`${this.constructor.name} cannot forget a record: implement IdempotencyStore.forget(key)`);
   }
 
+  /**
+   * Whether a call that failed may still reach the store later: a client that keeps commands
+   * while the store is away and sends them once it is back (ioredis's offline queue, its sending
+   * again of commands a dropped connection left unanswered). The guard then keeps trying a
+   * fail-open run's save up to `maxHoldSeconds`, so that a claim that lands after the run settled
+   * is completed, not left processing with nothing to finish it. Default false: a failed call is over.
+   */
+  get deliversLate(): boolean {
+    return false;
+  }
+
   /** Checks the store answers (health checks); throws when it does not. Default: one read. */
   async ping(): Promise<void> {
     await this.get('health:ping');

@@ -53,6 +53,10 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
     super();
     this.records = new CompletedRecords(bounds.maxEntries, bounds.maxBytes);
   }
+  override get deliversLate(): boolean {
+    return this.store.deliversLate;
+  }
+
 
   /** Entries held, their size in bytes as counted against `maxBytes`, and whether tracking is live. */
   cacheStats(): { entries: number; bytes: number; live: boolean } {

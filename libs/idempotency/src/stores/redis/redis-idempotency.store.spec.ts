@@ -7,7 +7,7 @@ import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
 import { eventually } from '../../../../../test/support/eventually.js';
 import { startRedisServer } from '../../../../../test/support/redis-server.js';
 import { describeStoreContract } from '../../testing/index.js';
-import { createStore } from '../create-store.js';
+import { createStore, REDIS_CLIENT_DEFAULTS } from '../create-store.js';
 import { RedisIdempotencyStore } from './redis-idempotency.store.js';
 import { IdempotencyNotARecordError } from '../../errors/idempotency.errors.js';
 import { decodeRecord, encodeProcessing } from './redis-record.js';
@@ -163,6 +163,22 @@ it('says at start-up when its Redis user may not run scripts', async () => {
     admin.disconnect();
     await server.kill();
   }
+});
+
+// Whether a failed call may still land: the guard then keeps trying a fail-open run's save (see
+// guard-edge-fail-open-lease). Read from the client's options; no connection is made.
+describe('RedisIdempotencyStore.deliversLate', () => {
+  it.each<[string, RedisOptions, boolean]>([
+    ["ioredis's defaults (an offline queue, unanswered commands sent again)", {}, true],
+    ['no offline queue, but unanswered commands sent again and kept for 20 reconnects', { enableOfflineQueue: false }, true],
+    ['no offline queue, unanswered commands dropped at the first reconnect', { enableOfflineQueue: false, maxRetriesPerRequest: 0 }, false],
+    ['no offline queue, unanswered commands never sent again', { enableOfflineQueue: false, autoResendUnfulfilledCommands: false }, false],
+    ["the module's own client (REDIS_CLIENT_DEFAULTS)", REDIS_CLIENT_DEFAULTS, false],
+  ])('%s', (_name, options, late) => {
+    const client = new Redis({ ...options, lazyConnect: true });
+    expect(new RedisIdempotencyStore(client).deliversLate).toBe(late);
+    client.disconnect();
+  });
 });
 
 describe('RedisIdempotencyStore', () => {

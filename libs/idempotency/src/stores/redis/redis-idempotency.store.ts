@@ -138,6 +138,21 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     return claimResultOf(record, fingerprint, leaseLeft(record, pttlMs, leaseMs));
   }
 
+  /**
+   * A client with an offline queue keeps a command made while Redis is away, and sends it once
+   * Redis is back, whatever its caller was told; one that sends unanswered commands again after a
+   * reconnect (ioredis's default), and keeps them past the first (`maxRetriesPerRequest` not 0),
+   * sends a claim whose connection dropped. The module's own client does neither.
+   */
+  override get deliversLate(): boolean {
+    if (isCluster(this.client)) {
+      const { enableOfflineQueue, redisOptions } = this.client.options;
+      return enableOfflineQueue !== false || redisOptions?.autoResendUnfulfilledCommands !== false;
+    }
+    const { enableOfflineQueue, autoResendUnfulfilledCommands, maxRetriesPerRequest } = this.client.options;
+    return enableOfflineQueue !== false || (autoResendUnfulfilledCommands !== false && maxRetriesPerRequest !== 0);
+  }
+
   async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
     const reply = Number(
       await this.run(() => this.scripts.idempotencyComplete(key, tokenPrefix(token), encodeResponse(response), retentionMs, this.channel)),

@@ -1,0 +1,75 @@
+import { describe, expect, it } from '@jest/globals';
+import { Logger } from '@nestjs/common';
+import { MemoryIdempotencyStore } from '../stores/memory/memory-idempotency.store.js';
+import type { SavedResponse } from '../stores/idempotency-store.js';
+import { LATE_SAVES_MAX_BYTES, LATE_SAVES_MAX_ENTRIES, LateSaves, type LateSave } from './late-saves.js';
+import type { GuardedRoute } from './route-options.js';
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/**
+ * A real memory store behind a switch: while `down`, every call fails as a store outage does.
+ * (The memory store cannot be down; the Redis outage itself is in guard-edge-fail-open-lease.)
+ */
+class SwitchedStore extends MemoryIdempotencyStore {
+  down = true;
+  pings = 0;
+  completes = 0;
+
+  override async ping(): Promise<void> {
+    this.pings++;
+    if (this.down) throw new Error('store down');
+    return super.ping();
+  }
+
+  override async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
+    this.completes++;
+    if (this.down) throw new Error('store down');
+    return super.complete(key, token, response, retentionMs);
+  }
+}
+
+const route = { handler: 'OrdersController.create', expireMs: 60_000 } as GuardedRoute;
+const response: SavedResponse = { statusCode: 201, headers: { 'content-type': 'application/json' }, body: '{"id":1}' };
+const lateSave = (key: string, untilMs = 10_000, body = response.body): LateSave => ({
+  storageKey: key,
+  token: `token-${key}`,
+  response: { ...response, body },
+  route,
+  until: Date.now() + untilMs,
+  events: undefined,
+});
+
+describe('LateSaves', () => {
+  it('probes a down store with one call at a time for all its saves, then saves each after the claim that landed meanwhile', async () => {
+    const store = new SwitchedStore();
+    const saves = new LateSaves(store, new Logger('test'));
+    for (let i = 0; i < 50; i++) expect(saves.add(lateSave(`k${i}`))).toBe(true);
+    await sleep(700); // probes at ~100, 300, 700 ms
+    expect({ pings: store.pings, completes: store.completes }).toEqual({ pings: expect.any(Number), completes: 0 });
+    expect(store.pings).toBeLessThanOrEqual(4);
+    // The claims the client kept land as the store comes back, before what it queued after them.
+    for (let i = 0; i < 50; i++) await store.claim({ key: `k${i}`, token: `token-k${i}`, fingerprint: '', leaseMs: 2000 });
+    store.down = false;
+    for (let waited = 0; saves.size > 0 && waited < 3000; waited += 50) await sleep(50);
+    const records = await Promise.all(Array.from({ length: 50 }, (_, i) => store.get(`k${i}`)));
+    expect(records.map((record) => record?.state)).toEqual(Array(50).fill('completed'));
+    expect(store.completes).toBe(50);
+  });
+
+  it('gives a save up at its time, never having sent it to a store that stayed down', async () => {
+    const store = new SwitchedStore();
+    const saves = new LateSaves(store, new Logger('test'));
+    saves.add(lateSave('short', 250));
+    await sleep(800);
+    expect({ waiting: saves.size, completes: store.completes }).toEqual({ waiting: 0, completes: 0 });
+  });
+
+  it('keeps at most its entries and bytes: a save past either is refused (given up)', () => {
+    const saves = new LateSaves(new SwitchedStore(), new Logger('test'));
+    expect(saves.add(lateSave('huge', 10_000, 'x'.repeat(LATE_SAVES_MAX_BYTES + 1)))).toBe(false);
+    for (let i = 0; i < LATE_SAVES_MAX_ENTRIES; i++) saves.add(lateSave(`k${i}`));
+    expect(saves.add(lateSave('one-more'))).toBe(false);
+    expect(saves.size).toBe(LATE_SAVES_MAX_ENTRIES);
+  });
+});

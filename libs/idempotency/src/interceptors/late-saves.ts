@@ -1,0 +1,109 @@
+import type { Logger } from '@nestjs/common';
+import type { CallEvents } from '../events/call-events.js';
+import type { IdempotencyStore, SavedResponse } from '../stores/idempotency-store.js';
+import type { GuardedRoute } from './route-options.js';
+
+/** A fail-open run's save, past its lease, waiting for the store to answer again. */
+export interface LateSave {
+  storageKey: string;
+  token: string;
+  response: SavedResponse;
+  route: GuardedRoute;
+  /** Given up at this wall-clock time (`maxHoldSeconds` from the claim). */
+  until: number;
+  events: CallEvents | undefined;
+}
+
+/** At most this many saves wait, and this many bytes of their bodies: an outage under load must not grow the heap without end. */
+export const LATE_SAVES_MAX_ENTRIES = 10_000;
+export const LATE_SAVES_MAX_BYTES = 32 * 1024 * 1024;
+/** The probe of the store: soon, then backing off to every 2 s while it fails. */
+const FIRST_PROBE_MS = 100;
+const PROBE_MAX_MS = 2000;
+
+/**
+ * The saves of fail-open runs whose claim may still land (on a store that `deliversLate`), kept
+ * past their lease up to `maxHoldSeconds` (see `StoreCalls.save`). While the store is down one
+ * probe (`ping`) goes out at a time for all of them: each save tried on its own would leave a
+ * copy of its response in the client's offline queue at every try. Once a probe is answered,
+ * every save is tried once, in one batch: a client that sends late sends them after what it
+ * kept (the claims), so each lands after its claim. Bounded in entries and bytes; a save that
+ * does not fit, or whose time ends, is given up.
+ */
+export class LateSaves {
+  private readonly pending = new Set<LateSave>();
+  private bytes = 0;
+  private timer?: NodeJS.Timeout;
+  private delayMs = FIRST_PROBE_MS;
+
+  constructor(
+    private readonly store: IdempotencyStore,
+    private readonly logger: Logger,
+  ) {}
+
+  /** Keeps `save` until the store answers; false when it does not fit (given up). */
+  add(save: LateSave): boolean {
+    const bytes = bytesOf(save.response);
+    if (this.pending.size >= LATE_SAVES_MAX_ENTRIES || this.bytes + bytes > LATE_SAVES_MAX_BYTES) return false;
+    this.pending.add(save);
+    this.bytes += bytes;
+    if (!this.timer) this.schedule();
+    return true;
+  }
+
+  /** How many saves wait (tests, metrics). */
+  get size(): number {
+    return this.pending.size;
+  }
+
+  private schedule(): void {
+    this.timer = setTimeout(() => void this.probe(), this.delayMs);
+    this.timer.unref();
+  }
+
+  private async probe(): Promise<void> {
+    this.dropExpired();
+    if (this.pending.size === 0) {
+      this.timer = undefined;
+      this.delayMs = FIRST_PROBE_MS;
+      return;
+    }
+    let answered = true;
+    await this.store.ping().catch(() => (answered = false));
+    if (answered) await Promise.all([...this.pending].map((save) => this.tryOnce(save)));
+    // What is left failed: backing off, whether the probe or the saves did.
+    this.delayMs = this.pending.size === 0 ? FIRST_PROBE_MS : Math.min(this.delayMs * 2, PROBE_MAX_MS);
+    this.schedule();
+  }
+
+  /** One try; a save the store answered (saved, or refused: no claim of its token) is done. */
+  private async tryOnce(save: LateSave): Promise<void> {
+    try {
+      const saved = await this.store.complete(save.storageKey, save.token, save.response, save.route.expireMs);
+      this.remove(save);
+      if (!saved) return;
+      save.events?.emit('completed', { statusCode: save.response.statusCode, unreplayable: save.response.unreplayable });
+      this.logger.log(`${save.route.handler}: saved the response on a later try`);
+    } catch (error) {
+      save.events?.emit('store_error', { operation: 'complete', error });
+    }
+  }
+
+  private dropExpired(): void {
+    const now = Date.now();
+    for (const save of this.pending) {
+      if (save.until > now) continue;
+      this.remove(save);
+      this.logger.debug(`${save.route.handler}: gave up saving the response; the key frees when its lease ends`);
+    }
+  }
+
+  private remove(save: LateSave): void {
+    if (this.pending.delete(save)) this.bytes -= bytesOf(save.response);
+  }
+}
+
+/** What a kept response weighs: its body's characters (its headers are few and small). */
+function bytesOf(response: SavedResponse): number {
+  return response.body?.length ?? 0;
+}
