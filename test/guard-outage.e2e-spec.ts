@@ -1,5 +1,5 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
-import type { INestApplication } from '@nestjs/common';
+import { afterAll, afterEach, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Logger, type INestApplication } from '@nestjs/common';
 import { Redis } from 'ioredis';
 import { randomUUID } from 'node:crypto';
 import { createServer, type Server, type Socket } from 'node:net';
@@ -66,6 +66,36 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
     expect(probe.runs).toBe(2);
     const counters = app.get(IdempotencyCounters);
     expect(counters.failOpen).toBeGreaterThanOrEqual(2);
+  });
+
+  // A line (and more at debug level) per request flooded the log at the rate of the traffic for
+  // as long as the outage lasted (an adversarial helper: 2,010 lines for 500 requests).
+  it('logs a burst of requests during an outage in one line per route and policy, not one per request', async () => {
+    const port = await freePort();
+    app = await createGuardTestApp(adapter, { store: { redis: `redis://127.0.0.1:${port}` }, keyPrefix: 'outage' });
+    const lines: string[] = [];
+    const spies = (['warn', 'error', 'log', 'debug', 'verbose'] as const).map((level) =>
+      jest.spyOn(Logger.prototype, level).mockImplementation(function (this: Logger, message: unknown) {
+        if ((this as unknown as { context?: string }).context !== 'NestApplication') lines.push(`${level}: ${String(message)}`);
+      }),
+    );
+    try {
+      const server = app.getHttpServer();
+      const answers = await Promise.all([
+        ...Array.from({ length: 50 }, () => request(server).post('/payments').set('Idempotency-Key', randomUUID()).send({})),
+        ...Array.from({ length: 50 }, () => request(server).post('/closed').set('Idempotency-Key', randomUUID())),
+      ]);
+      expect(answers.map((answer) => answer.status).sort()).toEqual([...Array(50).fill(201), ...Array(50).fill(503)]);
+      await new Promise((resolve) => setTimeout(resolve, 500)); // the saves' tries after the answers
+      const outage = lines.filter((line) => /unguarded|refusing|save|claim/.test(line));
+      // Observed before: 150 lines (a warning per request, a debug line per fail-open save).
+      expect({ lines: outage.length, kinds: outage }).toEqual({
+        lines: 2,
+        kinds: expect.arrayContaining([expect.stringMatching(/^warn: .*running unguarded$/), expect.stringMatching(/^warn: .*refusing$/)]),
+      });
+    } finally {
+      for (const spy of spies) spy.mockRestore();
+    }
   });
 
   describe('with a redis-server that is killed', () => {

@@ -7,6 +7,7 @@ import { IdempotencyStore, type ClaimInput, type ClaimResult } from '../stores/i
 import { awaitSettled } from './await-settled.js';
 import type { GuardExchange, HeldClaim } from './exchange.js';
 import type { GuardedRoute } from './route-options.js';
+import { OutageLog } from './outage-log.js';
 import { StoreCalls } from './store-calls.js';
 
 /** What answers a guarded call; `release` frees a claim it holds, unused. */
@@ -33,6 +34,7 @@ function answered(decided: () => void, answer: () => Observable<unknown>): Obser
  */
 export class ClaimAnswers {
   private readonly calls: StoreCalls;
+  private readonly outageLog: OutageLog;
 
   constructor(
     private readonly store: IdempotencyStore,
@@ -40,6 +42,7 @@ export class ClaimAnswers {
     private readonly logger: Logger,
   ) {
     this.calls = new StoreCalls(store, counters, logger);
+    this.outageLog = new OutageLog(logger);
   }
 
   async answer(
@@ -112,7 +115,7 @@ export class ClaimAnswers {
     events?.emit('store_error', { operation: 'claim', error });
     const message = `${route.handler}: idempotency store unavailable, ${(error as Error).message}`;
     if (route.failMode === 'closed') {
-      this.logger.warn(`${message}; refusing`);
+      this.outageLog.warn(route.handler, 'refused', `${message}; refusing`);
       // A claim that timed out may still land (a slow store): free it, or it would hold the key
       // for a lease with no handler running. On one connection the release goes after the claim.
       // Housekeeping for a call already answered: no event, and its failure is the outage's.
@@ -126,7 +129,7 @@ export class ClaimAnswers {
     const failOpen = () => {
       this.counters.count('failOpen', route.handler);
       events?.emit('fail_open', {});
-      this.logger.warn(`${message}; running unguarded`);
+      this.outageLog.warn(route.handler, 'unguarded', `${message}; running unguarded`);
     };
     const release = () => {
       this.logger.warn(`${message}; the caller left before the handler ran`);

@@ -70,22 +70,26 @@ export class LateSaves {
     }
     let answered = true;
     await this.store.ping().catch(() => (answered = false));
-    if (answered) await Promise.all([...this.pending].map((save) => this.tryOnce(save)));
+    if (answered) {
+      const saved = await Promise.all([...this.pending].map((save) => this.tryOnce(save)));
+      const count = saved.filter(Boolean).length;
+      if (count > 0) this.logger.log(`saved ${count} responses of fail-open runs once the store answered again`);
+    }
     // What is left failed: backing off, whether the probe or the saves did.
     this.delayMs = this.pending.size === 0 ? FIRST_PROBE_MS : Math.min(this.delayMs * 2, PROBE_MAX_MS);
     this.schedule();
   }
 
-  /** One try; a save the store answered (saved, or refused: no claim of its token) is done. */
-  private async tryOnce(save: LateSave): Promise<void> {
+  /** One try, true when it saved; a save the store answered (saved, or refused: no claim of its token) is done. */
+  private async tryOnce(save: LateSave): Promise<boolean> {
     try {
       const saved = await this.store.complete(save.storageKey, save.token, save.response, save.route.expireMs);
       this.remove(save);
-      if (!saved) return;
-      save.events?.emit('completed', { statusCode: save.response.statusCode, unreplayable: save.response.unreplayable });
-      this.logger.log(`${save.route.handler}: saved the response on a later try`);
+      if (saved) save.events?.emit('completed', { statusCode: save.response.statusCode, unreplayable: save.response.unreplayable });
+      return saved;
     } catch (error) {
       save.events?.emit('store_error', { operation: 'complete', error });
+      return false;
     }
   }
 
@@ -93,8 +97,7 @@ export class LateSaves {
     const now = Date.now();
     for (const save of this.pending) {
       if (save.until > now) continue;
-      this.remove(save);
-      this.logger.debug(`${save.route.handler}: gave up saving the response; the key frees when its lease ends`);
+      this.remove(save); // its claim never landed, or holds the key one lease past it
     }
   }
 

@@ -70,10 +70,8 @@ export class StoreCalls {
     } catch (error) {
       this.counters.count('storeErrors', route.handler);
       events?.emit('store_error', { operation: 'complete', error });
-      const message = `${route.handler}: could not save the response (${(error as Error).message}); trying again until the lease ends`;
       // After a failed claim (fail-open) the outage was logged already; the save may have no claim to complete.
-      if (uncertain) this.logger.debug(message);
-      else this.logger.error(message);
+      if (!uncertain) this.logger.error(`${route.handler}: could not save the response (${(error as Error).message}); trying again until the lease ends`);
       void this.saveLater(storageKey, token, response, route, leaseEndsAt, lateUntil, uncertain, events);
     }
   }
@@ -94,7 +92,7 @@ export class StoreCalls {
         // false: a late copy of an earlier save (or of the claim's release) landed meanwhile.
         if (await this.store.complete(storageKey, token, response, route.expireMs)) {
           events?.emit('completed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
-          this.logger.log(`${route.handler}: saved the response on a later try`);
+          if (!uncertain) this.logger.log(`${route.handler}: saved the response on a later try`);
         }
         return;
       } catch (error) {
@@ -105,9 +103,7 @@ export class StoreCalls {
     if (lateUntil !== undefined && lateUntil > Date.now()) {
       if (this.lateSaves.add({ storageKey, token, response, route, until: lateUntil, events })) return;
     }
-    const message = `${route.handler}: gave up saving the response; the key frees when its lease ends`;
-    if (uncertain) this.logger.debug(message);
-    else this.logger.error(message);
+    if (!uncertain) this.logger.error(`${route.handler}: gave up saving the response; the key frees when its lease ends`);
   }
 
   /** Frees the key (compare-and-delete); never rejects. */
@@ -160,7 +156,7 @@ class Hold implements HeldClaim {
     // one lease, it let a duplicate that came (and waited) once Redis was healthy run beside the
     // first, every key of a burst (an adversarial helper). Quiet until a renewal says it landed.
     // Renewed until the handler settles, not only for one lease: it may land after a long outage.
-    this.uncertainHooks = uncertain ? new UncertainRenewalHooks(hooks, calls.logger, route.handler) : undefined;
+    this.uncertainHooks = uncertain ? new UncertainRenewalHooks(hooks) : undefined;
     this.renewal = new LeaseRenewal(route.leaseMs, route.maxHoldMs, this.uncertainHooks ?? hooks, uncertain);
     this.holdMs = route.maxHoldMs;
     this.holdEndsAt = Date.now() + route.maxHoldMs;
@@ -196,16 +192,12 @@ class Hold implements HeldClaim {
  * The renewal of a claim a fail-open run may hold: the store's answer to the claim was lost. A
  * renewal that lands says the claim landed: from then on it is the claim's, reported as any.
  * Before that, a failed or refused renewal, and the lease ending, say only that it did not land
- * (or not yet): logged at debug level (the outage was reported as `fail_open`).
+ * (or not yet): not logged (the outage was, as `fail_open`; a line each flooded the log).
  */
 class UncertainRenewalHooks implements LeaseRenewalHooks {
   landed = false;
 
-  constructor(
-    private readonly hooks: RenewalHooks,
-    private readonly logger: Logger,
-    private readonly handler: string,
-  ) {}
+  constructor(private readonly hooks: RenewalHooks) {}
 
   renew(): Promise<boolean> {
     return this.hooks.renew();
@@ -218,12 +210,10 @@ class UncertainRenewalHooks implements LeaseRenewalHooks {
 
   failed(error: unknown): void {
     if (this.landed) this.hooks.failed(error);
-    else this.logger.debug(`${this.handler}: a fail-open run's claim could not be renewed (${(error as Error).message})`);
   }
 
   lost(why: string): void {
     if (this.landed) this.hooks.lost(why);
-    else this.logger.debug(`${this.handler}: a fail-open run holds no claim (${why})`);
   }
 }
 
