@@ -337,8 +337,10 @@ describe('consumeOnce (PostgreSQL)', () => {
     expect(ran).toBe(false);
   });
 
-  it('refuses a message without an id, empty or missing, instead of taking every such message for the first', async () => {
-    for (const messageId of ['', undefined]) {
+  // NaN (a failed parse of the id) was logged as "NaN": every such message after the first was
+  // dropped as its duplicate (an adversarial helper).
+  it('refuses a message without an id, empty, missing or a number that is none, instead of taking every such message for the first', async () => {
+    for (const messageId of ['', undefined, NaN, Infinity, -Infinity]) {
       let ran = false;
       const message = { consumer: 'billing', messageId: messageId as string };
       const error = await consumeOnce(dataSource, message, async () => {

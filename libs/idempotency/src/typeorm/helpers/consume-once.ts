@@ -157,10 +157,12 @@ function checkedConsumer(consumer: unknown): string {
 /** The `message_id` column's value for a message id: the id itself where it fits, as before. */
 function loggedMessageId(messageId: unknown): string {
   // A number was logged as its text (as the driver sends it); keep that so its rows still match.
-  const id = typeof messageId === 'number' || typeof messageId === 'bigint' ? String(messageId) : messageId;
+  // NaN and the infinities are no ids (a failed parse): every such message would be the first's duplicate.
+  const nonFinite = typeof messageId === 'number' && !Number.isFinite(messageId);
+  const id = !nonFinite && (typeof messageId === 'number' || typeof messageId === 'bigint') ? String(messageId) : messageId;
   if (typeof id !== 'string' || id === '') {
     throw new RangeError(
-      `consumeOnce: the message has no id (\`messageId\` is ${JSON.stringify(id) ?? String(id)}); every message ` +
+      `consumeOnce: the message has no id (\`messageId\` is ${typeof id === 'number' ? id : (JSON.stringify(id) ?? String(id))}); every message ` +
         'without one would be taken for the first and dropped as its duplicate. Pass an id stable across redeliveries.',
     );
   }
