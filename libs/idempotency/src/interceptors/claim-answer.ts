@@ -7,7 +7,6 @@ import { IdempotencyStore, type ClaimInput, type ClaimResult } from '../stores/i
 import { awaitSettled } from './await-settled.js';
 import type { GuardExchange, HeldClaim } from './exchange.js';
 import type { GuardedRoute } from './route-options.js';
-import { OutageLog } from './outage-log.js';
 import { StoreCalls } from './store-calls.js';
 
 /** What answers a guarded call; `release` frees a claim it holds, unused. */
@@ -34,7 +33,6 @@ function answered(decided: () => void, answer: () => Observable<unknown>): Obser
  */
 export class ClaimAnswers {
   private readonly calls: StoreCalls;
-  private readonly outageLog: OutageLog;
 
   constructor(
     private readonly store: IdempotencyStore,
@@ -42,7 +40,6 @@ export class ClaimAnswers {
     private readonly logger: Logger,
   ) {
     this.calls = new StoreCalls(store, counters, logger);
-    this.outageLog = new OutageLog(logger);
   }
 
   async answer(
@@ -115,7 +112,7 @@ export class ClaimAnswers {
     events?.emit('store_error', { operation: 'claim', error });
     const message = `${route.handler}: idempotency store unavailable, ${(error as Error).message}`;
     if (route.failMode === 'closed') {
-      this.outageLog.warn(route.handler, 'refused', `${message}; refusing`);
+      this.calls.outageLog.warn(`${route.handler}:refused`, `${message}; refusing`, 'requests refused');
       // A claim that timed out may still land (a slow store): free it, or it would hold the key
       // for a lease with no handler running. On one connection the release goes after the claim.
       // Housekeeping for a call already answered: no event, and its failure is the outage's.
@@ -129,7 +126,7 @@ export class ClaimAnswers {
     const failOpen = () => {
       this.counters.count('failOpen', route.handler);
       events?.emit('fail_open', {});
-      this.outageLog.warn(route.handler, 'unguarded', `${message}; running unguarded`);
+      this.calls.outageLog.warn(`${route.handler}:unguarded`, `${message}; running unguarded`, 'requests ran unguarded');
     };
     const release = () => {
       this.logger.warn(`${message}; the caller left before the handler ran`);

@@ -37,6 +37,7 @@ const lateSave = (key: string, untilMs = 10_000, body = response.body): LateSave
   response: { ...response, body },
   route,
   until: Date.now() + untilMs,
+  uncertain: true,
   events: undefined,
 });
 

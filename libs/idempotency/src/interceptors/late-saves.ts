@@ -3,32 +3,34 @@ import type { CallEvents } from '../events/call-events.js';
 import type { IdempotencyStore, SavedResponse } from '../stores/idempotency-store.js';
 import type { GuardedRoute } from './route-options.js';
 
-/** A fail-open run's save, past its lease, waiting for the store to answer again. */
+/** A failed save, waiting for the store to answer again. */
 export interface LateSave {
   storageKey: string;
   token: string;
   response: SavedResponse;
   route: GuardedRoute;
-  /** Given up at this wall-clock time (`maxHoldSeconds` from the claim). */
+  /** Given up at this wall-clock time (the lease's end; for a fail-open run, `maxHoldSeconds` from the claim). */
   until: number;
+  /** A fail-open run's: its claim may never have landed, and its giving up is not an error. */
+  uncertain: boolean;
   events: CallEvents | undefined;
 }
 
 /** At most this many saves wait, and this many bytes of their bodies: an outage under load must not grow the heap without end. */
 export const LATE_SAVES_MAX_ENTRIES = 10_000;
-export const LATE_SAVES_MAX_BYTES = 32 * 1024 * 1024;
+export const LATE_SAVES_MAX_BYTES = 64 * 1024 * 1024;
 /** The probe of the store: soon, then backing off to every 2 s while it fails. */
 const FIRST_PROBE_MS = 100;
 const PROBE_MAX_MS = 2000;
 
 /**
- * The saves of fail-open runs whose claim may still land (on a store that `deliversLate`), kept
- * past their lease up to `maxHoldSeconds` (see `StoreCalls.save`). While the store is down one
- * probe (`ping`) goes out at a time for all of them: each save tried on its own would leave a
- * copy of its response in the client's offline queue at every try. Once a probe is answered,
- * every save is tried once, in one batch: a client that sends late sends them after what it
- * kept (the claims), so each lands after its claim. Bounded in entries and bytes; a save that
- * does not fit, or whose time ends, is given up.
+ * The failed saves on a store that `deliversLate`, kept until their lease ends, or, for a
+ * fail-open run whose claim may still land, until `maxHoldSeconds` (see `StoreCalls.save`).
+ * While the store is down one probe (`ping`) goes out at a time for all of them: each save tried
+ * on its own would leave a copy of its response in the client's offline queue at every try. Once
+ * a probe is answered, every save is tried once, in one batch: a client that sends late sends
+ * them after what it kept (the claims), so each lands after its claim. Bounded in entries and
+ * bytes; a save that does not fit, or whose time ends, is given up.
  */
 export class LateSaves {
   private readonly pending = new Set<LateSave>();
@@ -73,7 +75,7 @@ export class LateSaves {
     if (answered) {
       const saved = await Promise.all([...this.pending].map((save) => this.tryOnce(save)));
       const count = saved.filter(Boolean).length;
-      if (count > 0) this.logger.log(`saved ${count} responses of fail-open runs once the store answered again`);
+      if (count > 0) this.logger.log(`saved ${count} responses kept while the store did not answer`);
     }
     // What is left failed: backing off, whether the probe or the saves did.
     this.delayMs = this.pending.size === 0 ? FIRST_PROBE_MS : Math.min(this.delayMs * 2, PROBE_MAX_MS);
@@ -97,7 +99,8 @@ export class LateSaves {
     const now = Date.now();
     for (const save of this.pending) {
       if (save.until > now) continue;
-      this.remove(save); // its claim never landed, or holds the key one lease past it
+      this.remove(save); // a fail-open run's claim never landed, or holds the key one lease past it
+      if (!save.uncertain) this.logger.error(`${save.route.handler}: gave up saving the response; the key frees when its lease ends`);
     }
   }
 

@@ -21,27 +21,27 @@ describe('OutageLog', () => {
   it('logs the first warning of an outage at once, then one line per 10 s with how many more came', () => {
     const logger = new KeptLines();
     const log = new OutageLog(logger);
-    for (let i = 0; i < 500; i++) log.warn('Orders.create', 'unguarded', `store unavailable #${i}; running unguarded`);
+    for (let i = 0; i < 500; i++) log.warn('Orders.create:unguarded', `store unavailable #${i}; running unguarded`, 'requests ran unguarded');
     expect(logger.lines).toEqual(['store unavailable #0; running unguarded']);
     jest.advanceTimersByTime(10_000);
     expect(logger.lines[1]).toBe('499 more requests ran unguarded in 10 s; the last: store unavailable #499; running unguarded');
     // A sustained outage: one line a window, whatever the traffic.
     for (let second = 0; second < 30; second++) {
-      for (let i = 0; i < 100; i++) log.warn('Orders.create', 'unguarded', 'store unavailable; running unguarded');
+      for (let i = 0; i < 100; i++) log.warn('Orders.create:unguarded', 'store unavailable; running unguarded', 'requests ran unguarded');
       jest.advanceTimersByTime(1000);
     }
     expect(logger.lines.length).toBe(5);
   });
 
-  it('keeps handlers and policies apart, and logs the next outage at once', () => {
+  it('keeps kinds apart, and logs the next outage at once', () => {
     const logger = new KeptLines();
     const log = new OutageLog(logger);
-    log.warn('Orders.create', 'unguarded', 'a');
-    log.warn('Payments.create', 'refused', 'b');
-    log.warn('Orders.create', 'refused', 'c');
+    log.warn('Orders.create:unguarded', 'a', 'requests ran unguarded');
+    log.warn('Payments.create:refused', 'b', 'requests refused');
+    log.warn('Orders.create:refused', 'c', 'requests refused');
     expect(logger.lines).toEqual(['a', 'b', 'c']);
     jest.advanceTimersByTime(60_000);
-    log.warn('Orders.create', 'unguarded', 'd');
+    log.warn('Orders.create:unguarded', 'd', 'requests ran unguarded');
     expect(logger.lines).toEqual(['a', 'b', 'c', 'd']);
   });
 });

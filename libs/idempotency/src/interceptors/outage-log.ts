@@ -1,10 +1,12 @@
 import type { Logger } from '@nestjs/common';
 
-/** One line per handler and outage policy in this window at most. */
+/** One line per kind in this window at most. */
 const WINDOW_MS = 10_000;
 
 interface Window {
   startedAt: number;
+  /** What the held-back lines were, counted: "requests ran unguarded". */
+  more: string;
   /** Lines held back since `startedAt`, and the last of them. */
   held: number;
   last: string;
@@ -12,9 +14,9 @@ interface Window {
 }
 
 /**
- * The warnings of a store outage (a request refused 503, or run unguarded), one line per
- * handler and policy every 10 s at most: the first at once, then how many more came in the
- * window, with the last one's words. A line per request flooded the log at the rate of the
+ * The warnings of a store outage (a request refused 503, or run unguarded, per handler; a save
+ * given up), one line of a kind every 10 s at most: the first at once, then how many more came
+ * in the window, with the last one's words. A line per request flooded the log at the rate of the
  * traffic for as long as the outage lasted (an adversarial helper: 2,010 lines for 500 requests),
  * and writing it cost each request more than the guard.
  */
@@ -23,14 +25,14 @@ export class OutageLog {
 
   constructor(private readonly logger: Logger) {}
 
-  warn(handler: string, policy: 'refused' | 'unguarded', message: string): void {
-    const id = `${handler}\0${policy}`;
+  /** Logs `message` of the kind `id`, or counts it as one `more` (e.g. "requests refused") in the window's next line. */
+  warn(id: string, message: string, more: string): void {
     const window = this.windows.get(id);
     const now = Date.now();
     if (!window || now - window.startedAt >= WINDOW_MS) {
       if (window) this.flush(id, window);
       this.logger.warn(message);
-      this.windows.set(id, { startedAt: now, held: 0, last: message });
+      this.windows.set(id, { startedAt: now, more, held: 0, last: message });
       return;
     }
     window.held++;
@@ -48,8 +50,7 @@ export class OutageLog {
       if (this.windows.get(id) === window) this.windows.delete(id);
       return;
     }
-    const policy = id.slice(id.indexOf('\0') + 1);
-    this.logger.warn(`${window.held} more requests ${policy === 'refused' ? 'refused' : 'ran unguarded'} in ${WINDOW_MS / 1000} s; the last: ${window.last}`);
+    this.logger.warn(`${window.held} more ${window.more} in ${WINDOW_MS / 1000} s; the last: ${window.last}`);
     window.held = 0;
     window.startedAt = Date.now();
   }

@@ -4,8 +4,9 @@ import type { CallEvents } from '../events/call-events.js';
 import type { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import type { ClaimInput, IdempotencyStore, SavedResponse } from '../stores/idempotency-store.js';
 import type { HeldClaim } from './exchange.js';
-import { LateSaves } from './late-saves.js';
+import { LATE_SAVES_MAX_BYTES, LATE_SAVES_MAX_ENTRIES, LateSaves } from './late-saves.js';
 import { LeaseRenewal, type LeaseRenewalHooks } from './lease-renewal.js';
+import { OutageLog } from './outage-log.js';
 import type { GuardedRoute } from './route-options.js';
 
 type StoreOperation = 'claim' | 'complete' | 'release' | 'renew';
@@ -19,8 +20,10 @@ const NEVER_ABORTED = new AbortController().signal;
  * and (for a failed save) tried again until the lease ends.
  */
 export class StoreCalls {
-  /** Fail-open runs' saves past their lease, on a store that `deliversLate`. */
+  /** Failed saves on a store that `deliversLate`, waiting for it to answer again. */
   private readonly lateSaves: LateSaves;
+  /** The outage's warnings, a line of a kind every 10 s at most. */
+  readonly outageLog: OutageLog;
 
   constructor(
     readonly store: IdempotencyStore,
@@ -28,6 +31,7 @@ export class StoreCalls {
     readonly logger: Logger,
   ) {
     this.lateSaves = new LateSaves(store, logger);
+    this.outageLog = new OutageLog(logger);
   }
 
   /**
@@ -40,18 +44,16 @@ export class StoreCalls {
   }
 
   /**
-   * Saves the answer. A save that fails is tried again in the background until the lease ends:
-   * the effect happened, and a key left processing would refuse retries, then run them again.
-   * With `lateUntil` (a fail-open run on a store that `deliversLate`), it then waits with the
-   * late saves until that time.
+   * Saves the answer. A save that fails is tried again in the background until `tryUntil` (the
+   * lease's end; for a fail-open run on a store that `deliversLate`, `maxHoldSeconds`): the
+   * effect happened, and a key left processing would refuse retries, then run them again.
    */
   async save(
     storageKey: string,
     token: string,
     response: SavedResponse,
     route: GuardedRoute,
-    leaseEndsAt: number,
-    lateUntil: number | undefined,
+    tryUntil: number,
     uncertain: boolean,
     events: CallEvents | undefined,
   ) {
@@ -72,7 +74,17 @@ export class StoreCalls {
       events?.emit('store_error', { operation: 'complete', error });
       // After a failed claim (fail-open) the outage was logged already; the save may have no claim to complete.
       if (!uncertain) this.logger.error(`${route.handler}: could not save the response (${(error as Error).message}); trying again until the lease ends`);
-      void this.saveLater(storageKey, token, response, route, leaseEndsAt, lateUntil, uncertain, events);
+      // A client that sends failed calls later may still hold this save (with its body): tried
+      // again on its own, each try left another copy in its queue while the store was down (an
+      // adversarial helper: +2.7 MB/s at 57 runs/s). It waits with the others for one probe.
+      if (!this.store.deliversLate) return void this.saveLater(storageKey, token, response, route, tryUntil, uncertain, events);
+      if (this.lateSaves.add({ storageKey, token, response, route, until: tryUntil, uncertain, events })) return;
+      this.outageLog.warn(
+        'late-saves:full',
+        `${route.handler}: could not keep the response to save once the store answers (${LATE_SAVES_MAX_ENTRIES} saves or ` +
+          `${LATE_SAVES_MAX_BYTES / 1024 / 1024} MiB kept already); a retry may run the handler again`,
+        'responses not kept',
+      );
     }
   }
 
@@ -81,12 +93,11 @@ export class StoreCalls {
     token: string,
     response: SavedResponse,
     route: GuardedRoute,
-    leaseEndsAt: number,
-    lateUntil: number | undefined,
+    tryUntil: number,
     uncertain: boolean,
     events: CallEvents | undefined,
   ) {
-    for (let delayMs = 100; Date.now() + delayMs < leaseEndsAt; delayMs = Math.min(delayMs * 2, 2000)) {
+    for (let delayMs = 100; Date.now() + delayMs < tryUntil; delayMs = Math.min(delayMs * 2, 2000)) {
       await new Promise((resolve) => setTimeout(resolve, delayMs).unref());
       try {
         // false: a late copy of an earlier save (or of the claim's release) landed meanwhile.
@@ -99,9 +110,6 @@ export class StoreCalls {
         this.counters.count('storeErrors', route.handler);
         events?.emit('store_error', { operation: 'complete', error });
       }
-    }
-    if (lateUntil !== undefined && lateUntil > Date.now()) {
-      if (this.lateSaves.add({ storageKey, token, response, route, until: lateUntil, events })) return;
     }
     if (!uncertain) this.logger.error(`${route.handler}: gave up saving the response; the key frees when its lease ends`);
   }
@@ -177,8 +185,9 @@ class Hold implements HeldClaim {
     // failed calls later (its save, dropped meanwhile, never came after it): the save waits
     // until maxHoldSeconds, to come after it. Tried only until the lease ended, the save gave up,
     // the late claim held the key with nothing to complete it, and a retry ran again (an adversarial helper: 40 of 40 keys).
-    const lateUntil = uncertain && this.calls.store.deliversLate ? this.holdEndsAt : undefined;
-    return this.calls.save(this.storageKey, this.token, response, this.route, this.renewal.leaseEndsAt, lateUntil, uncertain, this.events);
+    const leaseEndsAt = this.renewal.leaseEndsAt;
+    const tryUntil = uncertain && this.calls.store.deliversLate ? Math.max(this.holdEndsAt, leaseEndsAt) : leaseEndsAt;
+    return this.calls.save(this.storageKey, this.token, response, this.route, tryUntil, uncertain, this.events);
   }
 
   release(): Promise<void> {
