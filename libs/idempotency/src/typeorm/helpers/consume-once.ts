@@ -3,7 +3,7 @@ import { CONSUMER_COLUMN_CHARS, ConsumeLogEntry, MESSAGE_ID_COLUMN_CHARS } from 
 import { uniqueViolationOf } from './unique-violation.js';
 import { IdempotencyError } from '../../index.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
-import { refuseRoutedRepositories } from './routed-repositories.js';
+import { pinRepositories, refuseRoutedRepositories } from './routed-repositories.js';
 import { DIGEST_BYTES, digestForm } from '../store/record-key.js';
 
 /** A delivered message, named by who consumes it and its id. */
@@ -75,7 +75,7 @@ export async function consumeOnce<R>(
         throw error;
       }
       // A unique violation inside `work` is the work's own error, not a duplicate delivery.
-      return { status: 'processed' as const, result: await work(manager) };
+      return { status: 'processed' as const, result: await work(pinRepositories(manager)) };
     });
   } catch (error) {
     if (error instanceof DuplicateDelivery) return { status: 'duplicate' };

@@ -7,7 +7,7 @@
 // README says: initializeTransactionalContext, then addTransactionalDataSource.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { createHash, randomUUID } from 'node:crypto';
-import { Column, DataSource, Entity, PrimaryGeneratedColumn, type EntityManager } from 'typeorm';
+import { Column, DataSource, Entity, PrimaryGeneratedColumn, type EntityManager, type Repository } from 'typeorm';
 import {
   addTransactionalDataSource,
   initializeTransactionalContext,
@@ -35,6 +35,8 @@ class LedgerLine {
   @Column({ name: 'op', type: 'text' })
   op!: string;
 }
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 /** The outer transaction rolls back after the call returned (a later step of the method failed). */
 class LaterStepFailed extends Error {}
@@ -122,5 +124,58 @@ describe('under typeorm-transactional', () => {
     expect(inside).toEqual({ threw: expect.any(IdempotencyConfigError) });
     expect(await recorder.get(scope, { requestId: 'r1' })).toMatchObject({ state: 'PROCESSING' });
     expect(await lines(scope)).toBe(0);
+  });
+
+  // With typeorm-transactional's AsyncLocalStorage driver, the branches of one handler share one
+  // routing: a sibling @Transactional() that ran beside `work` routed its writes into itself
+  // after the call-time check had passed, and rolled them back (an adversarial helper: 0 of 10).
+  it("keeps work's repositories in consumeOnce's transaction while a sibling @Transactional() runs beside it and fails", async () => {
+    const message = { consumer: 'billing', messageId: randomUUID() };
+    const sibling = () =>
+      runInTransaction(async () => {
+        await sleep(100);
+        throw new LaterStepFailed();
+      });
+    const [consumed] = await runInTransaction(
+      () =>
+        Promise.allSettled([
+          consumeOnce(dataSource, message, async (manager) => {
+            await sleep(40);
+            return book(message.messageId)(manager);
+          }),
+          sibling(),
+        ]),
+      { propagation: Propagation.NOT_SUPPORTED },
+    );
+    expect(consumed).toEqual({ status: 'fulfilled', value: { status: 'processed', result: expect.any(Number) } });
+    // Observed before: lines 0, logged 1 (the redelivery a duplicate).
+    expect({ lines: await lines(message.messageId), logged: await logged(message.messageId) }).toEqual({ lines: 1, logged: 1 });
+  });
+
+  it('keeps a custom repository given to manager.withRepository (and its extend) in the call\'s transaction', async () => {
+    const ops = [randomUUID(), randomUUID()];
+    const outcome = await inFailingTransaction(async () => {
+      // Made inside the outer transaction, as a request-scoped custom repository is.
+      const ledger = dataSource.getRepository(LedgerLine).extend({
+        book(this: Repository<LedgerLine>, op: string) {
+          return this.insert({ op });
+        },
+      });
+      return runInTransaction(
+        () =>
+          Promise.all(
+            ops.map((op, i) =>
+              consumeOnce(dataSource, { consumer: 'billing', messageId: op }, async (manager) => {
+                const mine = manager.withRepository(ledger);
+                return i === 0 ? mine.book(op) : mine.extend({}).insert({ op });
+              }),
+            ),
+          ),
+        { propagation: Propagation.NOT_SUPPORTED },
+      );
+    });
+    expect(outcome).toEqual({ returned: [expect.objectContaining({ status: 'processed' }), expect.objectContaining({ status: 'processed' })] });
+    // Observed before: 0 lines each, logged 1 each.
+    expect(await Promise.all(ops.flatMap((op) => [lines(op), logged(op)]))).toEqual([1, 1, 1, 1]);
   });
 });

@@ -1,11 +1,11 @@
-import { Repository, type DataSource, type EntityManager } from 'typeorm';
+import type { DataSource, EntityManager, ObjectLiteral, Repository } from 'typeorm';
 import { IdempotencyConfigError } from '../../index.js';
 
 /** A target no repository is used for: only the probe's `manager` is read. */
 class RoutingProbe {}
 
-/** Per DataSource, a manager of its own and a repository made on it. */
-const probes = new WeakMap<DataSource, { manager: EntityManager; repository: Repository<RoutingProbe> }>();
+/** Per DataSource, a manager of its own. */
+const probeManagers = new WeakMap<DataSource, EntityManager>();
 
 /**
  * Refuses a call that opens its own transaction for `work` while the DataSource's repositories
@@ -15,19 +15,48 @@ const probes = new WeakMap<DataSource, { manager: EntityManager; repository: Rep
  * row (the consume log's, the record's, the outcome's) committed, and the effect rolled back with
  * the outer transaction (an adversarial helper: 50 of 50 effects lost, their redeliveries answered
  * duplicate). Checked before any statement (no connection taken: inside `@Transactional()` the
- * call's own connection also waited on a pool the outer transactions held). One getter per call.
+ * call's own connection also waited on a pool the outer transactions held). The probe is made by
+ * the DataSource's own manager, so by the app's TypeORM (a second copy of TypeORM under this
+ * package's folder was never patched, and its probe saw nothing).
  */
 export function refuseRoutedRepositories(dataSource: DataSource, caller: string, what: string): void {
-  let probe = probes.get(dataSource);
-  if (!probe) {
-    const manager = dataSource.createEntityManager();
-    probes.set(dataSource, (probe = { manager, repository: new Repository(RoutingProbe, manager) }));
-  }
-  if (probe.repository.manager === probe.manager) return;
+  let manager = probeManagers.get(dataSource);
+  if (!manager) probeManagers.set(dataSource, (manager = dataSource.createEntityManager()));
+  if (manager.getRepository(RoutingProbe).manager === manager) return;
   throw new IdempotencyConfigError(
     `${caller} was called inside a transaction that routes repositories to itself (typeorm-transactional's @Transactional() or ` +
       `runInTransaction): a repository from manager.getRepository() in its work would write in that transaction, not in ${caller}'s ` +
-      `own, and its effect could roll back while ${what} commits. Call ${caller} outside it, or from a method with ` +
-      '@Transactional({ propagation: Propagation.NOT_SUPPORTED }).',
+      `own, and its effect could roll back while ${what} commits. Call ${caller} from code outside any transaction.`,
   );
+}
+
+/**
+ * Pins the repositories `work` gets from its transaction's `manager` (`getRepository`,
+ * `getTreeRepository`, `withRepository`, and their `extend`) to that manager, whatever routes
+ * repositories meanwhile. typeorm-transactional decides at each call which transaction a
+ * repository writes in: with its AsyncLocalStorage driver, a sibling `@Transactional()` that ran
+ * beside `work` (a `Promise.all` in one handler) routed `work`'s writes into itself, after the
+ * call-time check had passed, and its rollback lost them (an adversarial helper: 0 of 10 effects,
+ * every redelivery answered duplicate); `withRepository` copied the routing of the repository it
+ * was given. A repository made outside `work` (injected, `dataSource.getRepository`) is not pinned.
+ */
+export function pinRepositories(manager: EntityManager): EntityManager {
+  const { getRepository, getTreeRepository, withRepository } = manager;
+  Object.assign(manager, {
+    getRepository: (target: never) => pin(getRepository.call(manager, target), manager),
+    getTreeRepository: (target: never) => pin(getTreeRepository.call(manager, target), manager),
+    withRepository: (repository: Repository<ObjectLiteral>) => pin(withRepository.call(manager, repository), manager),
+  });
+  return manager;
+}
+
+function pin<R extends Repository<ObjectLiteral>>(repository: R, manager: EntityManager): R {
+  Object.defineProperty(repository, 'manager', { value: manager, writable: true, enumerable: true, configurable: true });
+  const extend = repository.extend;
+  Object.defineProperty(repository, 'extend', {
+    value: (custom: never) => pin(extend.call(repository, custom), manager),
+    writable: true,
+    configurable: true,
+  });
+  return repository;
 }

@@ -16,7 +16,7 @@ import {
 } from './outcome-claim.js';
 import { claimSql, finishSql, getSql, lockSql, renewSql } from './postgres-outcome-recorder.sql.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
-import { refuseRoutedRepositories } from '../helpers/routed-repositories.js';
+import { pinRepositories, refuseRoutedRepositories } from '../helpers/routed-repositories.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import {
   claimUntilAnswered,
@@ -189,7 +189,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
         const locked = await this.run(this.sql.lock, [held.recordId, held.token], runner);
         if (locked.records.length === 0) return { recorded: false };
         working = true;
-        const outcome = await work(manager);
+        const outcome = await work(pinRepositories(manager));
         const finished = await this.run(this.sql.finish, this.finishParams(held, 'SUCCESS', outcome), runner);
         if (finished.affected !== 1) throw new IdempotencyStoreError(`Outcome record ${held.recordId} changed while locked`);
         return { recorded: true, outcome };

@@ -19,7 +19,7 @@ import { IDEMPOTENCY_DEFAULTS, IdempotencyConfigError, IdempotencyError, Idempot
 import { IDEMPOTENCY_RECORDS_TABLE } from '../store/idempotency-record.entity.js';
 import { recordKey } from '../store/record-key.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
-import { refuseRoutedRepositories } from '../helpers/routed-repositories.js';
+import { pinRepositories, refuseRoutedRepositories } from '../helpers/routed-repositories.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { qualifiedTable } from '../postgres/table-name.js';
@@ -170,7 +170,7 @@ export class IdempotentTransactions {
         await database('ROLLBACK', () => runner.rollbackTransaction());
         return claim as IdempotentRunResult<T>;
       }
-      const { statusCode = 200, body } = await work(runner.manager);
+      const { statusCode = 200, body } = await work(pinRepositories(runner.manager));
       const text = await bodyText(body, this.serialize);
       const params = [key, token, statusCode, JSON_HEADERS, text ?? null, text !== undefined, this.retentionMs];
       if ((await this.statement(this.sql.complete, params, runner)).affected !== 1) {
