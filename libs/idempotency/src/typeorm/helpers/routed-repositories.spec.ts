@@ -36,8 +36,6 @@ class LedgerLine {
   op!: string;
 }
 
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
-
 /** The outer transaction rolls back after the call returned (a later step of the method failed). */
 class LaterStepFailed extends Error {}
 
@@ -131,17 +129,27 @@ describe('under typeorm-transactional', () => {
   // after the call-time check had passed, and rolled them back (an adversarial helper: 0 of 10).
   it("keeps work's repositories in consumeOnce's transaction while a sibling @Transactional() runs beside it and fails", async () => {
     const message = { consumer: 'billing', messageId: randomUUID() };
+    // In this order: the sibling's transaction begins, work writes, the sibling fails.
+    let began!: () => void;
+    let wrote!: () => void;
+    const siblingBegan = new Promise<void>((resolve) => (began = resolve));
+    const workWrote = new Promise<void>((resolve) => (wrote = resolve));
     const sibling = () =>
       runInTransaction(async () => {
-        await sleep(100);
+        began();
+        await workWrote;
         throw new LaterStepFailed();
       });
     const [consumed] = await runInTransaction(
       () =>
         Promise.allSettled([
           consumeOnce(dataSource, message, async (manager) => {
-            await sleep(40);
-            return book(message.messageId)(manager);
+            await siblingBegan;
+            try {
+              return await book(message.messageId)(manager);
+            } finally {
+              wrote();
+            }
           }),
           sibling(),
         ]),
@@ -177,5 +185,21 @@ describe('under typeorm-transactional', () => {
     expect(outcome).toEqual({ returned: [expect.objectContaining({ status: 'processed' }), expect.objectContaining({ status: 'processed' })] });
     // Observed before: 0 lines each, logged 1 each.
     expect(await Promise.all(ops.flatMap((op) => [lines(op), logged(op)]))).toEqual([1, 1, 1, 1]);
+  });
+
+  // TypeORM asks the manager for a repository at every save of an entity with an id; each ask
+  // wrapped the cached repository's extend once more (a reviewer: out of stack past ~10,000).
+  it("pins a repository once, however often work asks the manager for it", async () => {
+    const message = { consumer: 'billing', messageId: randomUUID() };
+    const result = await consumeOnce(dataSource, message, async (manager) => {
+      const extend = manager.getRepository(LedgerLine).extend;
+      for (let i = 0; i < 1000; i++) manager.getRepository(LedgerLine);
+      const same = manager.getRepository(LedgerLine).extend === extend;
+      await manager.getRepository(LedgerLine).extend({}).insert({ op: message.messageId });
+      return same;
+    });
+    // Observed before: a new wrapper at every ask (false).
+    expect(result).toEqual({ status: 'processed', result: true });
+    expect(await lines(message.messageId)).toBe(1);
   });
 });

@@ -41,6 +41,8 @@ export function refuseRoutedRepositories(dataSource: DataSource, caller: string,
  * was given. A repository made outside `work` (injected, `dataSource.getRepository`) is not pinned.
  */
 export function pinRepositories(manager: EntityManager): EntityManager {
+  if (pinned.has(manager)) return manager;
+  pinned.add(manager);
   const { getRepository, getTreeRepository, withRepository } = manager;
   Object.assign(manager, {
     getRepository: (target: never) => pin(getRepository.call(manager, target), manager),
@@ -50,9 +52,18 @@ export function pinRepositories(manager: EntityManager): EntityManager {
   return manager;
 }
 
+/**
+ * Managers and repositories pinned already. The manager caches its repositories, and TypeORM asks
+ * it for one at every `save` of an entity with an id: pinned again each time, a repository's
+ * `extend` was wrapped once more per call (a batch `work` ran out of stack).
+ */
+const pinned = new WeakSet<object>();
+
 function pin<R extends Repository<ObjectLiteral>>(repository: R, manager: EntityManager): R {
+  if (pinned.has(repository)) return repository;
+  pinned.add(repository);
   Object.defineProperty(repository, 'manager', { value: manager, writable: true, enumerable: true, configurable: true });
-  const extend = repository.extend;
+  const extend = (Object.getPrototypeOf(repository) as R).extend;
   Object.defineProperty(repository, 'extend', {
     value: (custom: never) => pin(extend.call(repository, custom), manager),
     writable: true,
