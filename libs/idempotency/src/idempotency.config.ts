@@ -121,8 +121,13 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
   if (resolved.anonymous !== 'client-key' && resolved.anonymous !== 'address') {
     throw new IdempotencyConfigError(`IdempotencyModule: anonymous must be 'client-key' or 'address' (got '${String(resolved.anonymous)}')`);
   }
-  if (!resolved.keyPrefix || resolved.keyPrefix.includes(':')) {
-    throw new IdempotencyConfigError(`IdempotencyModule: keyPrefix must be non-empty and hold no ':' (got '${resolved.keyPrefix}')`);
+  // A lone surrogate is sent as U+FFFD: 'p\uD800' and 'p\uDC00' were one prefix in Redis, and
+  // the local cache never matched the invalidations of its keys (an adversarial helper: 5 of 5
+  // forgotten records replayed on another instance).
+  if (!resolved.keyPrefix || resolved.keyPrefix.includes(':') || /\p{Cs}/u.test(resolved.keyPrefix)) {
+    throw new IdempotencyConfigError(
+      `IdempotencyModule: keyPrefix must be non-empty and hold no ':' nor a lone surrogate (got ${JSON.stringify(resolved.keyPrefix)})`,
+    );
   }
   return Object.freeze(resolved);
 }

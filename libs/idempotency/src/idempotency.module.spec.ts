@@ -95,7 +95,7 @@ describe('IdempotencyModule', () => {
     ).rejects.toThrow(/store\.redis is empty/);
   });
 
-  it.each([{ keyPrefix: 'a:b' }, { keyPrefix: '' }, { expireSeconds: 0 }, { leaseSeconds: -5 }])(
+  it.each([{ keyPrefix: 'a:b' }, { keyPrefix: '' }, { keyPrefix: 'p\uD800' }, { expireSeconds: 0 }, { leaseSeconds: -5 }])(
     'refuses %p at start-up',
     async (options) => {
       await expect(

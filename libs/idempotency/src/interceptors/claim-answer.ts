@@ -129,7 +129,7 @@ export class ClaimAnswers {
       this.calls.outageLog.warn(`${route.handler}:unguarded`, `${message}; running unguarded`, 'requests ran unguarded');
     };
     const release = () => {
-      this.logger.warn(`${message}; the caller left before the handler ran`);
+      this.calls.outageLog.warn(`${route.handler}:left`, `${message}; the caller left before the handler ran`, 'callers left before the handler ran');
       return possible.release();
     };
     return { result: answered(failOpen, () => result), release };

@@ -1,6 +1,6 @@
 import type { Logger } from '@nestjs/common';
 
-/** One line per kind in this window at most. */
+/** One line per kind in this window at most (by the monotonic clock, the global `performance`: fake timers stand in for it in tests). */
 const WINDOW_MS = 10_000;
 
 interface Window {
@@ -28,7 +28,7 @@ export class OutageLog {
   /** Logs `message` of the kind `id`, or counts it as one `more` (e.g. "requests refused") in the window's next line. */
   warn(id: string, message: string, more: string): void {
     const window = this.windows.get(id);
-    const now = Date.now();
+    const now = performance.now();
     if (!window || now - window.startedAt >= WINDOW_MS) {
       if (window) this.flush(id, window);
       this.logger.warn(message);
@@ -52,6 +52,6 @@ export class OutageLog {
     }
     this.logger.warn(`${window.held} more ${window.more} in ${WINDOW_MS / 1000} s; the last: ${window.last}`);
     window.held = 0;
-    window.startedAt = Date.now();
+    window.startedAt = performance.now();
   }
 }

@@ -392,3 +392,14 @@ describe('the local cache on Redis (client-side caching)', () => {
     );
   });
 });
+
+// Redis keeps a lone surrogate as U+FFFD: the invalidations never named the cache's keys, and
+// another instance replayed every forgotten record (an adversarial helper: 5 of 5).
+describe('RedisRecordTracking on a client whose keyPrefix holds a lone surrogate', () => {
+  it('refuses at once, naming the prefix', () => {
+    const client = new Redis({ keyPrefix: 'c\uDC00:', lazyConnect: true });
+    expect(() => new RedisRecordTracking(client)).toThrow(/keyPrefix "c\\udc00:" holds a lone surrogate/);
+    client.disconnect();
+  });
+});
+

@@ -1,5 +1,6 @@
 import { Logger } from '@nestjs/common';
 import type { Redis, RedisOptions } from 'ioredis';
+import { IdempotencyConfigError } from '../../errors/idempotency.errors.js';
 import { coalesceWrites } from '../redis/coalesce-writes.js';
 import { decodeRecord } from '../redis/redis-record.js';
 import type { RecordTracking, TrackedRecord, TrackingListener } from './record-tracking.js';
@@ -52,6 +53,13 @@ export class RedisRecordTracking implements RecordTracking {
   constructor(private readonly client: Redis) {
     // Invalidations name keys as Redis holds them; the cache knows them without the client's prefix.
     this.keyPrefix = client.options.keyPrefix ?? '';
+    // Sent as U+FFFD, a lone surrogate never matched the invalidations' key names: stale replays.
+    if (/\p{Cs}/u.test(this.keyPrefix)) {
+      throw new IdempotencyConfigError(
+        `localCache: the Redis client's keyPrefix ${JSON.stringify(this.keyPrefix)} holds a lone surrogate, which Redis keeps as U+FFFD: ` +
+          'the cache could not tell which of its records another instance forgot. Use well-formed text.',
+      );
+    }
   }
 
   async start(listener: TrackingListener): Promise<void> {
