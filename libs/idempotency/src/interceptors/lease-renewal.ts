@@ -82,6 +82,11 @@ export class LeaseRenewal {
     return this.endsAt + this.wallOffset;
   }
 
+  /** When `maxHoldMs` ends, by this process's wall clock. */
+  get holdEndsAtWall(): number {
+    return this.holdEndsAt + this.wallOffset;
+  }
+
   /** The claim is settled (saved or released): no more renewals, and nothing more to lose. */
   stop(): void {
     this.stopped = true;

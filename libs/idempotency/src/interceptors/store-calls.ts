@@ -148,8 +148,6 @@ export class StoreCalls {
 class Hold implements HeldClaim {
   readonly holdMs: number;
   private readonly renewal: LeaseRenewal;
-  /** When `maxHoldSeconds` ends, by the wall clock. */
-  private readonly holdEndsAt: number;
 
   constructor(
     private readonly calls: StoreCalls,
@@ -168,7 +166,6 @@ class Hold implements HeldClaim {
     this.uncertainHooks = uncertain ? new UncertainRenewalHooks(hooks) : undefined;
     this.renewal = new LeaseRenewal(route.leaseMs, route.maxHoldMs, this.uncertainHooks ?? hooks, uncertain);
     this.holdMs = route.maxHoldMs;
-    this.holdEndsAt = Date.now() + route.maxHoldMs;
   }
 
   private readonly uncertainHooks: UncertainRenewalHooks | undefined;
@@ -187,7 +184,7 @@ class Hold implements HeldClaim {
     // until maxHoldSeconds, to come after it. Tried only until the lease ended, the save gave up,
     // the late claim held the key with nothing to complete it, and a retry ran again (an adversarial helper: 40 of 40 keys).
     const leaseEndsAt = this.renewal.leaseEndsAt;
-    const tryUntil = uncertain && this.calls.store.deliversLate ? Math.max(this.holdEndsAt, leaseEndsAt) : leaseEndsAt;
+    const tryUntil = uncertain && this.calls.store.deliversLate ? Math.max(this.renewal.holdEndsAtWall, leaseEndsAt) : leaseEndsAt;
     return this.calls.save(this.storageKey, this.token, response, this.route, tryUntil, uncertain, this.events);
   }
 
