@@ -17,6 +17,7 @@ import { eventually } from './support/eventually.js';
 import { freePort, startRedisServer, type RedisServer } from './support/redis-server.js';
 import { REDIS_URL } from './support/services.js';
 import { makeApp } from './support/edge-app.js';
+import { TcpProxy } from './support/tcp-proxy.js';
 
 /** Handler runs per client key, across every app of this file. */
 const runs = new Map<string, number>();
@@ -420,5 +421,52 @@ describe('forget + re-run + replays across two instances (Express, Fastify) unde
       await Promise.all(hammers);
     }
     expect(stale).toEqual([]);
+  });
+});
+
+describe('a forget returns once every instance with a cache heard it', () => {
+  const keyPrefix = `heard${randomUUID().slice(0, 8)}`;
+  let proxy: TcpProxy;
+  let a: Instance;
+  let b: Instance;
+
+  beforeAll(async () => {
+    // B reaches Redis through a proxy that can slow its link (a loaded instance, a far zone).
+    proxy = await new TcpProxy({ host: new URL(REDIS_URL).hostname, port: Number(new URL(REDIS_URL).port || 6379) }).start();
+    [a, b] = await Promise.all([
+      start('express', { store: { redis: REDIS_URL }, keyPrefix, localCache: true }),
+      start('fastify', { store: { redis: proxy.url }, keyPrefix, localCache: true }),
+    ]);
+  });
+  afterEach(() => {
+    proxy.delayMs = 0;
+  });
+  afterAll(async () => {
+    proxy.delayMs = 0;
+    await Promise.all([a?.app.close(), b?.app.close()]);
+    await proxy?.stop();
+  });
+
+  it('an instance that hears it 300 ms late: the forget waits for it, and a retry sent there the moment it returns runs the handler', async () => {
+    const k = randomUUID();
+    const { storageKey, run } = await cached(b, 'long', k);
+    proxy.delayMs = 300;
+    const startedAt = performance.now();
+    expect(await a.admin.forget({ user: { anonymous: true }, handler: handlerOf('long'), key: k })).toMatchObject({ forgotten: true });
+    // On the code before, the forget returned in a few ms, and B replayed the forgotten answer.
+    expect(holds(b.cache, storageKey)).toBe(false);
+    expect(performance.now() - startedAt).toBeGreaterThanOrEqual(300);
+    expect(await post(b, 'long', k)).toMatchObject({ status: 201, replayed: false, run: run + 1 });
+  });
+
+  it('an instance that does not answer in time: the forget returns after its bound (2 s), forgotten', async () => {
+    const k = randomUUID();
+    await cached(b, 'long', k);
+    proxy.delayMs = 5000;
+    const startedAt = performance.now();
+    expect(await a.admin.forget({ user: { anonymous: true }, handler: handlerOf('long'), key: k })).toMatchObject({ forgotten: true });
+    const tookMs = performance.now() - startedAt;
+    expect(tookMs).toBeGreaterThanOrEqual(1900);
+    expect(tookMs).toBeLessThan(4000);
   });
 });

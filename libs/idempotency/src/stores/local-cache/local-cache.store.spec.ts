@@ -36,6 +36,8 @@ class HandTracking implements RecordTracking {
     });
   }
 
+  async heardEverywhere() {}
+
   async stop() {
     this.live = false;
   }

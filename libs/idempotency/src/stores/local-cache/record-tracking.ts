@@ -34,6 +34,12 @@ export interface RecordTracking {
    * `key` holds no completed record, or one without a retention.
    */
   read(key: string): Promise<TrackedRecord | undefined>;
+  /**
+   * Resolves once every instance listening has heard the changes made before the call (a forget
+   * on this instance), or after a bound; never rejects. Without it, an instance that hears an
+   * invalidation late answers from its cache meanwhile.
+   */
+  heardEverywhere(): Promise<void>;
   /** Stops listening and closes its connections. */
   stop(): Promise<void>;
 }

@@ -11,7 +11,7 @@ import { describeStoreContract } from '../../testing/index.js';
 import type { IdempotencyStore, SavedResponse } from '../idempotency-store.js';
 import { RedisIdempotencyStore } from '../redis/redis-idempotency.store.js';
 import { LocalCacheIdempotencyStore } from './local-cache.store.js';
-import { RedisRecordTracking, TRACKING_CHECK_MS } from './redis-record-tracking.js';
+import { FORGET_HEARD_MS, RedisRecordTracking, TRACKING_CHECK_MS } from './redis-record-tracking.js';
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 const answer: SavedResponse = { statusCode: 201, headers: { 'content-type': 'application/json' }, body: '{"id":1}' };
@@ -236,7 +236,8 @@ describe('the local cache on Redis (client-side caching)', () => {
     const reader = connections.find((line) => / flags=t /.test(line))!;
     const redirect = / redir=(\d+) /.exec(reader)![1];
     const subscriber = connections.find((line) => line.startsWith(`id=${redirect} `));
-    expect(subscriber).toMatch(/ sub=1 /);
+    // Subscribed to the invalidations, the forgets' notices, and the answers to its own forgets.
+    expect(subscriber).toMatch(/ sub=3 /);
     expect(await own.client('TRACKINGINFO')).toContainEqual(['off']);
     await store.onApplicationShutdown();
     expect(await own.ping()).toBe('PONG');
@@ -255,6 +256,41 @@ describe('the local cache on Redis (client-side caching)', () => {
     await client.del(keys[0], keys[1]);
     // Announced within a few milliseconds, well before a heartbeat could notice a lost redirect.
     await eventually(() => a.cacheStats().entries === 0 && b.cacheStats().entries === 0, { timeoutMs: 200, intervalMs: 1 });
+  });
+
+  it('a forget returns once every cache answered its notice (clients with stringNumbers, RESP3, a keyPrefix); notices others publish are ignored', async () => {
+    const clients = [
+      new Redis(REDIS_URL, { maxRetriesPerRequest: 0, stringNumbers: true }),
+      new Redis(REDIS_URL, { maxRetriesPerRequest: 0, protocol: 3, replyMapping: 'resp3' } as RedisOptions),
+      new Redis(REDIS_URL, { maxRetriesPerRequest: 0, keyPrefix: 'lcheard:' }),
+    ];
+    for (const own of clients) opened.push({ close: () => own.quit() });
+    const caches = await Promise.all(clients.map((own) => cache(own)));
+    // The answers, as any client subscribed to their channels sees them.
+    const answers: string[] = [];
+    const listener = new Redis(REDIS_URL, { maxRetriesPerRequest: 0 });
+    opened.push({ close: () => listener.quit() });
+    await listener.psubscribe('__idempotency__:heard:*');
+    listener.on('pmessage', (_pattern: string, _channel: string, nonce: string) => answers.push(nonce));
+    // Malformed and foreign notices: answered by nobody, and nothing breaks.
+    for (const message of ['', 'x', '1:', ':n', `99999999:${'n'.repeat(65)}`, '1:a b']) await client.publish('__idempotency__:forget', message);
+    await client.publish('__idempotency__:heard:1', 'stray');
+    await sleep(50);
+    expect(answers).toEqual(['stray']);
+    answers.length = 0;
+    for (const forgetter of caches) {
+      const key = `lc:heard:${randomUUID()}`;
+      await completeCached(forgetter, key);
+      const startedAt = performance.now();
+      expect(await forgetter.forget(key)).toMatchObject({ forgotten: true });
+      // Waiting out the bound would mean a cache that never answered.
+      expect(performance.now() - startedAt).toBeLessThan(FORGET_HEARD_MS);
+    }
+    await sleep(50);
+    // Each forget's notice reached the three caches (its channel carries no keyPrefix), and each answered.
+    expect(answers).toHaveLength(9);
+    expect(new Set(answers).size).toBe(3);
+    expect(caches.map((c) => c.cacheStats().live)).toEqual([true, true, true]);
   });
 
   it('starts afresh within about two checks when its connections go silent without closing', async () => {

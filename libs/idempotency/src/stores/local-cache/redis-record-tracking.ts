@@ -1,5 +1,6 @@
 import { Logger } from '@nestjs/common';
 import type { Redis, RedisOptions } from 'ioredis';
+import { randomUUID } from 'node:crypto';
 import { IdempotencyConfigError } from '../../errors/idempotency.errors.js';
 import { coalesceWrites } from '../redis/coalesce-writes.js';
 import { decodeRecord } from '../redis/redis-record.js';
@@ -8,6 +9,24 @@ import type { RecordTracking, TrackedRecord, TrackingListener } from './record-t
 /** Where Redis publishes invalidations to a RESP2 redirect connection. */
 const INVALIDATE_CHANNEL = '__redis__:invalidate';
 const INVALIDATE_CHANNEL_BYTES = Buffer.from(INVALIDATE_CHANNEL);
+
+/**
+ * A forget's notice to every cache (`<subscriber id>:<nonce>`), and where each answers it: the
+ * forgetter's own channel. Pub/Sub channels are server-wide (no db, no `keyPrefix`): caches of
+ * other services on the server answer too, which only adds to the count awaited.
+ */
+const FORGET_CHANNEL = '__idempotency__:forget';
+const FORGET_CHANNEL_BYTES = Buffer.from(FORGET_CHANNEL);
+const HEARD_CHANNEL = '__idempotency__:heard:';
+/** The longest a forget waits for the other caches to have heard it, in milliseconds. */
+export const FORGET_HEARD_MS = 2000;
+
+/** A forget waiting for the caches' answers: `expected` is known once the notice's PUBLISH answers. */
+interface Heard {
+  count: number;
+  expected: number;
+  done: () => void;
+}
 
 /** How often both connections are checked, and how long each check, and each command turning tracking on, may take, in milliseconds. */
 export const TRACKING_CHECK_MS = 1000;
@@ -25,6 +44,11 @@ export const TRACKING_CHECK_MS = 1000;
  * - The subscriber, in RESP2, subscribed to `__redis__:invalidate`: each message is the array of
  *   keys (read as buffers: a key may hold a comma), or null for a flush; anything else (a
  *   client's own PUBLISH there) empties the cache.
+ *
+ * A forget must not return while another instance can still answer from what it forgot: after
+ * the delete, `heardEverywhere` publishes a notice to every cache's subscriber and waits for each
+ * to answer it. Redis writes a connection's messages in order, so a subscriber reads the notice
+ * after the invalidation the delete sent it, and has dropped the entry when it answers.
  *
  * Tracking lives with the connections. When either closes, the listener is reset and `live` turns
  * false until both are back and tracking is on again; when the store's connection closes (another
@@ -48,6 +72,8 @@ export class RedisRecordTracking implements RecordTracking {
   private timer: NodeJS.Timeout | undefined;
   /** Whether the cache's being off was said since tracking was last live (one warning per outage). */
   private warned = false;
+  /** Forgets waiting for the caches' answers, by nonce. */
+  private readonly heard = new Map<string, Heard>();
   live = false;
 
   constructor(private readonly client: Redis) {
@@ -105,8 +131,41 @@ export class RedisRecordTracking implements RecordTracking {
     }
   }
 
+  async heardEverywhere(): Promise<void> {
+    const { reader, subscriberId } = this;
+    if (!this.live || !reader || subscriberId === undefined) return;
+    const nonce = randomUUID();
+    let timer: NodeJS.Timeout | undefined;
+    const heard: Heard = { count: 0, expected: Infinity, done: () => undefined };
+    const settled = new Promise<void>((resolve) => {
+      heard.done = resolve;
+      timer = setTimeout(resolve, FORGET_HEARD_MS).unref();
+    });
+    // Answers may be read before the notice's own reply: counted from the start.
+    this.heard.set(nonce, heard);
+    try {
+      const published = reader.publish(FORGET_CHANNEL, `${subscriberId}:${nonce}`).then((listeners) => {
+        heard.expected = Number(listeners);
+        if (heard.count >= heard.expected) heard.done();
+      });
+      await Promise.race([published, settled]);
+      await settled;
+    } catch (error) {
+      this.logger.warn(`could not tell the other instances' local caches of a forget: ${(error as Error).message}`);
+      return;
+    } finally {
+      clearTimeout(timer);
+      this.heard.delete(nonce);
+    }
+    if (heard.count < heard.expected) {
+      const missing = heard.expected === Infinity ? 'the caches' : `${heard.expected - heard.count} of ${heard.expected} local caches`;
+      this.logger.warn(`${missing} did not confirm a forget within ${FORGET_HEARD_MS} ms: until they hear it, they may replay the forgotten answer`);
+    }
+  }
+
   async stop(): Promise<void> {
     this.stopped = true;
+    for (const heard of this.heard.values()) heard.done();
     clearInterval(this.timer);
     this.lost();
     this.client.off('close', this.onStoreClose);
@@ -131,7 +190,8 @@ export class RedisRecordTracking implements RecordTracking {
   }
 
   private readonly onMessage = (channel: Buffer, keys: unknown): void => {
-    if (!INVALIDATE_CHANNEL_BYTES.equals(channel)) return;
+    if (FORGET_CHANNEL_BYTES.equals(channel)) return this.answerForget(keys);
+    if (!INVALIDATE_CHANNEL_BYTES.equals(channel)) return this.countHeard(keys);
     // Redis sends the keys as an array, or null for FLUSHALL / FLUSHDB. Anything else was
     // published there by a client: not knowing what changed, the cache starts afresh.
     if (!Array.isArray(keys)) {
@@ -142,6 +202,23 @@ export class RedisRecordTracking implements RecordTracking {
     const names = keys.map(String);
     this.listener?.invalidated(prefix ? names.filter((name) => name.startsWith(prefix)).map((name) => name.slice(prefix.length)) : names);
   };
+
+  /**
+   * A forget's notice: every invalidation sent before it was read already (one connection, in
+   * order), so this cache no longer holds the record; it answers on its reader. A reader that is
+   * not connected answers nothing: the forget waits out its bound.
+   */
+  private answerForget(message: unknown): void {
+    const match = /^(\d{1,20}):([\w-]{1,64})$/.exec(String(message));
+    if (!match || this.reader?.status !== 'ready') return;
+    this.reader.publish(`${HEARD_CHANNEL}${match[1]}`, match[2]).catch(() => undefined);
+  }
+
+  /** An answer to one of this instance's forgets (its own channel is the only other it subscribes to). */
+  private countHeard(message: unknown): void {
+    const heard = this.heard.get(String(message));
+    if (heard && ++heard.count >= heard.expected) heard.done();
+  }
 
   private readonly lost = (): void => {
     this.epoch++;
@@ -194,7 +271,7 @@ export class RedisRecordTracking implements RecordTracking {
       if (this.subscriberId === undefined) {
         // A number, also on a client with `stringNumbers` (the redirect is compared with it).
         const id = Number(await answerOf(subscriber, subscriber.client('ID')));
-        await answerOf(subscriber, subscriber.subscribe(INVALIDATE_CHANNEL));
+        await answerOf(subscriber, subscriber.subscribe(INVALIDATE_CHANNEL, FORGET_CHANNEL, `${HEARD_CHANNEL}${id}`));
         this.subscriberId = id;
       }
       await answerOf(reader, reader.client('TRACKING', 'OFF'));
