@@ -27,17 +27,7 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
     }
     clientKey = parsed?.key;
   } else if ('resolve' in source) {
-    // Typed to give a string, but it reads what the client sent: `req.body.ref` may be null (no
-    // key), a number or an object (refused; it threw a TypeError, a 500, or all keyed one
-    // `[object Object]`).
-    const resolved: unknown = source.resolve(ctx);
-    // A promise or an Observable is the developer's mistake, not the client's: said loudly (a 500
-    // Nest logs), never a 400 that blames the client.
-    const later = resolved as { then?: unknown; subscribe?: unknown } | null;
-    if (typeof later?.then === 'function' || typeof later?.subscribe === 'function') {
-      throw new TypeError(`${route.handler}: the idempotentKey function returned a promise or an Observable; it must return the key itself`);
-    }
-    clientKey = keyText(resolved, () => 'the value the idempotentKey function read');
+    return checkedKey(source.resolve(ctx), route, 'the idempotentKey function');
   } else {
     clientKey = evaluateKeyPath(
       source.path,
@@ -51,6 +41,28 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
       throw new IdempotencyKeyError('the header was sent more than once');
     }
   }
+  return validKey(clientKey);
+}
+
+/**
+ * A key the app's code gave (a key function, a subclass's `getKey`), checked as any key. Typed
+ * to give a string, such code reads what the client sent: `req.body.ref` may be null (no key), a
+ * number (its text) or an object (refused: it threw a TypeError, a 500, or all keyed one
+ * `[object Object]`), and a template over missing fields writes `undefined:undefined`.
+ *
+ * @throws IdempotencyKeyError for an unusable key; a TypeError for a promise or an Observable
+ */
+export function checkedKey(value: unknown, route: GuardedRoute, giver: string): string | undefined {
+  // A promise or an Observable is the developer's mistake, not the client's: said loudly (a 500
+  // Nest logs), never a 400 that blames the client.
+  const later = value as { then?: unknown; subscribe?: unknown } | null;
+  if (typeof later?.then === 'function' || typeof later?.subscribe === 'function') {
+    throw new TypeError(`${route.handler}: ${giver} returned a promise or an Observable; it must return the key itself`);
+  }
+  return validKey(keyText(value, () => `the value ${giver} read`));
+}
+
+function validKey(clientKey: string | undefined): string | undefined {
   if (clientKey === undefined) return undefined;
   const problem = validateKey(clientKey);
   if (problem) throw new IdempotencyKeyError(problem);

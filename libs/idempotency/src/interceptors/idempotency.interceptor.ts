@@ -21,7 +21,7 @@ import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
 import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import { IdempotencyStore } from '../stores/idempotency-store.js';
 import { ClaimAnswers, type Guarded } from './claim-answer.js';
-import { readClientKey } from './client-key.js';
+import { checkedKey, readClientKey } from './client-key.js';
 import type { GuardExchange } from './exchange.js';
 import { HttpExchange } from './http-exchange.js';
 import type { HttpRequest, HttpResponse } from './http-request.js';
@@ -45,6 +45,8 @@ import { RpcExchange } from './rpc-exchange.js';
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
   private readonly answers: ClaimAnswers;
+  /** A subclass's own `getKey`: its keys are checked (the guard's own are, as it reads them). */
+  private readonly ownGetKey = this.getKey !== IdempotencyInterceptor.prototype.getKey;
 
   constructor(
     private readonly adapterHost: HttpAdapterHost,
@@ -121,6 +123,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
     let clientKey: string | undefined;
     try {
       clientKey = this.getKey(ctx, route);
+      // A subclass's getKey reads what the client sent: checked as a key function's value is.
+      if (this.ownGetKey) clientKey = checkedKey(clientKey, route, `${this.constructor.name}.getKey()`);
     } catch (error) {
       if (!(error instanceof IdempotencyKeyError)) throw error;
       return { result: exchange.refuse({ reason: 'key_invalid', problem: error.problem }) };

@@ -1,5 +1,5 @@
 import type { MigrationInterface, QueryRunner } from 'typeorm';
-import { qualifiedTable } from '../postgres/table-name.js';
+import { entityTable, qualifiedTable } from '../postgres/table-name.js';
 import { IDEMPOTENCY_OUTCOMES_TABLE } from './outcome-claim.js';
 
 /** Creates `idempotency_outcomes`, the table of `PostgresOutcomeRecorder` (PostgreSQL). */
@@ -7,7 +7,7 @@ export class IdempotencyOutcomes1764547200000 implements MigrationInterface {
   readonly name = 'IdempotencyOutcomes1764547200000';
 
   async up(queryRunner: QueryRunner): Promise<void> {
-    const table = qualifiedTable(IDEMPOTENCY_OUTCOMES_TABLE, queryRunner.connection.driver.schema);
+    const table = qualifiedTable(entityTable(queryRunner.connection.options, IDEMPOTENCY_OUTCOMES_TABLE), queryRunner.connection.driver.schema);
     await queryRunner.query(`CREATE TABLE ${table} (
       "id" BIGSERIAL NOT NULL,
       "scope" character varying(255) NOT NULL,
@@ -30,7 +30,7 @@ export class IdempotencyOutcomes1764547200000 implements MigrationInterface {
   }
 
   async down(queryRunner: QueryRunner): Promise<void> {
-    const table = qualifiedTable(IDEMPOTENCY_OUTCOMES_TABLE, queryRunner.connection.driver.schema);
+    const table = qualifiedTable(entityTable(queryRunner.connection.options, IDEMPOTENCY_OUTCOMES_TABLE), queryRunner.connection.driver.schema);
     await queryRunner.query(`DROP TABLE ${table}`);
   }
 }

@@ -28,7 +28,7 @@ import {
   tryingAgain,
   type RunStatement,
 } from '../postgres/statements.js';
-import { qualifiedTable } from '../postgres/table-name.js';
+import { entityTable, qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresOutcomeRecorderOptions {
   /** Table, `name` or `schema.name`. Default `idempotency_outcomes` in the DataSource's `schema`. */
@@ -89,7 +89,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
     this.leaseMs = positiveMs('PostgresOutcomeRecorder', 'leaseMs', options.leaseMs ?? DEFAULT_LEASE_MS);
     this.retentionMs = positiveMs('PostgresOutcomeRecorder', 'retentionMs', options.retentionMs ?? DEFAULT_RETENTION_MS);
     this.run = statementRunner(dataSource);
-    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_OUTCOMES_TABLE, schema);
+    const table = qualifiedTable(options.tableName ?? entityTable(dataSource.options, IDEMPOTENCY_OUTCOMES_TABLE), schema);
     this.sql = {
       claim: claimSql(table),
       finish: finishSql(table),

@@ -12,3 +12,12 @@ export function qualifiedTable(name: string, schema: string | undefined): string
 function quoteIdent(identifier: string): string {
   return `"${identifier.replace(/"/g, '""')}"`;
 }
+
+/**
+ * The name TypeORM gives the table of an entity named `name` on a DataSource with these options:
+ * `name` under its `entityPrefix`. The migrations and the default tables use it, so that they
+ * name the tables the entities do (`synchronize`, `consumeOnce`).
+ */
+export function entityTable(options: { entityPrefix?: string }, name: string): string {
+  return (options.entityPrefix ?? '') + name;
+}

@@ -1,13 +1,13 @@
 import type { MigrationInterface, QueryRunner } from 'typeorm';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
-import { qualifiedTable } from '../postgres/table-name.js';
+import { entityTable, qualifiedTable } from '../postgres/table-name.js';
 
 /** Creates `idempotency_records`, the table of `PostgresIdempotencyStore` (PostgreSQL). */
 export class IdempotencyRecords1764460800000 implements MigrationInterface {
   readonly name = 'IdempotencyRecords1764460800000';
 
   async up(queryRunner: QueryRunner): Promise<void> {
-    const table = qualifiedTable(IDEMPOTENCY_RECORDS_TABLE, queryRunner.connection.driver.schema);
+    const table = qualifiedTable(entityTable(queryRunner.connection.options, IDEMPOTENCY_RECORDS_TABLE), queryRunner.connection.driver.schema);
     await queryRunner.query(`CREATE TABLE ${table} (
       "key" character varying(1024) NOT NULL,
       "state" character varying(16) NOT NULL,
@@ -25,7 +25,7 @@ export class IdempotencyRecords1764460800000 implements MigrationInterface {
   }
 
   async down(queryRunner: QueryRunner): Promise<void> {
-    const table = qualifiedTable(IDEMPOTENCY_RECORDS_TABLE, queryRunner.connection.driver.schema);
+    const table = qualifiedTable(entityTable(queryRunner.connection.options, IDEMPOTENCY_RECORDS_TABLE), queryRunner.connection.driver.schema);
     await queryRunner.query(`DROP TABLE ${table}`);
   }
 }

@@ -240,7 +240,7 @@ describe('PostgresIdempotencyStore', () => {
     const key = `timer:${randomUUID()}`;
     await timed.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
     await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 ms' WHERE key = $1`, [key]);
-    timed.onModuleInit();
+    await timed.onModuleInit();
     expect((timed as unknown as { purgeSchedule: { timer: NodeJS.Timeout } }).purgeSchedule.timer.hasRef()).toBe(false);
     await until(async () => (await rows(`SELECT 1 FROM "${schema}".idempotency_records WHERE key = $1`, [key])).length === 0);
     await timed.onApplicationShutdown();

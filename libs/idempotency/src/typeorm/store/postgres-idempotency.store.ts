@@ -1,6 +1,7 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import type { DataSource } from 'typeorm';
 import {
+  IdempotencyConfigError,
   IdempotencyStore,
   type ClaimInput,
   type ClaimResult,
@@ -14,7 +15,7 @@ import { claimSql, completeSql, forgetSql, getSql, releaseSql, renewSql } from '
 import { recordKey } from './record-key.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import { claimUntilAnswered, positiveMs, postgresSchemaOf, statementRunner, type RunStatement } from '../postgres/statements.js';
-import { qualifiedTable } from '../postgres/table-name.js';
+import { entityTable, qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresIdempotencyStoreOptions {
   /**
@@ -44,6 +45,9 @@ export interface PostgresIdempotencyStoreOptions {
 const TERMINATE_ABANDONED_SQL = `SELECT pg_terminate_backend(a.pid, $3) AS ended
   FROM pg_stat_activity AS a
  WHERE a.pid = $1 AND a.state = 'active' AND a.query <> '' AND left($2::text, length(a.query)) = a.query`;
+
+/** Every column the store reads or writes (the start-up check selects them). */
+const RECORD_COLUMNS = ['key', 'state', 'token', 'fingerprint', 'status_code', 'headers', 'body', 'has_body', 'body_encoding', 'unreplayable', 'expires_at'];
 
 /** `statementTimeoutMs` by default. */
 const DEFAULT_STATEMENT_TIMEOUT_MS = 5000;
@@ -85,6 +89,8 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   private readonly ending = new Set<Promise<unknown>>();
   private readonly timeoutMs: number;
   private readonly purgeSchedule: ExpiredRowsPurge;
+  /** The records' table, quoted for SQL. */
+  private readonly table: string;
 
   constructor(
     readonly dataSource: DataSource,
@@ -96,7 +102,8 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     this.timeoutMs = timeoutMs;
     this.run = statementRunner(dataSource, { timeoutMs, abandoned: (pid, sql) => this.endAbandoned(pid, sql) });
     this.terminate = statementRunner(dataSource, { timeoutMs, showsProgress: false });
-    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, schema);
+    const table = qualifiedTable(options.tableName ?? entityTable(dataSource.options, IDEMPOTENCY_RECORDS_TABLE), schema);
+    this.table = table;
     this.sql = {
       claim: claimSql(table),
       complete: completeSql(table),
@@ -199,8 +206,30 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     return this.purgeSchedule.purgeExpired();
   }
 
-  onModuleInit(): void {
+  /**
+   * Checks the table, then starts the purge. A table that is missing, or lacks a migration's
+   * columns, refuses start-up: every claim would fail, and a route that fails open would run
+   * every duplicate (an adversarial helper: 150 parallel duplicates, 150 runs). A database that
+   * does not answer is only logged: the routes' `failMode` decides, as for any outage.
+   */
+  async onModuleInit(): Promise<void> {
+    if (this.dataSource.isInitialized) await this.checkTable();
     this.purgeSchedule.start();
+  }
+
+  private async checkTable(): Promise<void> {
+    try {
+      await this.run(`SELECT ${RECORD_COLUMNS.map((column) => `"${column}"`).join(', ')} FROM ${this.table} LIMIT 0`, []);
+    } catch (error) {
+      const { code, message } = ((error as Error).cause ?? {}) as { code?: string; message?: string };
+      if (code === '42P01' || code === '42703' || code === '3F000') {
+        throw new IdempotencyConfigError(
+          `PostgresIdempotencyStore: the table ${this.table} cannot hold records (${message}). Run IDEMPOTENCY_MIGRATIONS ` +
+            `(nestjs-idempotency/typeorm) on this DataSource, or name the table with tableName`,
+        );
+      }
+      this.logger.warn(`could not check the table ${this.table} at start-up: ${(error as Error).message}`);
+    }
   }
 
   async onApplicationShutdown(): Promise<void> {

@@ -22,7 +22,7 @@ import { coverNewConnections } from '../postgres/new-connections.js';
 import { pinRepositories, refuseRoutedRepositories } from '../helpers/routed-repositories.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
-import { qualifiedTable } from '../postgres/table-name.js';
+import { entityTable, qualifiedTable } from '../postgres/table-name.js';
 import type { IdempotentAnswer, IdempotentRunInput, IdempotentRunResult } from './idempotent-run.js';
 import { boundWaitSql, claimSql, completeSql, restoreWaitSql } from './idempotent-transactions.sql.js';
 import { bodyText, type SerializeBody } from './plain-body.js';
@@ -139,7 +139,7 @@ export class IdempotentTransactions {
       throw new IdempotencyConfigError(`IdempotentTransactions: serialize must be a function (got ${typeof options.serialize})`);
     }
     this.serialize = options.serialize;
-    const table = qualifiedTable(options.tableName ?? IDEMPOTENCY_RECORDS_TABLE, schema);
+    const table = qualifiedTable(options.tableName ?? entityTable(dataSource.options, IDEMPOTENCY_RECORDS_TABLE), schema);
     this.sql = { claim: claimSql(table), complete: completeSql(table) };
     this.purge = new ExpiredRowsPurge({ run: this.statement, table, idColumn: 'key', logger: this.logger, what: 'idempotency records' });
   }
