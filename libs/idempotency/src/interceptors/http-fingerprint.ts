@@ -22,6 +22,7 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
     // Always given for a route, so that its query is hashed inside { hosts, params, query }.
     params: req.params ?? {},
     hosts: routeHost(req),
+    queryAsSent: queryAsSent(req.url),
     body: req.body,
     rawBody: req.rawBody,
     contentType: req.headers['content-type'] as string | undefined,
@@ -46,6 +47,39 @@ export function httpFingerprintInput(req: HttpRequest, handler: string): Fingerp
     if (empty) input.hasBody = false;
     return input;
   });
+}
+
+/** Past this many parameters, Node's querystring and qs (Express's parsers, Fastify's choices) drop the rest. */
+const PARSED_PARAMETERS = 1000;
+
+/**
+ * The query string as sent, where its parser may have lost part of it; undefined otherwise (the
+ * parsed query alone counts, and fingerprints stay as they were). Lost: escapes that are not
+ * UTF-8, which Node's querystring (Express's default) turns into U+FFFD (`?a=%E9` and `?a=%E8`
+ * looked alike: an adversarial helper got a replay where 422 was due), and the parameters past
+ * the parsers' 1,000. `url` is the request's own (Express keeps the query in it as routers
+ * rewrite the path; Fastify's is the raw URL).
+ */
+function queryAsSent(url: string | undefined): string | undefined {
+  const at = url === undefined ? -1 : url.indexOf('?');
+  if (at < 0) return undefined;
+  const query = url!.slice(at + 1);
+  if (query.includes('%')) {
+    try {
+      decodeURIComponent(query);
+    } catch {
+      return query;
+    }
+  }
+  // Each parameter takes two characters at least, and its separator.
+  if (query.length > 2 * PARSED_PARAMETERS && manyParameters(query)) return query;
+  return undefined;
+}
+
+function manyParameters(query: string): boolean {
+  let separators = 0;
+  for (let at = query.indexOf('&'); at >= 0; at = query.indexOf('&', at + 1)) if (++separators >= PARSED_PARAMETERS) return true;
+  return false;
 }
 
 /**

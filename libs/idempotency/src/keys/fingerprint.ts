@@ -96,6 +96,11 @@ export interface FingerprintInput {
   /** A host-bound route's host: its host parameters, or its host name (see `params`). */
   hosts?: unknown;
   /**
+   * The query string as sent, where its parser may have lost part of it (see
+   * `httpFingerprintInput`): hashed with `params` and the query, as `queryAsSent`.
+   */
+  queryAsSent?: string;
+  /**
    * The body as the body parser handed it to the route. A Buffer (or other Uint8Array) is hashed
    * as its bytes; a string under a non-JSON `Content-Type` (a text parser) as its UTF-8 bytes.
    */
@@ -210,10 +215,10 @@ function undecodableText(contentType: string): UnmatchableBodyError {
 }
 
 /**
- * `{"hosts":…,"params":…,"query":…}` as canonical JSON writes that object (names in order, an
- * absent part left out), with `ignoreFields` applied inside the query only.
+ * `{"hosts":…,"params":…,"query":…,"queryAsSent":…}` as canonical JSON writes that object
+ * (names in order, an absent part left out), with `ignoreFields` applied inside the query only.
  */
-function writeRoute(w: CanonicalWriter, { hosts, params, query }: FingerprintInput): void {
+function writeRoute(w: CanonicalWriter, { hosts, params, query, queryAsSent }: FingerprintInput): void {
   let first = true;
   const part = (name: string, value: unknown, keepAll: boolean) => {
     if (value === undefined || typeof value === 'function' || typeof value === 'symbol') return;
@@ -227,6 +232,7 @@ function writeRoute(w: CanonicalWriter, { hosts, params, query }: FingerprintInp
   part('hosts', hosts, true);
   part('params', params, true);
   part('query', query, false);
+  part('queryAsSent', queryAsSent, true);
   w.text(first ? '{}' : '}');
 }
 
