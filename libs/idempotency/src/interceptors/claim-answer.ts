@@ -32,15 +32,13 @@ function answered(decided: () => void, answer: () => Observable<unknown>): Obser
  * replay, refuse; or, when the store fails, the route's outage policy.
  */
 export class ClaimAnswers {
-  private readonly calls: StoreCalls;
-
   constructor(
     private readonly store: IdempotencyStore,
     private readonly counters: IdempotencyCounters,
     private readonly logger: Logger,
-  ) {
-    this.calls = new StoreCalls(store, counters, logger);
-  }
+    /** The module's, shared by every guard it builds (a request-scoped subclass is built per request). */
+    private readonly calls: StoreCalls,
+  ) {}
 
   async answer(
     ctx: ExecutionContext,

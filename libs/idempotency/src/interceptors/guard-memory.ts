@@ -1,5 +1,6 @@
-import { Injectable } from '@nestjs/common';
+import { Injectable, type BeforeApplicationShutdown } from '@nestjs/common';
 import type { GuardedRoute } from './route-options.js';
+import type { StoreCalls } from './store-calls.js';
 
 /**
  * What the guard remembers across calls, one per `IdempotencyModule`: each route's options, and
@@ -10,7 +11,9 @@ import type { GuardedRoute } from './route-options.js';
  * every request.
  */
 @Injectable()
-export class GuardMemory {
+export class GuardMemory implements BeforeApplicationShutdown {
+  /** The guard's calls to the store, with the runs in flight and the saves still tried: one set per module. */
+  private calls?: StoreCalls;
   /** Per controller class, then handler: subclasses of one base share its handler functions. */
   private readonly routes = new WeakMap<object, WeakMap<object, GuardedRoute | null>>();
   /** Configuration problems already logged (once per handler and kind). */
@@ -21,6 +24,23 @@ export class GuardMemory {
     let routes = this.routes.get(controller);
     if (!routes) this.routes.set(controller, (routes = new WeakMap()));
     return routes;
+  }
+
+  /** The module's `StoreCalls`, made by `make` the first time it is asked for. */
+  storeCalls(make: () => StoreCalls): StoreCalls {
+    return (this.calls ??= make());
+  }
+
+  /**
+   * Before the app shuts down (`app.close()`, a signal under `enableShutdownHooks()`), and so
+   * before the store closes its client and TypeORM its DataSource (their `onApplicationShutdown`):
+   * waits for the guarded runs in flight to settle and save. Nest waits only for responses still
+   * open; a run whose caller already has an answer (an outer timeout's 408, an `@Res()` 202, an
+   * event) lost its store under it, its key freed after a lease, and a retry to another instance
+   * ran it again (an adversarial helper: 30 of 30 keys ran twice).
+   */
+  async beforeApplicationShutdown(): Promise<void> {
+    await this.calls?.drain();
   }
 
   /** Runs `log` the first time `what` is said, never again. */

@@ -22,6 +22,7 @@ import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import { IdempotencyStore } from '../stores/idempotency-store.js';
 import { ClaimAnswers, type Guarded } from './claim-answer.js';
 import { checkedKey, readClientKey } from './client-key.js';
+import { StoreCalls } from './store-calls.js';
 import type { GuardExchange } from './exchange.js';
 import { HttpExchange } from './http-exchange.js';
 import type { HttpRequest, HttpResponse } from './http-request.js';
@@ -57,7 +58,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
     /** Each route's options and what was logged once: the module's, however often Nest builds the guard. */
     private readonly memory: GuardMemory,
   ) {
-    this.answers = new ClaimAnswers(store, counters, this.logger);
+    const calls = memory.storeCalls(() => new StoreCalls(store, counters, this.logger));
+    this.answers = new ClaimAnswers(store, counters, this.logger, calls);
   }
 
   intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {

@@ -61,6 +61,28 @@ export class LateSaves {
     return true;
   }
 
+  /**
+   * At shutdown: every kept save is tried once more now (the store may answer), and what is left
+   * is given up, with a warning: the timers would not keep the process alive for them. Never rejects.
+   */
+  async flush(): Promise<void> {
+    if (this.pending.size === 0) return;
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    this.delayMs = FIRST_PROBE_MS;
+    try {
+      this.dropExpired();
+      await this.store.ping();
+      await Promise.all([...this.pending.keys()].map((save) => this.tryOnce(save)));
+    } catch {
+      // the store does not answer: what is kept is given up below
+    }
+    const left = [...this.pending.keys()].filter((save) => !save.uncertain).length;
+    if (left > 0) this.logger.warn(`${left} response(s) kept while the store did not answer could not be saved before shutdown; their keys free when their leases end`);
+    this.pending.clear();
+    this.bytes = 0;
+  }
+
   /** How many saves wait. */
   get size(): number {
     return this.pending.size;

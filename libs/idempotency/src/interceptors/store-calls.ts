@@ -24,6 +24,10 @@ export class StoreCalls {
   private readonly lateSaves: LateSaves;
   /** The outage's warnings, a line of a kind every 10 s at most. */
   readonly outageLog: OutageLog;
+  /** The claims held by runs in flight, until saved, released or lost; a shutdown waits for them (`drain`). */
+  private readonly running = new Set<Hold>();
+  /** Saves tried again in the background (`saveLater`). */
+  private readonly retrying = new Set<Promise<void>>();
 
   constructor(
     readonly store: IdempotencyStore,
@@ -40,7 +44,29 @@ export class StoreCalls {
    */
   hold(input: ClaimInput, route: GuardedRoute, uncertain: boolean, events: CallEvents | undefined): HeldClaim {
     events?.held();
-    return new Hold(this, input.key, input.token, route, uncertain, events);
+    const hold = new Hold(this, input.key, input.token, route, uncertain, events);
+    this.running.add(hold);
+    return hold;
+  }
+
+  /** `hold` is settled (saved, released, or its claim lost): a shutdown waits for it no more. */
+  settled(hold: Hold): void {
+    if (this.running.delete(hold)) hold.onSettled?.();
+  }
+
+  /**
+   * At shutdown: waits for the runs in flight now to settle (each at most until its claim is
+   * lost: its lease unrenewed, or `maxHoldSeconds`), then for the saves they try again, and
+   * tries the kept saves of a store that delivers late once more. Never rejects.
+   */
+  async drain(): Promise<void> {
+    const runs = [...this.running];
+    if (runs.length > 0) {
+      this.logger.log(`waiting for ${runs.length} guarded run(s) in flight to settle before the app shuts down`);
+      await Promise.all(runs.map((hold) => new Promise<void>((resolve) => (hold.onSettled = resolve))));
+    }
+    if (this.retrying.size > 0) await Promise.all(this.retrying);
+    await this.lateSaves.flush();
   }
 
   /**
@@ -77,7 +103,7 @@ export class StoreCalls {
       // A client that sends failed calls later may still hold this save (with its body): tried
       // again on its own, each try left another copy in its queue while the store was down (an
       // adversarial helper: +2.7 MB/s at 57 runs/s). It waits with the others for one probe.
-      if (!this.store.deliversLate) return void this.saveLater(storageKey, token, response, route, tryUntil, uncertain, events);
+      if (!this.store.deliversLate) return this.retry(this.saveLater(storageKey, token, response, route, tryUntil, uncertain, events));
       const until = performance.now() + (tryUntil - Date.now());
       if (this.lateSaves.add({ storageKey, token, response, route, until, uncertain, events })) return;
       this.outageLog.warn(
@@ -87,6 +113,12 @@ export class StoreCalls {
         'responses not kept',
       );
     }
+  }
+
+  /** Keeps `saving` (which never rejects) until it ends, for `drain`. */
+  private retry(saving: Promise<void>): void {
+    this.retrying.add(saving);
+    void saving.then(() => this.retrying.delete(saving));
   }
 
   private async saveLater(
@@ -148,6 +180,8 @@ export class StoreCalls {
 class Hold implements HeldClaim {
   readonly holdMs: number;
   private readonly renewal: LeaseRenewal;
+  /** Set by a shutdown waiting for this run (`StoreCalls.drain`). */
+  onSettled?: () => void;
 
   constructor(
     private readonly calls: StoreCalls,
@@ -157,7 +191,7 @@ class Hold implements HeldClaim {
     private readonly uncertain: boolean,
     private readonly events: CallEvents | undefined,
   ) {
-    const hooks = new RenewalHooks(calls, storageKey, token, route, events);
+    const hooks = new RenewalHooks(calls, this, storageKey, token, route, events);
     // A fail-open run's claim may have landed (its answer lost in the outage): renewed too, so
     // that once the store is back it holds the key while the handler runs. Left to expire after
     // one lease, it let a duplicate that came (and waited) once Redis was healthy run beside the
@@ -185,13 +219,22 @@ class Hold implements HeldClaim {
     // the late claim held the key with nothing to complete it, and a retry ran again (an adversarial helper: 40 of 40 keys).
     const leaseEndsAt = this.renewal.leaseEndsAt;
     const tryUntil = uncertain && this.calls.store.deliversLate ? Math.max(this.renewal.holdEndsAtWall, leaseEndsAt) : leaseEndsAt;
-    return this.calls.save(this.storageKey, this.token, response, this.route, tryUntil, uncertain, this.events);
+    return this.settle(this.calls.save(this.storageKey, this.token, response, this.route, tryUntil, uncertain, this.events));
   }
 
   release(): Promise<void> {
     this.events?.settled();
     this.renewal.stop();
-    return this.calls.release(this.storageKey, this.token, this.route.handler, this.events);
+    return this.settle(this.calls.release(this.storageKey, this.token, this.route.handler, this.events));
+  }
+
+  /** `done` (a save or release, which never rejects), after which the run is settled. */
+  private async settle(done: Promise<void>): Promise<void> {
+    try {
+      await done;
+    } finally {
+      this.calls.settled(this);
+    }
   }
 }
 
@@ -221,6 +264,7 @@ class UncertainRenewalHooks implements LeaseRenewalHooks {
 
   lost(why: string): void {
     if (this.landed) this.hooks.lost(why);
+    else this.hooks.ended();
   }
 }
 
@@ -228,6 +272,7 @@ class UncertainRenewalHooks implements LeaseRenewalHooks {
 class RenewalHooks implements LeaseRenewalHooks {
   constructor(
     private readonly calls: StoreCalls,
+    private readonly hold: Hold,
     private readonly storageKey: string,
     private readonly token: string,
     private readonly route: GuardedRoute,
@@ -249,7 +294,13 @@ class RenewalHooks implements LeaseRenewalHooks {
     this.calls.logger.warn(`${this.route.handler}: could not renew the claim (${(error as Error).message}); trying again until its lease ends`);
   }
 
+  /** The renewal ended without a save or release: nothing is left to wait for at shutdown. */
+  ended(): void {
+    this.calls.settled(this.hold);
+  }
+
   lost(why: string): void {
+    this.ended();
     this.calls.counters.count('leasesLost', this.route.handler);
     this.events?.emit('lease_lost', { reason: why });
     this.calls.logger.error(`${this.route.handler}: lost the claim while the handler runs (${why}); a retry may run the handler again`);

@@ -1,0 +1,96 @@
+// A rolling deploy closes an instance (app.close(), or SIGTERM under enableShutdownHooks) while
+// guarded handlers run whose callers already got an answer (an outer timeout's 408, an event).
+// An adversarial helper: Nest closed in a few ms, the store closed its client under them, their
+// renewals and saves failed, their keys freed after a lease, and a retry to another instance
+// ran each again (30 of 30 keys twice). The guard now waits for its runs in flight to settle and
+// save before the store closes.
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import {
+  Controller,
+  Post,
+  RequestTimeoutException,
+  UseInterceptors,
+  type CallHandler,
+  type ExecutionContext,
+  type NestInterceptor,
+} from '@nestjs/common';
+import { randomUUID } from 'node:crypto';
+import { catchError, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
+import { NoRepeatSubmit, type IdempotencyModuleOptions } from 'nestjs-idempotency';
+import { makeApp, send, sleep, type EdgeApp } from './support/edge-app.js';
+import { REDIS_URL } from './support/services.js';
+
+class TimeoutInterceptor implements NestInterceptor {
+  intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle().pipe(
+      timeout(200),
+      catchError((error) => throwError(() => (error instanceof TimeoutError ? new RequestTimeoutException() : error))),
+    );
+  }
+}
+
+const runs = new Map<string, { started: number; done: number }>();
+
+@Controller('jobs')
+@UseInterceptors(TimeoutInterceptor)
+class JobsController {
+  @Post('slow')
+  @NoRepeatSubmit({ expireSeconds: 600 })
+  async slow() {
+    return this.work(1500);
+  }
+
+  @Post('hung')
+  @NoRepeatSubmit({ expireSeconds: 600, maxHoldSeconds: 2 })
+  async hung() {
+    return this.work(60_000);
+  }
+
+  private async work(ms: number) {
+    const key = `${ms}`;
+    const count = runs.get(key) ?? { started: 0, done: 0 };
+    runs.set(key, count);
+    count.started++;
+    await sleep(ms);
+    count.done++;
+    return { done: true };
+  }
+}
+
+describe('app.close() while a guarded handler runs whose caller got a 408 (module-owned Redis client)', () => {
+  const keyPrefix = `drain-${randomUUID().slice(0, 8)}`;
+  const options: IdempotencyModuleOptions = { store: { redis: REDIS_URL }, keyPrefix, leaseSeconds: 1 };
+  let other: EdgeApp;
+
+  beforeAll(async () => {
+    other = await makeApp('express', [JobsController], options);
+  });
+  afterAll(async () => {
+    await other?.close();
+  });
+
+  it('waits for the handler and saves its success: a retry to another instance after the lease never runs it again', async () => {
+    const closing = await makeApp('express', [JobsController], options);
+    const key = randomUUID();
+    expect((await send(closing.url, '/jobs/slow', { key })).status).toBe(408);
+    const startedAt = performance.now();
+    await closing.close();
+    // The handler had ~1.3 s to go; on the code before, close() took a few ms.
+    expect(performance.now() - startedAt).toBeGreaterThan(1000);
+    expect(runs.get('1500')).toEqual({ started: 1, done: 1 });
+    await sleep(1500); // past the lease the first instance held
+    const retry = await send(other.url, '/jobs/slow', { key });
+    expect({ status: retry.status, code: JSON.parse(retry.text).code }).toEqual({ status: 409, code: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE' });
+    expect(runs.get('1500')).toEqual({ started: 1, done: 1 });
+  });
+
+  it('waits no longer than the run\'s maxHoldSeconds for a handler that does not end', async () => {
+    const closing = await makeApp('express', [JobsController], options);
+    expect((await send(closing.url, '/jobs/hung', { key: randomUUID() })).status).toBe(408);
+    const startedAt = performance.now();
+    await closing.close();
+    const tookMs = performance.now() - startedAt;
+    expect(tookMs).toBeGreaterThan(1000);
+    expect(tookMs).toBeLessThan(3500);
+  });
+});
