@@ -43,6 +43,30 @@ class TemplateKeyInterceptor extends IdempotencyInterceptor {
   }
 }
 
+/** The same, with getKey as a class field (an arrow function), set after the base class's constructor ran. */
+@Injectable()
+class FieldKeyInterceptor extends IdempotencyInterceptor {
+  // @ts-expect-error TS2425: a method of the base class, redefined as a property (plain JS needs nothing)
+  protected getKey = (ctx: ExecutionContext) => MODES[ctx.switchToHttp().getRequest<{ headers: Record<string, string> }>().headers['x-key-mode']]?.({});
+}
+
+describe('a subclass whose getKey is a class field', () => {
+  let app: EdgeApp;
+  beforeAll(async () => {
+    app = await makeApp('express', [CartsController], { interceptor: FieldKeyInterceptor } as IdempotencyModuleOptions);
+  });
+  afterAll(async () => {
+    await app?.close();
+  });
+
+  it.each(['template', 'empty', 'long', 'object'])('refuses the key of mode %s too', async (mode) => {
+    const before = runs;
+    const answer = await send(app.url, '/carts', { headers: { 'x-key-mode': mode }, body: {} });
+    expect(answer.status).toBe(400);
+    expect(runs).toBe(before);
+  });
+});
+
 describe.each(['express', 'fastify'] as const)('a subclass whose getKey reads the request (%s)', (adapter) => {
   let app: EdgeApp;
   const post = (mode: string, body: object, key?: string) =>

@@ -68,12 +68,27 @@ function queryAsSent(url: string | undefined): string | undefined {
     try {
       decodeURIComponent(query);
     } catch {
-      return query;
+      return canonicalQuery(query);
     }
   }
-  // Each parameter takes two characters at least, and its separator.
-  if (query.length > 2 * PARSED_PARAMETERS && manyParameters(query)) return query;
+  // Each parameter takes a separator at least (an empty one counts against the limit too).
+  if (query.length >= PARSED_PARAMETERS && manyParameters(query)) return canonicalQuery(query);
   return undefined;
+}
+
+/**
+ * The query as sent, in an order of its own: its parameters sorted, the empty ones left out,
+ * escapes in upper case. A retry that sends them in another order (`?b=1&a=%E9`), with a
+ * trailing `&` or `%e9` is the same request still: the parsed query beside it keeps the order
+ * that matters (a list's).
+ */
+function canonicalQuery(query: string): string {
+  return query
+    .split('&')
+    .filter((part) => part !== '')
+    .map((part) => part.replace(/%[0-9a-f]{2}/gi, (escape) => escape.toUpperCase()))
+    .sort()
+    .join('&');
 }
 
 function manyParameters(query: string): boolean {

@@ -46,9 +46,6 @@ import { RpcExchange } from './rpc-exchange.js';
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
   private readonly answers: ClaimAnswers;
-  /** A subclass's own `getKey`: its keys are checked (the guard's own are, as it reads them). */
-  private readonly ownGetKey = this.getKey !== IdempotencyInterceptor.prototype.getKey;
-
   constructor(
     private readonly adapterHost: HttpAdapterHost,
     store: IdempotencyStore,
@@ -126,7 +123,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
     try {
       clientKey = this.getKey(ctx, route);
       // A subclass's getKey reads what the client sent: checked as a key function's value is.
-      if (this.ownGetKey) clientKey = checkedKey(clientKey, route, `${this.constructor.name}.getKey()`);
+      // Looked up per call: a subclass may define it as a class field, set after this class's constructor.
+      if (this.getKey !== IdempotencyInterceptor.prototype.getKey) clientKey = checkedKey(clientKey, route, `${this.constructor.name}.getKey()`);
     } catch (error) {
       if (!(error instanceof IdempotencyKeyError)) throw error;
       return { result: exchange.refuse({ reason: 'key_invalid', problem: error.problem }) };

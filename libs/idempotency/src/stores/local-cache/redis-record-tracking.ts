@@ -144,10 +144,21 @@ export class RedisRecordTracking implements RecordTracking {
     // Answers may be read before the notice's own reply: counted from the start.
     this.heard.set(nonce, heard);
     try {
-      const published = reader.publish(FORGET_CHANNEL, `${subscriberId}:${nonce}`).then((listeners) => {
-        heard.expected = Number(listeners);
-        if (heard.count >= heard.expected) heard.done();
-      });
+      // The caches are the channel's own subscribers: a pattern subscriber (a `PSUBSCRIBE *` left
+      // open by someone debugging) hears the notice and never answers, and counted by PUBLISH, it
+      // made every forget wait out its bound (an adversarial helper). Counted in one transaction.
+      const published = reader
+        .multi()
+        .pubsub('NUMSUB', FORGET_CHANNEL)
+        .publish(FORGET_CHANNEL, `${subscriberId}:${nonce}`)
+        .exec()
+        .then((replies) => {
+          const [numsub, publish] = replies ?? [];
+          if (numsub?.[0] || publish?.[0]) throw numsub?.[0] ?? publish?.[0];
+          heard.expected = Number((numsub?.[1] as unknown[] | undefined)?.[1]);
+          if (!(heard.expected >= 0)) throw new Error(`PUBSUB NUMSUB answered ${JSON.stringify(numsub?.[1])}`);
+          if (heard.count >= heard.expected) heard.done();
+        });
       await Promise.race([published, settled]);
       await settled;
     } catch (error) {

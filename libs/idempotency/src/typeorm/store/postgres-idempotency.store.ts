@@ -49,6 +49,14 @@ const TERMINATE_ABANDONED_SQL = `SELECT pg_terminate_backend(a.pid, $3) AS ended
 /** Every column the store reads or writes (the start-up check selects them). */
 const RECORD_COLUMNS = ['key', 'state', 'token', 'fingerprint', 'status_code', 'headers', 'body', 'has_body', 'body_encoding', 'unreplayable', 'expires_at'];
 
+/** Whether the role may write the table $1, the session may write, and the table has a unique index on "key" alone. */
+const TABLE_FIT_SQL = `SELECT has_table_privilege(t.oid, 'SELECT') AND has_table_privilege(t.oid, 'INSERT')
+         AND has_table_privilege(t.oid, 'UPDATE') AND has_table_privilege(t.oid, 'DELETE') AS writable,
+       current_setting('transaction_read_only') = 'on' AS read_only,
+       EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                WHERE i.indrelid = t.oid AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL AND a.attname = 'key') AS keyed
+  FROM (SELECT $1::regclass::oid AS oid) AS t`;
+
 /** `statementTimeoutMs` by default. */
 const DEFAULT_STATEMENT_TIMEOUT_MS = 5000;
 
@@ -207,28 +215,44 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 
   /**
-   * Checks the table, then starts the purge. A table that is missing, or lacks a migration's
-   * columns, refuses start-up: every claim would fail, and a route that fails open would run
+   * Checks the table, then starts the purge. A table that is missing, lacks a migration's
+   * columns, a unique key or the privileges the store needs, or a read-only session, refuses start-up: every claim would fail, and a route that fails open would run
    * every duplicate (an adversarial helper: 150 parallel duplicates, 150 runs). A database that
    * does not answer is only logged: the routes' `failMode` decides, as for any outage.
    */
   async onModuleInit(): Promise<void> {
     if (this.dataSource.isInitialized) await this.checkTable();
+    else this.logger.warn('the DataSource is not initialized at start-up, so the records\' table was not checked: initialize it before the app (TypeOrmModule does)');
     this.purgeSchedule.start();
   }
 
+  /**
+   * The table must have every column, a unique key, and the privileges to claim, complete and
+   * forget, on a session that may write (a read-only replica's may not). An adversarial helper:
+   * a table without SELECT, or only with it, on a read-only session, or without a unique `key`
+   * started, and failing open ran 150 of 150 duplicates.
+   */
   private async checkTable(): Promise<void> {
+    let problem: string | undefined;
     try {
       await this.run(`SELECT ${RECORD_COLUMNS.map((column) => `"${column}"`).join(', ')} FROM ${this.table} LIMIT 0`, []);
+      const [row] = (await this.run(TABLE_FIT_SQL, [this.table])).records as { writable: boolean; read_only: boolean; keyed: boolean }[];
+      if (row && !row.writable) problem = 'the role lacks SELECT, INSERT, UPDATE or DELETE on it';
+      else if (row?.read_only) problem = 'the session is read-only (a replica, or default_transaction_read_only)';
+      else if (row && !row.keyed) problem = 'its "key" column has no unique index (a claim needs one to tell the first request)';
     } catch (error) {
       const { code, message } = ((error as Error).cause ?? {}) as { code?: string; message?: string };
-      if (code === '42P01' || code === '42703' || code === '3F000') {
-        throw new IdempotencyConfigError(
-          `PostgresIdempotencyStore: the table ${this.table} cannot hold records (${message}). Run IDEMPOTENCY_MIGRATIONS ` +
-            `(nestjs-idempotency/typeorm) on this DataSource, or name the table with tableName`,
-        );
+      if (code !== '42P01' && code !== '42703' && code !== '3F000' && code !== '42501') {
+        this.logger.warn(`could not check the table ${this.table} at start-up: ${(error as Error).message}`);
+        return;
       }
-      this.logger.warn(`could not check the table ${this.table} at start-up: ${(error as Error).message}`);
+      problem = message;
+    }
+    if (problem !== undefined) {
+      throw new IdempotencyConfigError(
+        `PostgresIdempotencyStore: the table ${this.table} cannot hold records (${problem}). Run IDEMPOTENCY_MIGRATIONS ` +
+          `(nestjs-idempotency/typeorm) on this DataSource, with a role that may write it, or name the table with tableName`,
+      );
     }
   }
 
