@@ -158,22 +158,40 @@ describe('createIdempotentClient', () => {
   });
 
   it.each<[string, () => unknown]>([
-    ['a URLSearchParams', () => new URLSearchParams({ orderNo: 'A1' })],
     ['a Blob', () => new Blob(['<a/>'], { type: 'application/xml' })],
-    ['an ArrayBuffer', () => new Uint8Array([1, 2, 3]).buffer],
-    ['a Uint8Array', () => new Uint8Array([1, 2, 3])],
-    ['an Int16Array', () => new Int16Array([1, -2])],
-    ['a DataView', () => new DataView(new Uint8Array([1, 2, 3]).buffer)],
-    ['a Buffer', () => Buffer.from('bytes')],
     ['a string', () => '{"orderNo":"A1"}'],
-  ])('hands %s to fetch as it is, on every attempt, with no Content-Type of its own', async (_what, make) => {
+  ])('hands %s (which cannot change) to fetch as it is, on every attempt, with no Content-Type of its own', async (_what, make) => {
     const body = make();
     const { fetch, calls } = scripted(networkError(), json(201, {}));
     await client(fetch).post('/p', body);
     expect(calls).toHaveLength(2);
-    expect(calls.map((call) => call.body)).toEqual([body, body]);
     for (const call of calls) expect(call.body).toBe(body);
     expect(calls.map((call) => call.headers.has('content-type'))).toEqual([false, false]);
+  });
+
+  it.each<[string, () => ArrayBuffer | ArrayBufferView]>([
+    ['an ArrayBuffer', () => new Uint8Array([1, 2, 3]).buffer],
+    ['a Uint8Array', () => new Uint8Array([1, 2, 3])],
+    ['an Int16Array', () => new Int16Array([1, -2])],
+    ['a DataView over part of a buffer', () => new DataView(new Uint8Array([9, 1, 2, 3, 9]).buffer, 1, 3)],
+    ['a Buffer', () => Buffer.from('bytes')],
+  ])('sends a copy of %s made at the call, the same on every attempt, with no Content-Type of its own', async (_what, make) => {
+    const body = make();
+    const bytes = body instanceof ArrayBuffer ? new Uint8Array(body) : new Uint8Array(body.buffer, body.byteOffset, body.byteLength);
+    const { fetch, calls } = scripted(networkError(), json(201, {}));
+    await client(fetch).post('/p', body);
+    expect(calls).toHaveLength(2);
+    expect(calls[1].body).toBe(calls[0].body);
+    expect(calls[0].body).not.toBe(body);
+    expect([...(calls[0].body as Uint8Array)]).toEqual([...bytes]);
+    expect(calls.map((call) => call.headers.has('content-type'))).toEqual([false, false]);
+  });
+
+  it('sends a URLSearchParams as its text at the call, typed as a form', async () => {
+    const { fetch, calls } = scripted(networkError(), json(201, {}));
+    await client(fetch).post('/p', new URLSearchParams({ orderNo: 'A1', note: 'a b' }));
+    expect(calls.map((call) => call.body)).toEqual(['orderNo=A1&note=a+b', 'orderNo=A1&note=a+b']);
+    expect(calls[0].headers.get('content-type')).toBe('application/x-www-form-urlencoded;charset=UTF-8');
   });
 
   // An adversarial helper (session 20): handed to fetch as it is, each attempt got a new
@@ -295,6 +313,80 @@ describe('createIdempotentClient', () => {
     } finally {
       jest.useRealTimers();
     }
+  });
+
+  // An adversarial helper's finds (session 25): each case below failed on the code before.
+  it('sends the bytes and the form a body held when the call was made, on every attempt, however the caller changes them after', async () => {
+    const { fetch, calls } = scripted(networkError(), networkError(), json(201, {}));
+    const form = new URLSearchParams({ amount: '5' });
+    const bytes = new TextEncoder().encode('amount=5');
+    const api = client(fetch);
+    const sentForm = api.post('/p', form);
+    form.set('amount', '500');
+    await sentForm;
+    const sentBytes = api.post('/p', bytes);
+    bytes.set(new TextEncoder().encode('amount=9'));
+    await sentBytes;
+    const texts = calls.map((call) => (typeof call.body === 'string' ? call.body : new TextDecoder().decode(call.body as Uint8Array)));
+    expect(texts).toEqual([...Array(3).fill('amount=5'), 'amount=5']);
+    expect(calls[0].headers.get('content-type')).toBe('application/x-www-form-urlencoded;charset=UTF-8');
+  });
+
+  it('follows no redirect: a 3xx is the answer, and the key and body never reach its Location', async () => {
+    let init: RequestInit | undefined;
+    const fetch = (async (_url: string, options: RequestInit) => {
+      init = options;
+      return new Response(null, { status: 307, headers: { location: 'http://elsewhere.test/evil' } });
+    }) as unknown as typeof globalThis.fetch;
+    const res = await client(fetch).post('/p', { amount: 5 });
+    expect(init?.redirect).toBe('manual');
+    expect(res).toMatchObject({ status: 307, ok: false, attempts: 1 });
+  });
+
+  it('refuses an answer over maxResponseBytes, reading no more of it, and does not retry it', async () => {
+    let pulled = 0;
+    const endless = () =>
+      new Response(
+        new ReadableStream({
+          pull(controller) {
+            pulled++;
+            controller.enqueue(new Uint8Array(64 * 1024));
+          },
+        }),
+        { status: 200 },
+      );
+    let sent = 0;
+    const fetch = (async () => (sent++, endless())) as unknown as typeof globalThis.fetch;
+    const error = await client(fetch, { maxResponseBytes: 1024 * 1024 }).post('/p', {}).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(IdempotentRequestError);
+    expect((error as Error).message).toMatch(/over maxResponseBytes \(1048576\)/);
+    expect(sent).toBe(1);
+    expect(pulled).toBeLessThan(40);
+  });
+
+  it('waits out a 409 in progress within timeoutMs without spending its retries, and gets the replay', async () => {
+    const inProgress = json(409, { code: 'IDEMPOTENCY_IN_PROGRESS' });
+    const { fetch, calls } = scripted(inProgress, inProgress, inProgress, inProgress, inProgress, inProgress, json(201, { id: 7 }, { 'idempotent-replayed': 'true' }));
+    const res = await client(fetch, { retries: 2 }).post('/p', {});
+    expect(res).toMatchObject({ status: 201, replayed: true, attempts: 7 });
+    expect(calls).toHaveLength(7);
+  });
+
+  it('returns the last answer it got when later attempts got none', async () => {
+    const { fetch } = scripted(json(503, { code: 'X' }), networkError(), networkError(), networkError());
+    expect(await client(fetch, { retries: 3 }).post('/p', {})).toMatchObject({ status: 503, body: { code: 'X' }, attempts: 4 });
+  });
+
+  it('refuses a class instance whose content is in getters (JSON would write {}), before sending', async () => {
+    class Money {
+      #amount = 5;
+      get amount() {
+        return this.#amount;
+      }
+    }
+    const { fetch, calls } = scripted(json(201, {}));
+    await expect(client(fetch).post('/p', { price: new Money() })).rejects.toThrow(/body\.price is a Money whose content is in getters/);
+    expect(calls).toHaveLength(0);
   });
 
   it('checks its options', () => {

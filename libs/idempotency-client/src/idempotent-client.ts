@@ -51,6 +51,12 @@ export interface IdempotentClientOptions {
   generateKey?: () => string;
   /** Headers sent with every request (authentication, tenant, ...). */
   headers?: HeadersLike;
+  /**
+   * The largest answer body read, in bytes. A larger one ends the operation with
+   * `IdempotentRequestError` (not retried: the server would send it again), reading no further.
+   * Default 10 MiB.
+   */
+  maxResponseBytes?: number;
 }
 
 /** Per-operation options. */
@@ -100,6 +106,7 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
   const retries = options.retries ?? 3;
   const timeoutMs = options.timeoutMs ?? 30_000;
   const attemptTimeoutMs = options.attemptTimeoutMs ?? 10_000;
+  const maxResponseBytes = options.maxResponseBytes ?? 10 * 1024 * 1024;
   const keyHeader = options.keyHeader ?? IDEMPOTENCY_KEY_HEADER;
   const generateKey = options.generateKey ?? (() => globalThis.crypto.randomUUID());
   const backoff = {
@@ -108,7 +115,7 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
   } as Required<BackoffOptions>;
   const base = String(options.baseUrl).replace(/\/+$/, '');
   if (!Number.isInteger(retries) || retries < 0) throw new TypeError(`retries must be a whole number >= 0, got ${retries}`);
-  for (const [name, value] of Object.entries({ timeoutMs, attemptTimeoutMs, ...backoff })) {
+  for (const [name, value] of Object.entries({ timeoutMs, attemptTimeoutMs, maxResponseBytes, ...backoff })) {
     if (!Number.isFinite(value) || value < 0) throw new TypeError(`${name} must be a number >= 0, got ${value}`);
   }
   // A bound under 1 ms aborted every attempt after 1 ms: no call could ever succeed.
@@ -140,6 +147,12 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
     // global one refuses (a relative one): its URL is not checked.
     new Request(options.fetch === undefined ? url : 'http://fetch.invalid/', { method, headers, body: payload });
 
+    // The retries spent: a 409 of a request still in progress spends none (it is waited out within
+    // timeoutMs: spending them, a handler longer than a few backoffs got the caller the 409, never
+    // the replay, an adversarial helper).
+    let spent = 0;
+    /** The last answer, kept when later attempts get none (an adversarial helper: a 503, then resets, threw "without an answer"). */
+    let last: IdempotentResponse<T> | undefined;
     for (let attempts = 1; ; attempts++) {
       opts.signal?.throwIfAborted();
       const attemptSignal = AbortSignal.timeout(Math.max(1, Math.min(attemptTimeoutMs, deadline - Date.now())));
@@ -150,10 +163,16 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
           method,
           headers,
           body: payload,
+          // A redirect is the answer: followed, it carried the key and the body to its Location
+          // (another host), and a redirect to itself sent the request 21 times an attempt.
+          redirect: 'manual',
           signal: opts.signal ? AbortSignal.any([opts.signal, attemptSignal]) : attemptSignal,
         });
         // Read inside the attempt: a connection cut mid-body is a network error too.
-        const text = await res.text();
+        const text = await readText(res, maxResponseBytes);
+        if (text === undefined) {
+          throw new IdempotentRequestError(`${method} ${url}: the answer (${res.status}) is over maxResponseBytes (${maxResponseBytes})`, key, attempts);
+        }
         answer = {
           status: res.status,
           ok: res.ok,
@@ -164,15 +183,18 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
           key,
         };
         if (!isRetryableAnswer(answer.status, res.headers.get('retry-after'), answer.body)) return answer;
+        last = answer;
       } catch (error) {
         if (opts.signal?.aborted) throw opts.signal.reason;
+        if (error instanceof IdempotentRequestError) throw error;
         failure = error;
       }
 
-      const waitMs = (answer && parseRetryAfterMs(answer.headers.get('retry-after'))) ?? backoffDelayMs(attempts, backoff);
+      if (!(answer && isInProgress(answer))) spent++;
+      const waitMs = (answer && parseRetryAfterMs(answer.headers.get('retry-after'))) ?? backoffDelayMs(spent || attempts, backoff);
       const outOfTime = Date.now() + waitMs >= deadline;
-      if (attempts > retries || outOfTime) {
-        if (answer) return answer;
+      if (spent > retries || outOfTime) {
+        if (last) return { ...last, attempts };
         const why = outOfTime ? `the ${timeoutMs} ms bound ran out` : `${retries} retries were spent`;
         throw new IdempotentRequestError(`${method} ${url} failed: ${why} after ${attempts} attempt(s) without an answer`, key, attempts, {
           cause: failure,
@@ -187,6 +209,30 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
     post: (path, body, opts) => request('POST', path, body, opts),
     patch: (path, body, opts) => request('PATCH', path, body, opts),
   };
+}
+
+/** A 409 of a request still in progress: waited out, spending no retry. */
+function isInProgress(answer: IdempotentResponse<unknown>): boolean {
+  return answer.status === 409;
+}
+
+/** The answer's text, or undefined past `maxBytes` (reading no further). */
+async function readText(res: Response, maxBytes: number): Promise<string | undefined> {
+  if (!res.body) return '';
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let text = '';
+  let bytes = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return text + decoder.decode();
+    bytes += value.byteLength;
+    if (bytes > maxBytes) {
+      await reader.cancel().catch(() => undefined);
+      return undefined;
+    }
+    text += decoder.decode(value, { stream: true });
+  }
 }
 
 /**

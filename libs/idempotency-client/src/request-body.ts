@@ -2,9 +2,12 @@
 export type FetchBody = NonNullable<RequestInit['body']>;
 
 /**
- * The body, encoded once. What fetch sends as it is and can send again on a retry goes as it is:
- * strings, bytes (`ArrayBuffer`, any view of one: typed arrays, `DataView`, `Buffer`), `Blob`
- * and `URLSearchParams`. A `FormData` is written to multipart bytes once, with the Content-Type
+ * The body, encoded once, from what it holds when the call is made: strings and `Blob`s (which
+ * cannot change) go as they are; bytes (`ArrayBuffer`, any view of one: typed arrays, `DataView`,
+ * `Buffer`) as a copy, and `URLSearchParams` as its text (with fetch's Content-Type for it):
+ * handed to fetch as they were, each attempt read them again, so a caller that changed them after
+ * the call sent another payload under the same key (an adversarial helper: 422 after the first
+ * attempt had taken effect, or the changed payload taking effect). A `FormData` is written to multipart bytes once, with the Content-Type
  * (and boundary) that goes with them, over one from the headers: handed to fetch as it is, each
  * attempt got a new boundary, so other bytes, and a retry was refused 422 as another payload by
  * a route that fingerprints the raw body (an adversarial helper). Other values become JSON,
@@ -18,8 +21,12 @@ export async function encodeBody(body: unknown, headers: Headers): Promise<Fetch
     headers.set('content-type', multipart.headers.get('content-type')!);
     return new Uint8Array(await multipart.arrayBuffer());
   }
-  if (typeof body === 'string' || body instanceof ArrayBuffer || ArrayBuffer.isView(body) || body instanceof Blob || body instanceof URLSearchParams) {
-    return body as FetchBody;
+  if (typeof body === 'string' || body instanceof Blob) return body;
+  if (body instanceof ArrayBuffer) return new Uint8Array(body.slice(0));
+  if (ArrayBuffer.isView(body)) return new Uint8Array(body.buffer.slice(body.byteOffset, body.byteOffset + body.byteLength));
+  if (body instanceof URLSearchParams) {
+    if (!headers.has('content-type')) headers.set('content-type', 'application/x-www-form-urlencoded;charset=UTF-8');
+    return body.toString();
   }
   if (body instanceof ReadableStream) throw new TypeError('a stream body cannot be sent again on a retry: pass a string, bytes, a Blob or a value');
   const paths = new WeakMap<object, string>();
@@ -67,5 +74,16 @@ function jsonLoss(value: unknown): string | undefined {
   // does not see: its tag is not "Object". A class instance's or a plain object's is.
   if (Object.prototype.toString.call(value) !== '[object Object]') return `${kind} (JSON would not write it as it is)`;
   if (Symbol.iterator in value) return `${kind} that is iterable (JSON writes its fields, not its items)`;
+  // A class that keeps its content behind getters (often over #private fields): JSON writes only
+  // own fields, so `{}` went, silently (an adversarial helper).
+  if (hasGetters(Object.getPrototypeOf(value))) return `${kind} whose content is in getters (JSON writes only its own fields: give it a toJSON)`;
   return undefined;
+}
+
+/** Whether a class prototype (up to `Object.prototype`) defines a getter. */
+function hasGetters(prototype: object | null): boolean {
+  for (let at = prototype; at !== null && at !== Object.prototype; at = Object.getPrototypeOf(at)) {
+    for (const name of Object.getOwnPropertyNames(at)) if (Object.getOwnPropertyDescriptor(at, name)?.get) return true;
+  }
+  return false;
 }
