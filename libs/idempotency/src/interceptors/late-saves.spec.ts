@@ -61,6 +61,24 @@ describe('LateSaves', () => {
     expect(store.completes).toBe(50);
   });
 
+  it('at shutdown (flush), saves what it keeps at once when the store answers, and gives up the rest within 2 s when it hangs', async () => {
+    const store = new SwitchedStore();
+    const saves = lateSaves(store);
+    await store.claim({ key: 'back', token: 'token-back', fingerprint: '', leaseMs: 10_000 });
+    saves.add(lateSave('back'));
+    store.down = false;
+    await saves.flush();
+    expect({ waiting: saves.size, state: (await store.get('back'))?.state }).toEqual({ waiting: 0, state: 'completed' });
+    const hung = new SwitchedStore();
+    hung.ping = () => new Promise<void>(() => undefined);
+    const kept = lateSaves(hung);
+    kept.add(lateSave('never'));
+    const startedAt = performance.now();
+    await kept.flush();
+    expect(performance.now() - startedAt).toBeLessThan(3000);
+    expect({ waiting: kept.size, completes: hung.completes }).toEqual({ waiting: 0, completes: 0 });
+  });
+
   it('gives a save up at its time, never having sent it to a store that stayed down', async () => {
     const store = new SwitchedStore();
     const saves = lateSaves(store);

@@ -26,6 +26,8 @@ export const LATE_SAVES_MAX_BYTES = 64 * 1024 * 1024;
 /** The probe of the store: soon, then backing off to every 2 s while it fails (a third of the shortest lease waiting, if less). */
 const FIRST_PROBE_MS = 100;
 const PROBE_MAX_MS = 2000;
+/** The longest a shutdown waits for the store to take the kept saves. */
+const FLUSH_MS = 2000;
 
 /**
  * The failed saves on a store that `deliversLate`, kept until their lease ends, or, for a
@@ -70,12 +72,19 @@ export class LateSaves {
     clearTimeout(this.timer);
     this.timer = undefined;
     this.delayMs = FIRST_PROBE_MS;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<never>((_resolve, reject) => {
+      timer = setTimeout(() => reject(new Error('no answer')), FLUSH_MS).unref();
+    });
     try {
       this.dropExpired();
-      await this.store.ping();
-      await Promise.all([...this.pending.keys()].map((save) => this.tryOnce(save)));
+      // Bounded: a shutdown must not wait for a store that does not answer.
+      await Promise.race([this.store.ping(), late]);
+      await Promise.race([Promise.all([...this.pending.keys()].map((save) => this.tryOnce(save))), late]);
     } catch {
       // the store does not answer: what is kept is given up below
+    } finally {
+      clearTimeout(timer);
     }
     const left = [...this.pending.keys()].filter((save) => !save.uncertain).length;
     if (left > 0) this.logger.warn(`${left} response(s) kept while the store did not answer could not be saved before shutdown; their keys free when their leases end`);
