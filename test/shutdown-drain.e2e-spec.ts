@@ -17,6 +17,7 @@ import {
 import { randomUUID } from 'node:crypto';
 import { catchError, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
 import { NoRepeatSubmit, type IdempotencyModuleOptions } from 'nestjs-idempotency';
+import { GuardMemory } from '../libs/idempotency/src/interceptors/guard-memory.js';
 import { makeApp, send, sleep, type EdgeApp } from './support/edge-app.js';
 import { REDIS_URL } from './support/services.js';
 
@@ -82,6 +83,43 @@ describe('app.close() while a guarded handler runs whose caller got a 408 (modul
     const retry = await send(other.url, '/jobs/slow', { key });
     expect({ status: retry.status, code: JSON.parse(retry.text).code }).toEqual({ status: 409, code: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE' });
     expect(runs.get('1500')).toEqual({ started: 1, done: 1 });
+  });
+
+  it('refuses a call that comes while it waits (503, Retry-After: 1): its client goes to another instance, which runs it once', async () => {
+    const closing = await makeApp('express', [JobsController], options);
+    const before = { ...runs.get('1500') ?? { started: 0, done: 0 } };
+    expect((await send(closing.url, '/jobs/slow', { key: randomUUID() })).status).toBe(408);
+    const closed = closing.close();
+    await sleep(200);
+    const key = randomUUID();
+    const during = await send(closing.url, '/jobs/slow', { key });
+    expect({ status: during.status, code: JSON.parse(during.text).code, retryAfter: during.headers['retry-after'] }).toEqual({
+      status: 503,
+      code: 'IDEMPOTENCY_STORE_UNAVAILABLE',
+      retryAfter: '1',
+    });
+    await closed;
+    expect(runs.get('1500')!.started).toBe(before.started + 1);
+    expect((await send(other.url, '/jobs/slow', { key })).status).toBe(408);
+    expect(runs.get('1500')!.started).toBe(before.started + 2);
+  });
+
+  // Nest 12 runs one shutdown for both; Nest 11 runs the hooks again (a helper there: the first
+  // close() never returned, nor a signal's followed by a close()). The hook is called twice here.
+  it('its shutdown hook called twice: one drain, and both return', async () => {
+    const closing = await makeApp('express', [JobsController], options);
+    try {
+      expect((await send(closing.url, '/jobs/slow', { key: randomUUID() })).status).toBe(408);
+      const memory = closing.app.get(GuardMemory);
+      const first = memory.beforeApplicationShutdown();
+      await sleep(300);
+      const second = memory.beforeApplicationShutdown();
+      let returned = 0;
+      await Promise.all([first, second].map((drain) => drain.then(() => returned++)));
+      expect(returned).toBe(2);
+    } finally {
+      await closing.close();
+    }
   });
 
   it('waits no longer than the run\'s maxHoldSeconds for a handler that does not end', async () => {

@@ -48,6 +48,8 @@ export class ClaimAnswers {
     input: ClaimInput,
     events: CallEvents | undefined,
   ): Promise<Guarded> {
+    // The app is shutting down: no run starts here (see `StoreCalls.closing`).
+    if (this.calls.closing) return { result: defer(() => exchange.refuse({ reason: 'store_unavailable' })) };
     let claim: ClaimResult;
     try {
       claim = await this.calls.timed('claim', events, () => this.store.claim(input));
@@ -90,10 +92,18 @@ export class ClaimAnswers {
         return { result: answered(replayed, () => exchange.replay(response)) };
       }
       case 'acquired':
+        // Answered as the drain began: freed, and refused, as any call from then on.
+        if (this.calls.closing) return this.refuseClosing(route, input, exchange, events);
         this.counters.count('acquired', route.handler);
         events?.emit('acquired', {});
         return runHolding(ctx, exchange, next, route, this.calls.hold(input, route, false, events));
     }
+  }
+
+  /** A claim taken (or perhaps taken) as the app began to shut down: freed, and the call refused. */
+  private refuseClosing(route: GuardedRoute, input: ClaimInput, exchange: GuardExchange, events: CallEvents | undefined): Guarded {
+    this.calls.retry(this.calls.release(input.key, input.token, route.handler, events));
+    return { result: defer(() => exchange.refuse({ reason: 'store_unavailable' })) };
   }
 
   /** The store failed the claim: 503 for a fail-closed route, else the handler runs unguarded. */
@@ -117,6 +127,7 @@ export class ClaimAnswers {
       this.store.release(input.key, input.token).catch(() => undefined);
       return { result: defer(() => exchange.refuse({ reason: 'store_unavailable' })) };
     }
+    if (this.calls.closing) return this.refuseClosing(route, input, exchange, events);
     // A claim that timed out may still land when the store recovers: run as its possible
     // holder, so that the answer completes it or a failure releases it, never a stranded key.
     const possible = this.calls.hold(input, route, true, events);

@@ -42,6 +42,11 @@ export class OutageLog {
     window.timer.unref();
   }
 
+  /** Says what every window held back so far (at shutdown, before the app's logger goes). */
+  flushAll(): void {
+    for (const [id, window] of [...this.windows]) this.flush(id, window);
+  }
+
   /** Says how many lines the window held back; a quiet window is forgotten. */
   private flush(id: string, window: Window): void {
     clearTimeout(window.timer);

@@ -28,6 +28,8 @@ export class StoreCalls {
   private readonly running = new Set<Hold>();
   /** Saves tried again in the background (`saveLater`). */
   private readonly retrying = new Set<Promise<void>>();
+  /** The shutdown's drain, once begun: from then on no new run starts here (see `closing`). */
+  private draining?: Promise<void>;
 
   constructor(
     readonly store: IdempotencyStore,
@@ -55,18 +57,37 @@ export class StoreCalls {
   }
 
   /**
-   * At shutdown: waits for the runs in flight now to settle (each at most until its claim is
-   * lost: its lease unrenewed, or `maxHoldSeconds`), then for the saves they try again, and
-   * tries the kept saves of a store that delivers late once more. Never rejects.
+   * The app is shutting down: a call that would start a run here is refused (503
+   * `IDEMPOTENCY_STORE_UNAVAILABLE`, `Retry-After: 1`; a message is refused as in an outage), so
+   * that its client goes to another instance. Nest keeps the server open while the guard waits
+   * for its runs, and a run begun meanwhile was not waited for: its store closed under it, and
+   * another instance ran it again (an adversarial helper: 30 of 30 keys).
    */
-  async drain(): Promise<void> {
-    const runs = [...this.running];
-    if (runs.length > 0) {
-      this.logger.log(`waiting for ${runs.length} guarded run(s) in flight to settle before the app shuts down`);
-      await Promise.all(runs.map((hold) => new Promise<void>((resolve) => (hold.onSettled = resolve))));
+  get closing(): boolean {
+    return this.draining !== undefined;
+  }
+
+  /**
+   * At shutdown: from now on no run starts here (`closing`); waits for the runs in flight to
+   * settle (each at most until its claim is lost: its lease unrenewed, or `maxHoldSeconds`),
+   * then for the saves they try again, and tries the kept saves of a store that delivers late
+   * once more. One drain, however often it is asked for (`app.close()` twice, a signal and a
+   * `close()`). Never rejects.
+   */
+  drain(): Promise<void> {
+    return (this.draining ??= this.drainOnce());
+  }
+
+  private async drainOnce(): Promise<void> {
+    const waiting = this.running.size;
+    if (waiting > 0) this.logger.log(`waiting for ${waiting} guarded run(s) in flight to settle before the app shuts down`);
+    // A run whose claim was answered as the drain began may still join: waited for too.
+    while (this.running.size > 0) {
+      await Promise.all([...this.running].map((hold) => new Promise<void>((resolve) => hold.whenSettled(resolve))));
     }
     if (this.retrying.size > 0) await Promise.all(this.retrying);
     await this.lateSaves.flush();
+    this.outageLog.flushAll();
   }
 
   /**
@@ -115,8 +136,8 @@ export class StoreCalls {
     }
   }
 
-  /** Keeps `saving` (which never rejects) until it ends, for `drain`. */
-  private retry(saving: Promise<void>): void {
+  /** Keeps `saving` (a save or release that never rejects) until it ends, for `drain`. */
+  retry(saving: Promise<void>): void {
     this.retrying.add(saving);
     void saving.then(() => this.retrying.delete(saving));
   }
@@ -182,6 +203,12 @@ class Hold implements HeldClaim {
   private readonly renewal: LeaseRenewal;
   /** Set by a shutdown waiting for this run (`StoreCalls.drain`). */
   onSettled?: () => void;
+
+  /** Calls `resolve` once this run is settled (or at once if it is). */
+  whenSettled(resolve: () => void): void {
+    const before = this.onSettled;
+    this.onSettled = before ? () => (before(), resolve()) : resolve;
+  }
 
   constructor(
     private readonly calls: StoreCalls,
