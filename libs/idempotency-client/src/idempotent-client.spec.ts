@@ -372,6 +372,32 @@ describe('createIdempotentClient', () => {
     expect(calls).toHaveLength(7);
   });
 
+  it('waits at least the backoff between 409s in progress that say Retry-After: 0, and spends retries on a 409 not in progress', async () => {
+    const zero = json(409, { code: 'IDEMPOTENCY_IN_PROGRESS' }, { 'retry-after': '0' });
+    const slow = scripted(zero, zero, zero, json(201, {}));
+    const startedAt = Date.now();
+    await client(slow.fetch, { backoff: { baseMs: 50, maxMs: 50, jitter: 0 } }).post('/p', {});
+    expect(Date.now() - startedAt).toBeGreaterThanOrEqual(140);
+    const other = json(409, { code: 'SOMETHING_ELSE' }, { 'retry-after': '0' });
+    const spent = scripted(other);
+    expect(await client(spent.fetch, { retries: 2 }).post('/p', {})).toMatchObject({ status: 409, attempts: 3 });
+  });
+
+  it('sends a DTO with fields and a convenience getter by its fields', async () => {
+    class Line {
+      constructor(
+        readonly price: number,
+        readonly quantity: number,
+      ) {}
+      get total() {
+        return this.price * this.quantity;
+      }
+    }
+    const { fetch, calls } = scripted(json(201, {}));
+    await client(fetch).post('/p', { line: new Line(2, 3) });
+    expect(calls[0].body).toBe('{"line":{"price":2,"quantity":3}}');
+  });
+
   it('returns the last answer it got when later attempts got none', async () => {
     const { fetch } = scripted(json(503, { code: 'X' }), networkError(), networkError(), networkError());
     expect(await client(fetch, { retries: 3 }).post('/p', {})).toMatchObject({ status: 503, body: { code: 'X' }, attempts: 4 });

@@ -5,6 +5,7 @@ import {
   backoffDelayMs,
   isRetryableAnswer,
   parseRetryAfterMs,
+  IN_PROGRESS_CODE,
   type BackoffOptions,
 } from './retry-policy.js';
 
@@ -190,8 +191,11 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
         failure = error;
       }
 
-      if (!(answer && isInProgress(answer))) spent++;
-      const waitMs = (answer && parseRetryAfterMs(answer.headers.get('retry-after'))) ?? backoffDelayMs(spent || attempts, backoff);
+      const inProgress = answer !== undefined && isInProgress(answer);
+      if (!inProgress) spent++;
+      let waitMs = (answer && parseRetryAfterMs(answer.headers.get('retry-after'))) ?? backoffDelayMs(spent || attempts, backoff);
+      // Spending no retry, a wait of 0 (`Retry-After: 0`, a date past) would send back to back until timeoutMs.
+      if (inProgress) waitMs = Math.max(waitMs, backoff.baseMs);
       const outOfTime = Date.now() + waitMs >= deadline;
       if (spent > retries || outOfTime) {
         if (last) return { ...last, attempts };
@@ -211,9 +215,10 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
   };
 }
 
-/** A 409 of a request still in progress: waited out, spending no retry. */
+/** The guard's 409 of a request still in progress (its code says so): waited out, spending no retry. */
 function isInProgress(answer: IdempotentResponse<unknown>): boolean {
-  return answer.status === 409;
+  const body = answer.body as { code?: unknown } | undefined;
+  return answer.status === 409 && typeof body === 'object' && body !== null && body.code === IN_PROGRESS_CODE;
 }
 
 /** The answer's text, or undefined past `maxBytes` (reading no further). */

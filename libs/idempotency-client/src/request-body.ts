@@ -74,9 +74,10 @@ function jsonLoss(value: unknown): string | undefined {
   // does not see: its tag is not "Object". A class instance's or a plain object's is.
   if (Object.prototype.toString.call(value) !== '[object Object]') return `${kind} (JSON would not write it as it is)`;
   if (Symbol.iterator in value) return `${kind} that is iterable (JSON writes its fields, not its items)`;
-  // A class that keeps its content behind getters (often over #private fields): JSON writes only
-  // own fields, so `{}` went, silently (an adversarial helper).
-  if (hasGetters(Object.getPrototypeOf(value))) return `${kind} whose content is in getters (JSON writes only its own fields: give it a toJSON)`;
+  // A class that keeps its content behind getters (often over #private fields), with no field of
+  // its own: JSON writes only own fields, so `{}` went, silently (an adversarial helper). A DTO
+  // with fields and a convenience getter goes by its fields, as before.
+  if (Object.keys(value).length === 0 && hasGetters(Object.getPrototypeOf(value))) return `${kind} whose content is in getters (JSON writes only its own fields: give it a toJSON)`;
   return undefined;
 }
 

@@ -27,7 +27,7 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
     }
     clientKey = parsed?.key;
   } else if ('resolve' in source) {
-    return checkedKey(source.resolve(ctx), route, 'the idempotentKey function');
+    return checkedKey(source.resolve(ctx), route, () => 'the idempotentKey function');
   } else {
     clientKey = evaluateKeyPath(
       source.path,
@@ -52,14 +52,14 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
  *
  * @throws IdempotencyKeyError for an unusable key; a TypeError for a promise or an Observable
  */
-export function checkedKey(value: unknown, route: GuardedRoute, giver: string): string | undefined {
+export function checkedKey(value: unknown, route: GuardedRoute, giver: () => string): string | undefined {
   // A promise or an Observable is the developer's mistake, not the client's: said loudly (a 500
   // Nest logs), never a 400 that blames the client.
   const later = value as { then?: unknown; subscribe?: unknown } | null;
   if (typeof later?.then === 'function' || typeof later?.subscribe === 'function') {
-    throw new TypeError(`${route.handler}: ${giver} returned a promise or an Observable; it must return the key itself`);
+    throw new TypeError(`${route.handler}: ${giver()} returned a promise or an Observable; it must return the key itself`);
   }
-  return validKey(keyText(value, () => `the value ${giver} read`));
+  return validKey(keyText(value, () => `the value ${giver()} read`));
 }
 
 function validKey(clientKey: string | undefined): string | undefined {

@@ -124,7 +124,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       clientKey = this.getKey(ctx, route);
       // A subclass's getKey reads what the client sent: checked as a key function's value is.
       // Looked up per call: a subclass may define it as a class field, set after this class's constructor.
-      if (this.getKey !== IdempotencyInterceptor.prototype.getKey) clientKey = checkedKey(clientKey, route, `${this.constructor.name}.getKey()`);
+      if (this.getKey !== IdempotencyInterceptor.prototype.getKey) clientKey = checkedKey(clientKey, route, () => `${this.constructor.name}.getKey()`);
     } catch (error) {
       if (!(error instanceof IdempotencyKeyError)) throw error;
       return { result: exchange.refuse({ reason: 'key_invalid', problem: error.problem }) };

@@ -81,7 +81,7 @@ export class StoreCalls {
   private async drainOnce(): Promise<void> {
     const waiting = this.running.size;
     if (waiting > 0) this.logger.log(`waiting for ${waiting} guarded run(s) in flight to settle before the app shuts down`);
-    // A run whose claim was answered as the drain began may still join: waited for too.
+    // Nothing joins once draining (each hold is made after a check of `closing`).
     while (this.running.size > 0) {
       await Promise.all([...this.running].map((hold) => new Promise<void>((resolve) => hold.whenSettled(resolve))));
     }
@@ -138,8 +138,9 @@ export class StoreCalls {
 
   /** Keeps `saving` (a save or release that never rejects) until it ends, for `drain`. */
   retry(saving: Promise<void>): void {
-    this.retrying.add(saving);
-    void saving.then(() => this.retrying.delete(saving));
+    const kept = saving.catch(() => undefined);
+    this.retrying.add(kept);
+    void kept.then(() => this.retrying.delete(kept));
   }
 
   private async saveLater(

@@ -14,7 +14,7 @@ import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
 import { claimSql, completeSql, forgetSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
-import { claimUntilAnswered, positiveMs, postgresSchemaOf, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { claimUntilAnswered, positiveMs, postgresSchemaOf, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { entityTable, qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresIdempotencyStoreOptions {
@@ -48,6 +48,9 @@ const TERMINATE_ABANDONED_SQL = `SELECT pg_terminate_backend(a.pid, $3) AS ended
 
 /** Every column the store reads or writes (the start-up check selects them). */
 const RECORD_COLUMNS = ['key', 'state', 'token', 'fingerprint', 'status_code', 'headers', 'body', 'has_body', 'body_encoding', 'unreplayable', 'expires_at'];
+
+/** What the first check's error says of a table that cannot hold records: missing (or its schema), a column missing, no privilege. */
+const TABLE_UNFIT_STATES = new Set(['42P01', '42703', '3F000', '42501']);
 
 /** Whether the role may write the table $1, the session may write, and the table has a unique index on "key" alone. */
 const TABLE_FIT_SQL = `SELECT has_table_privilege(t.oid, 'SELECT') AND has_table_privilege(t.oid, 'INSERT')
@@ -214,6 +217,10 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     return this.purgeSchedule.purgeExpired();
   }
 
+  private uncheckedTable(error: unknown): void {
+    this.logger.warn(`could not check the table ${this.table} at start-up: ${(error as Error).message}`);
+  }
+
   /**
    * Checks the table, then starts the purge. A table that is missing, lacks a migration's
    * columns, a unique key or the privileges the store needs, or a read-only session, refuses start-up: every claim would fail, and a route that fails open would run
@@ -236,17 +243,20 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     let problem: string | undefined;
     try {
       await this.run(`SELECT ${RECORD_COLUMNS.map((column) => `"${column}"`).join(', ')} FROM ${this.table} LIMIT 0`, []);
-      const [row] = (await this.run(TABLE_FIT_SQL, [this.table])).records as { writable: boolean; read_only: boolean; keyed: boolean }[];
-      if (row && !row.writable) problem = 'the role lacks SELECT, INSERT, UPDATE or DELETE on it';
-      else if (row?.read_only) problem = 'the session is read-only (a replica, or default_transaction_read_only)';
-      else if (row && !row.keyed) problem = 'its "key" column has no unique index (a claim needs one to tell the first request)';
     } catch (error) {
-      const { code, message } = ((error as Error).cause ?? {}) as { code?: string; message?: string };
-      if (code !== '42P01' && code !== '42703' && code !== '3F000' && code !== '42501') {
-        this.logger.warn(`could not check the table ${this.table} at start-up: ${(error as Error).message}`);
-        return;
+      const cause = (error as Error).cause;
+      if (!TABLE_UNFIT_STATES.has(sqlStateOf(cause) as string)) return this.uncheckedTable(error);
+      problem = (cause as Error).message;
+    }
+    if (problem === undefined) {
+      try {
+        const [row] = (await this.run(TABLE_FIT_SQL, [this.table])).records as { writable: boolean; read_only: boolean; keyed: boolean }[];
+        if (row && !row.writable) problem = 'the role lacks SELECT, INSERT, UPDATE or DELETE on it';
+        else if (row?.read_only) problem = 'the session is read-only (a replica, or default_transaction_read_only)';
+        else if (row && !row.keyed) problem = 'its "key" column has no unique index (a claim needs one to tell the first request)';
+      } catch (error) {
+        return this.uncheckedTable(error);
       }
-      problem = message;
     }
     if (problem !== undefined) {
       throw new IdempotencyConfigError(
