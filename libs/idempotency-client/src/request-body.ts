@@ -23,7 +23,11 @@ export async function encodeBody(body: unknown, headers: Headers): Promise<Fetch
   }
   if (typeof body === 'string' || body instanceof Blob) return body;
   if (body instanceof ArrayBuffer) return new Uint8Array(body.slice(0));
-  if (ArrayBuffer.isView(body)) return new Uint8Array(body.buffer.slice(body.byteOffset, body.byteOffset + body.byteLength));
+  if (ArrayBuffer.isView(body)) {
+    const copy = new Uint8Array(body.byteLength);
+    copy.set(new Uint8Array(body.buffer, body.byteOffset, body.byteLength));
+    return copy;
+  }
   if (body instanceof URLSearchParams) {
     if (!headers.has('content-type')) headers.set('content-type', 'application/x-www-form-urlencoded;charset=UTF-8');
     return body.toString();
