@@ -63,6 +63,8 @@ const PARSED_PARAMETERS = 1000;
 function queryAsSent(url: string | undefined): string | undefined {
   const at = url === undefined ? -1 : url.indexOf('?');
   if (at < 0) return undefined;
+  // Most queries hold no escape and are short: nothing to copy or decode.
+  if (url!.indexOf('%', at) < 0 && url!.length - at - 1 < PARSED_PARAMETERS) return undefined;
   const query = url!.slice(at + 1);
   if (query.includes('%')) {
     try {
