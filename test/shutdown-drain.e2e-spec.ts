@@ -4,9 +4,10 @@
 // renewals and saves failed, their keys freed after a lease, and a retry to another instance
 // ran each again (30 of 30 keys twice). The guard now waits for its runs in flight to settle and
 // save before the store closes.
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import {
   Controller,
+  Logger,
   Post,
   RequestTimeoutException,
   UseInterceptors,
@@ -18,7 +19,7 @@ import { randomUUID } from 'node:crypto';
 import { catchError, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
 import { NoRepeatSubmit, type IdempotencyModuleOptions } from 'nestjs-idempotency';
 import { GuardMemory } from '../libs/idempotency/src/interceptors/guard-memory.js';
-import { makeApp, send, sleep, type EdgeApp } from './support/edge-app.js';
+import { makeApp, send, sleep, until, type EdgeApp } from './support/edge-app.js';
 import { REDIS_URL } from './support/services.js';
 
 class TimeoutInterceptor implements NestInterceptor {
@@ -45,6 +46,12 @@ class JobsController {
   @NoRepeatSubmit({ expireSeconds: 600, maxHoldSeconds: 2 })
   async hung() {
     return this.work(60_000);
+  }
+
+  @Post('long')
+  @NoRepeatSubmit({ expireSeconds: 600 })
+  async long() {
+    return this.work(6000);
   }
 
   private async work(ms: number) {
@@ -130,5 +137,52 @@ describe('app.close() while a guarded handler runs whose caller got a 408 (modul
     const tookMs = performance.now() - startedAt;
     expect(tookMs).toBeGreaterThan(1000);
     expect(tookMs).toBeLessThan(3500);
+  });
+});
+
+// A handler that hangs held app.close() for its maxHoldSeconds (300 s by default): past the
+// platform's grace period the process is killed anyway, and a test's afterAll timed out.
+describe('shutdownWaitSeconds: the longest the drain waits', () => {
+  const keyPrefix = `drain-bound-${randomUUID().slice(0, 8)}`;
+  const options: IdempotencyModuleOptions = { store: { redis: REDIS_URL }, keyPrefix, leaseSeconds: 2, shutdownWaitSeconds: 1 };
+  let other: EdgeApp;
+
+  beforeAll(async () => {
+    other = await makeApp('express', [JobsController], options);
+  });
+  afterAll(async () => {
+    await other?.close();
+  });
+
+  it('closes after it, logs the runs left by handler, and leaves their keys claimed until their leases end', async () => {
+    const closing = await makeApp('express', [JobsController], options);
+    const keys = [randomUUID(), randomUUID()];
+    for (const key of keys) expect((await send(closing.url, '/jobs/long', { key })).status).toBe(408);
+    const error = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+    try {
+      const startedAt = performance.now();
+      await closing.close();
+      const tookMs = performance.now() - startedAt;
+      // On the code before, close() waited for the handlers' 6 s.
+      expect(tookMs).toBeGreaterThan(900);
+      expect(tookMs).toBeLessThan(4000);
+      const lines = error.mock.calls.map((call) => String(call[0]));
+      expect(lines.filter((line) => line.includes('shutdownWaitSeconds'))).toEqual([
+        expect.stringContaining('2 guarded run(s) still in flight (JobsController.long ×2)'),
+      ]);
+      // Not released: another instance refuses the retry while the key's lease lasts.
+      const retry = await send(other.url, '/jobs/long', { key: keys[0] });
+      expect({ status: retry.status, code: JSON.parse(retry.text).code }).toEqual({ status: 409, code: 'IDEMPOTENCY_IN_PROGRESS' });
+      // The handlers end on their own (their saves fail on the closed store: logged, muted here).
+      await until(() => runs.get('6000')?.done === 2, 10_000, 'the handlers left to end');
+    } finally {
+      error.mockRestore();
+    }
+  });
+
+  it('is refused when it is not a positive number of seconds', async () => {
+    await expect(makeApp('express', [JobsController], { ...options, shutdownWaitSeconds: 0 })).rejects.toThrow(
+      'IdempotencyModule: shutdownWaitSeconds must be a positive number of seconds (got 0)',
+    );
   });
 });

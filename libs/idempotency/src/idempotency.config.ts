@@ -24,6 +24,8 @@ export interface ResolvedIdempotencyOptions {
   expireSeconds: number;
   leaseSeconds: number;
   maxHoldSeconds: number;
+  /** The drain's bound at shutdown; undefined for none but each run's `maxHoldSeconds`. */
+  shutdownWaitSeconds: number | undefined;
   failMode: FailMode;
   errorFormat: ErrorFormat;
   replayHeaders: readonly string[];
@@ -82,6 +84,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     expireSeconds: options.expireSeconds ?? DEFAULTS.expireSeconds,
     leaseSeconds: options.leaseSeconds ?? DEFAULTS.leaseSeconds,
     maxHoldSeconds: options.maxHoldSeconds ?? DEFAULTS.maxHoldSeconds,
+    shutdownWaitSeconds: options.shutdownWaitSeconds,
     failMode: options.failMode ?? DEFAULTS.failMode,
     errorFormat: options.errorFormat ?? DEFAULTS.errorFormat,
     replayHeaders: (options.replayHeaders ?? DEFAULTS.replayHeaders)
@@ -101,6 +104,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
   assertPositive('expireSeconds', resolved.expireSeconds);
   assertPositive('leaseSeconds', resolved.leaseSeconds);
   assertPositive('maxHoldSeconds', resolved.maxHoldSeconds);
+  assertPositive('shutdownWaitSeconds', resolved.shutdownWaitSeconds);
   assertBytes(resolved.maxResponseBytes);
   assertSaveStatuses(options.saveStatuses);
   assertErrorFormat(options.errorFormat);

@@ -66,6 +66,14 @@ export interface IdempotencyModuleOptions {
    */
   maxHoldSeconds?: number;
   /**
+   * The longest `app.close()` (a signal under `enableShutdownHooks()`) waits for the guarded runs
+   * in flight to settle and save, in seconds. Default: no bound but each run's `maxHoldSeconds`.
+   * Past it the guard logs the runs left, by handler, and lets the app close: their keys stay
+   * claimed until their leases end (a retry gets 409 meanwhile), then a retry runs them again, as
+   * after a crash. Set it below your platform's grace period (Kubernetes' 30 s by default).
+   */
+  shutdownWaitSeconds?: number;
+  /**
    * Who the request belongs to (a key segment, so users never share records). Default:
    * `request.user.id`, else `request.user.sub` (Nest's JWT recipe); where Passport is registered
    * with another `property`, that property is read first. Return undefined for an

@@ -55,7 +55,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     /** Each route's options and what was logged once: the module's, however often Nest builds the guard. */
     private readonly memory: GuardMemory,
   ) {
-    const calls = memory.storeCalls(() => new StoreCalls(store, counters, this.logger));
+    const calls = memory.storeCalls(() => new StoreCalls(store, counters, this.logger, options.shutdownWaitSeconds));
     this.answers = new ClaimAnswers(store, counters, this.logger, calls);
   }
 

@@ -35,6 +35,8 @@ export class StoreCalls {
     readonly store: IdempotencyStore,
     readonly counters: IdempotencyCounters,
     readonly logger: Logger,
+    /** `shutdownWaitSeconds`: how long the drain waits at most (undefined: each run's `maxHoldSeconds`). */
+    private readonly shutdownWaitSeconds?: number,
   ) {
     this.outageLog = new OutageLog(logger);
     this.lateSaves = new LateSaves(store, counters, this.outageLog, logger);
@@ -81,13 +83,32 @@ export class StoreCalls {
   private async drainOnce(): Promise<void> {
     const waiting = this.running.size;
     if (waiting > 0) this.logger.log(`waiting for ${waiting} guarded run(s) in flight to settle before the app shuts down`);
+    const settled = this.settleAll();
+    if (this.shutdownWaitSeconds === undefined) await settled;
+    else if (!(await settledWithin(settled, this.shutdownWaitSeconds * 1000))) this.leave();
+    await this.lateSaves.flush();
+    this.outageLog.flushAll();
+  }
+
+  /** Waits for the runs in flight to settle, then for the saves they try again. */
+  private async settleAll(): Promise<void> {
     // Nothing joins once draining (each hold is made after a check of `closing`).
     while (this.running.size > 0) {
       await Promise.all([...this.running].map((hold) => new Promise<void>((resolve) => hold.whenSettled(resolve))));
     }
-    if (this.retrying.size > 0) await Promise.all(this.retrying);
-    await this.lateSaves.flush();
-    this.outageLog.flushAll();
+    while (this.retrying.size > 0) await Promise.all(this.retrying);
+  }
+
+  /** `shutdownWaitSeconds` passed: says what the app closes without. */
+  private leave(): void {
+    const handlers = new Map<string, number>();
+    for (const hold of this.running) handlers.set(hold.handler, (handlers.get(hold.handler) ?? 0) + 1);
+    const runs = [...handlers].map(([handler, count]) => `${handler} ×${count}`).join(', ');
+    const left = [
+      this.running.size > 0 && `${this.running.size} guarded run(s) still in flight (${runs}): their keys stay claimed until their leases end, then a retry runs them again`,
+      this.retrying.size > 0 && `${this.retrying.size} save(s) still tried: those keys free when their leases end`,
+    ].filter(Boolean);
+    this.logger.error(`shutdownWaitSeconds (${this.shutdownWaitSeconds}) passed; the app closes with ${left.join('; and ')}`);
   }
 
   /**
@@ -230,6 +251,11 @@ class Hold implements HeldClaim {
     this.holdMs = route.maxHoldMs;
   }
 
+  /** `Controller.method`, for the drain's log. */
+  get handler(): string {
+    return this.route.handler;
+  }
+
   private readonly uncertainHooks: UncertainRenewalHooks | undefined;
 
   /** Read only by `@LeaseSignal()`: the renewal makes its AbortController then. A fail-open run's never aborts: it holds no claim it knows of. */
@@ -332,5 +358,16 @@ class RenewalHooks implements LeaseRenewalHooks {
     this.calls.counters.count('leasesLost', this.route.handler);
     this.events?.emit('lease_lost', { reason: why });
     this.calls.logger.error(`${this.route.handler}: lost the claim while the handler runs (${why}); a retry may run the handler again`);
+  }
+}
+
+/** Whether `settled` resolves within `ms` (a timer that holds the process open meanwhile: Nest awaits the drain). */
+async function settledWithin(settled: Promise<void>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), ms)));
+  try {
+    return await Promise.race([settled.then(() => true as const), late]);
+  } finally {
+    clearTimeout(timer);
   }
 }
