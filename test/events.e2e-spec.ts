@@ -327,6 +327,7 @@ describe('the guard\'s events (Express, Redis)', () => {
       lease_takeover: 'lateCompletions',
       store_error: 'storeErrors',
       fail_open: 'failOpen',
+      shutting_down: 'shuttingDown',
     };
     for (const [label, total] of Object.entries(requests)) {
       expect([label, await metric('requests', 'outcome', label)]).toEqual([label, counters[total]]);

@@ -17,7 +17,7 @@ import {
 } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { catchError, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
-import { NoRepeatSubmit, type IdempotencyModuleOptions } from 'nestjs-idempotency';
+import { IdempotencyCounters, NoRepeatSubmit, type IdempotencyEvent, type IdempotencyModuleOptions } from 'nestjs-idempotency';
 import { GuardMemory } from '../libs/idempotency/src/interceptors/guard-memory.js';
 import { makeApp, send, sleep, until, type EdgeApp } from './support/edge-app.js';
 import { REDIS_URL } from './support/services.js';
@@ -109,6 +109,25 @@ describe('app.close() while a guarded handler runs whose caller got a 408 (modul
     expect(runs.get('1500')!.started).toBe(before.started + 1);
     expect((await send(other.url, '/jobs/slow', { key })).status).toBe(408);
     expect(runs.get('1500')!.started).toBe(before.started + 2);
+  });
+
+  it('counts each refusal and reports it as a shutting_down event', async () => {
+    const seen: IdempotencyEvent[] = [];
+    const closing = await makeApp('express', [JobsController], { ...options, onEvent: (event) => void seen.push(event) });
+    const counters = closing.app.get(IdempotencyCounters);
+    expect((await send(closing.url, '/jobs/slow', { key: randomUUID() })).status).toBe(408);
+    const closed = closing.close();
+    await sleep(200);
+    const refused = await Promise.all([randomUUID(), randomUUID()].map((key) => send(closing.url, '/jobs/slow', { key })));
+    expect(refused.map((answer) => answer.status)).toEqual([503, 503]);
+    await closed;
+    const shuttingDown = seen.filter((event) => event.type === 'shutting_down');
+    expect(shuttingDown.map((event) => [event.handler, event.transport])).toEqual([
+      ['JobsController.slow', 'http'],
+      ['JobsController.slow', 'http'],
+    ]);
+    expect(counters.shuttingDown).toBe(2);
+    expect(counters.storeErrors).toBe(0);
   });
 
   // Nest 12 runs one shutdown for both; Nest 11 runs the hooks again (a helper there: the first

@@ -41,6 +41,7 @@ export type {
   IdempotencyReleasedEvent,
   IdempotencyRenewedEvent,
   IdempotencyReplayedEvent,
+  IdempotencyShuttingDownEvent,
   IdempotencyStoreCallEvent,
   IdempotencyStoreErrorEvent,
   IdempotencyTransport,

@@ -128,6 +128,15 @@ export interface IdempotencyFailOpenEvent extends IdempotencyEventBase {
   type: 'fail_open';
 }
 
+/**
+ * The app is shutting down (its drain has begun): the call was refused, 503
+ * `IDEMPOTENCY_STORE_UNAVAILABLE` with `Retry-After: 1` (a message as a fail-closed route refuses
+ * one), so that its client goes to another instance. Reported as the caller gets the refusal.
+ */
+export interface IdempotencyShuttingDownEvent extends IdempotencyEventBase {
+  type: 'shutting_down';
+}
+
 /** One timed store call of the request path, failed or not (the metric `store_duration_seconds`). */
 export interface IdempotencyStoreCallEvent extends IdempotencyEventBase {
   type: 'store_call';
@@ -148,6 +157,7 @@ export type IdempotencyEvent =
   | IdempotencyLeaseLostEvent
   | IdempotencyStoreErrorEvent
   | IdempotencyFailOpenEvent
+  | IdempotencyShuttingDownEvent
   | IdempotencyStoreCallEvent;
 
 export type IdempotencyEventType = IdempotencyEvent['type'];

@@ -49,7 +49,7 @@ export class ClaimAnswers {
     events: CallEvents | undefined,
   ): Promise<Guarded> {
     // The app is shutting down: no run starts here (see `StoreCalls.closing`).
-    if (this.calls.closing) return { result: defer(() => exchange.refuse({ reason: 'store_unavailable' })) };
+    if (this.calls.closing) return this.refuseShuttingDown(route, exchange, events);
     let claim: ClaimResult;
     try {
       claim = await this.calls.timed('claim', events, () => this.store.claim(input));
@@ -103,7 +103,16 @@ export class ClaimAnswers {
   /** A claim taken (or perhaps taken) as the app began to shut down: freed, and the call refused. */
   private refuseClosing(route: GuardedRoute, input: ClaimInput, exchange: GuardExchange, events: CallEvents | undefined): Guarded {
     this.calls.retry(this.calls.release(input.key, input.token, route.handler, events));
-    return { result: defer(() => exchange.refuse({ reason: 'store_unavailable' })) };
+    return this.refuseShuttingDown(route, exchange, events);
+  }
+
+  /** The app is shutting down: 503, so that the client goes to another instance; counted and reported as the caller gets it. */
+  private refuseShuttingDown(route: GuardedRoute, exchange: GuardExchange, events: CallEvents | undefined): Guarded {
+    const refused = () => {
+      this.counters.count('shuttingDown', route.handler);
+      events?.emit('shutting_down', {});
+    };
+    return { result: answered(refused, () => exchange.refuse({ reason: 'store_unavailable' })) };
   }
 
   /** The store failed the claim: 503 for a fail-closed route, else the handler runs unguarded. */

@@ -11,6 +11,7 @@ export type IdempotencyOutcome =
   | 'lateCompletions'
   | 'storeErrors'
   | 'failOpen'
+  | 'shuttingDown'
   | 'renewed'
   | 'leasesLost';
 
@@ -46,6 +47,8 @@ export class IdempotencyCounters implements Record<IdempotencyOutcome, number> {
   storeErrors = 0;
   /** Requests run unguarded because the store was down (fail-open). */
   failOpen = 0;
+  /** Calls refused because the app was shutting down (503, so that their clients go elsewhere). */
+  shuttingDown = 0;
   /** Claims renewed while their handlers ran (a renewal every third of the lease). */
   renewed = 0;
   /** Claims lost while their handlers ran (a renewal refused, or failing until the lease ended). */

@@ -18,6 +18,7 @@ const CASES: [IdempotencyEvent, IdempotencyOutcome | undefined][] = [
   [{ ...base, type: 'lease_takeover', handlerMs: 1 }, 'lateCompletions'],
   [{ ...base, type: 'store_error', operation: 'renew', error: new Error('down') }, 'storeErrors'],
   [{ ...base, type: 'fail_open' }, 'failOpen'],
+  [{ ...base, type: 'shutting_down' }, 'shuttingDown'],
   [{ ...base, type: 'renewed' }, 'renewed'],
   [{ ...base, type: 'lease_lost', reason: 'refused' }, 'leasesLost'],
   [{ ...base, type: 'completed', handlerMs: 1, statusCode: 201 }, undefined],

@@ -10,6 +10,7 @@ const OUTCOME_OF: Record<Exclude<IdempotencyEventType, 'in_progress' | 'store_ca
   lease_takeover: 'lateCompletions',
   store_error: 'storeErrors',
   fail_open: 'failOpen',
+  shutting_down: 'shuttingDown',
   renewed: 'renewed',
   lease_lost: 'leasesLost',
 };

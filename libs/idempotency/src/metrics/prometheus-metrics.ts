@@ -24,6 +24,7 @@ const OUTCOME_LABELS: Record<Exclude<IdempotencyOutcome, LeaseEvent>, string> = 
   lateCompletions: 'lease_takeover',
   storeErrors: 'store_error',
   failOpen: 'fail_open',
+  shuttingDown: 'shutting_down',
 };
 
 /**
