@@ -188,8 +188,10 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
     // (#body.ref) stays, so no Idempotency-Key header is documented.
     const refund = document.paths['/payments/refund'].post!;
     expect(refund.responses['202']).toEqual({ description: '' });
-    expect(refund.responses['503']).toBeUndefined();
-    expectGuardAnswers(refund.responses, ['400', '409', '422', '500']);
+    expectGuardAnswers(refund.responses);
+    const unavailable = (refund.responses as Record<string, any>)['503'].description as string;
+    expect(unavailable).toContain('the app is shutting down');
+    expect(unavailable).not.toContain('fails closed');
     expect(refund.parameters ?? []).not.toContainEqual(expect.objectContaining({ name: 'Idempotency-Key' }));
     expect(document.paths['/payments'].post!.parameters ?? []).not.toContainEqual(
       expect.objectContaining({ name: 'Idempotency-Key' }),
@@ -227,11 +229,14 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
     expect(keyHeaders('/orders/own-header')).toEqual([expect.objectContaining({ description: 'Our own words' })]);
   });
 
-  it('leaves 503 out where the route fails open, and unguarded routes alone', async () => {
+  // A shutting-down instance refuses every guarded call 503 (Retry-After: 1), so that its client
+  // goes to another instance: a fail-open route answers 503 then too.
+  it('documents 503 where the route fails open as the answer of an instance shutting down, and leaves unguarded routes alone', async () => {
     const document = await openApiDocument(OrdersController);
     const responses = document.paths['/orders/fingerprinted'].post!.responses as Record<string, any>;
-    expect(responses['503']).toBeUndefined();
-    expectGuardAnswers(responses, ['400', '409', '422', '500']);
+    expectGuardAnswers(responses);
+    expect(responses['503'].description).toMatch(/IDEMPOTENCY_STORE_UNAVAILABLE: the app is shutting down/);
+    expect(responses['503'].description).not.toContain('unreachable');
     expect(document.paths['/orders/{orderNo}'].get!.responses).toEqual({ '200': { description: '' } });
   });
 
@@ -259,10 +264,14 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
     }
     await documentDecoratedRoutes({ failMode: 'open' });
     const document = await openApiDocument(ClosedByModuleController, OpenByModuleController);
-    expect(document.paths['/closed-by-module'].post!.responses['503']).toBeDefined();
-    expect(document.paths['/closed-by-module/open'].post!.responses['503']).toBeUndefined();
-    expect(document.paths['/open-by-module'].post!.responses['503']).toBeUndefined();
-    expect(document.paths['/open-by-module/closed'].post!.responses['503']).toBeDefined();
+    const unavailable = (path: string) => (document.paths[path].post!.responses as Record<string, any>)['503'].description as string;
+    expect(unavailable('/closed-by-module')).toContain('unreachable');
+    expect(unavailable('/closed-by-module/open')).not.toContain('unreachable');
+    expect(unavailable('/open-by-module')).not.toContain('unreachable');
+    expect(unavailable('/open-by-module/closed')).toContain('unreachable');
+    for (const path of ['/closed-by-module', '/closed-by-module/open', '/open-by-module', '/open-by-module/closed']) {
+      expect(unavailable(path)).toContain('the app is shutting down');
+    }
   });
 
   it('documents problem details under application/problem+json where the module or the route asks for them', async () => {

@@ -39,8 +39,8 @@ interface GuardAnswer {
   code: IdempotencyErrorCode;
   status: number;
   retryAfter: boolean;
-  /** When the guard gives it (and what the client does next), given where the key comes from. */
-  when: (keySource: string) => string;
+  /** When the guard gives it (and what the client does next), given where the key comes from and whether the route fails open. */
+  when: (keySource: string, failsOpen: boolean) => string;
 }
 
 // Keyed by code so the compiler insists on every code; status and Retry-After are read from the
@@ -55,7 +55,12 @@ const ANSWERS: Record<IdempotencyErrorCode, { thrown: () => IdempotencyHttpExcep
     when: () => 'a request with this key already completed, but its response could not be kept for replay: do not retry; read the current state instead',
   },
   [IdempotencyErrorCode.KEY_REUSED]: { thrown: () => keyReused(), when: () => 'the key was already used with another payload: send a new key for a new operation' },
-  [IdempotencyErrorCode.STORE_UNAVAILABLE]: { thrown: () => storeUnavailable(1), when: () => 'the idempotency store is unreachable and the route fails closed: retry after Retry-After seconds with the same key' },
+  // An instance shutting down refuses every guarded call, so that its client goes to another.
+  [IdempotencyErrorCode.STORE_UNAVAILABLE]: {
+    thrown: () => storeUnavailable(1),
+    when: (_source, failsOpen) =>
+      `${failsOpen ? '' : 'the idempotency store is unreachable (the route fails closed), or '}the app is shutting down: retry after Retry-After seconds with the same key`,
+  },
   [IdempotencyErrorCode.USER_UNRESOLVED]: { thrown: () => userUnresolved(), when: () => 'an authenticated request whose user id the guard cannot resolve (a server configuration error)' },
 };
 
@@ -77,11 +82,11 @@ interface ResponseEntry {
   [option: string]: unknown;
 }
 
-function guardResponse(status: number, answers: GuardAnswer[], keySource: string, format: ErrorFormat): ResponseEntry {
+function guardResponse(status: number, answers: GuardAnswer[], keySource: string, failsOpen: boolean, format: ErrorFormat): ResponseEntry {
   const retrying = answers.filter((answer) => answer.retryAfter).map((answer) => answer.code);
   const codes = answers.map((answer) => answer.code);
   return {
-    description: ['Refused by the idempotency guard; `code` says why:', ...answers.map((a) => `- ${a.code}: ${a.when(keySource)}`)].join('\n'),
+    description: ['Refused by the idempotency guard; `code` says why:', ...answers.map((a) => `- ${a.code}: ${a.when(keySource, failsOpen)}`)].join('\n'),
     ...(retrying.length > 0 && {
       headers: { 'Retry-After': { description: `Seconds to wait before retrying with the same key (with ${retrying.join(', ')})`, schema: { type: 'integer', minimum: 1 } } },
     }),
@@ -175,8 +180,7 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   const format = options.errorFormat ?? defaults?.errorFormat ?? 'nest';
   const responses = { ...own };
   for (const [status, answers] of answersByStatus) {
-    if (status === HttpStatus.SERVICE_UNAVAILABLE && failsOpen) continue;
-    const ours = guardResponse(status, answers, keySource, format);
+    const ours = guardResponse(status, answers, keySource, failsOpen, format);
     const theirs = own[status] ?? onClass[status];
     responses[status] = theirs ? mergeResponse(theirs, ours) : ours;
   }
@@ -200,7 +204,8 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
  * keeping the route's own responses (its success response and the user's `@ApiResponse()`s).
  * Runs while the application is created, after every decorator, before
  * `SwaggerModule.createDocument()` reads the metadata. `defaults.failMode` (the module's) tells
- * whether a route without its own `failMode` can answer 503; unknown, 503 is documented.
+ * why a route without its own `failMode` may answer 503: an outage and a shutdown, or (failing
+ * open) a shutdown only; unknown, both.
  */
 export async function documentDecoratedRoutes(defaults?: Documenting['defaults']): Promise<boolean> {
   let swagger: Documenting['swagger'];
