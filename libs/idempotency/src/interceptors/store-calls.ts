@@ -30,6 +30,8 @@ export class StoreCalls {
   private readonly retrying = new Set<Promise<void>>();
   /** The shutdown's drain, once begun: from then on no new run starts here (see `closing`). */
   private draining?: Promise<void>;
+  /** Set by the drain while it waits for `running` to empty. */
+  private idle?: () => void;
 
   constructor(
     readonly store: IdempotencyStore,
@@ -55,7 +57,7 @@ export class StoreCalls {
 
   /** `hold` is settled (saved, released, or its claim lost): a shutdown waits for it no more. */
   settled(hold: Hold): void {
-    if (this.running.delete(hold)) hold.onSettled?.();
+    if (this.running.delete(hold) && this.running.size === 0) this.idle?.();
   }
 
   /**
@@ -93,9 +95,7 @@ export class StoreCalls {
   /** Waits for the runs in flight to settle, then for the saves they try again. */
   private async settleAll(): Promise<void> {
     // Nothing joins once draining (each hold is made after a check of `closing`).
-    while (this.running.size > 0) {
-      await Promise.all([...this.running].map((hold) => new Promise<void>((resolve) => hold.whenSettled(resolve))));
-    }
+    if (this.running.size > 0) await new Promise<void>((resolve) => (this.idle = resolve));
     while (this.retrying.size > 0) await Promise.all(this.retrying);
   }
 
@@ -223,14 +223,6 @@ export class StoreCalls {
 class Hold implements HeldClaim {
   readonly holdMs: number;
   private readonly renewal: LeaseRenewal;
-  /** Set by a shutdown waiting for this run (`StoreCalls.drain`). */
-  onSettled?: () => void;
-
-  /** Calls `resolve` once this run is settled (or at once if it is). */
-  whenSettled(resolve: () => void): void {
-    const before = this.onSettled;
-    this.onSettled = before ? () => (before(), resolve()) : resolve;
-  }
 
   constructor(
     private readonly calls: StoreCalls,
