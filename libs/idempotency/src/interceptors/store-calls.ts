@@ -124,6 +124,8 @@ export class StoreCalls {
     tryUntil: number,
     uncertain: boolean,
     events: CallEvents | undefined,
+    /** The run this save settles (see `settled`). */
+    hold?: Hold,
   ) {
     try {
       const saved = await this.timed('complete', events, () => this.store.complete(storageKey, token, response, route.expireMs));
@@ -154,6 +156,8 @@ export class StoreCalls {
           `saves or ${LATE_SAVES_MAX_BYTES / 1024 / 1024} MiB kept already); a retry may run the handler again`,
         'responses not kept',
       );
+    } finally {
+      if (hold) this.settled(hold);
     }
   }
 
@@ -190,8 +194,8 @@ export class StoreCalls {
     if (!uncertain) this.logger.error(`${route.handler}: gave up saving the response; the key frees when its lease ends`);
   }
 
-  /** Frees the key (compare-and-delete); never rejects. */
-  async release(storageKey: string, token: string, handler: string, events: CallEvents | undefined): Promise<void> {
+  /** Frees the key (compare-and-delete), settling `hold` if given; never rejects. */
+  async release(storageKey: string, token: string, handler: string, events: CallEvents | undefined, hold?: Hold): Promise<void> {
     try {
       if (await this.timed('release', events, () => this.store.release(storageKey, token))) {
         this.counters.count('released', handler);
@@ -201,6 +205,8 @@ export class StoreCalls {
       this.counters.count('storeErrors', handler);
       events?.emit('store_error', { operation: 'release', error });
       this.logger.error(`Could not release an idempotency key (it frees when its lease ends): ${(error as Error).message}`);
+    } finally {
+      if (hold) this.settled(hold);
     }
   }
 
@@ -265,22 +271,13 @@ class Hold implements HeldClaim {
     // the late claim held the key with nothing to complete it, and a retry ran again (an adversarial helper: 40 of 40 keys).
     const leaseEndsAt = this.renewal.leaseEndsAt;
     const tryUntil = uncertain && this.calls.store.deliversLate ? Math.max(this.renewal.holdEndsAtWall, leaseEndsAt) : leaseEndsAt;
-    return this.settle(this.calls.save(this.storageKey, this.token, response, this.route, tryUntil, uncertain, this.events));
+    return this.calls.save(this.storageKey, this.token, response, this.route, tryUntil, uncertain, this.events, this);
   }
 
   release(): Promise<void> {
     this.events?.settled();
     this.renewal.stop();
-    return this.settle(this.calls.release(this.storageKey, this.token, this.route.handler, this.events));
-  }
-
-  /** `done` (a save or release, which never rejects), after which the run is settled. */
-  private async settle(done: Promise<void>): Promise<void> {
-    try {
-      await done;
-    } finally {
-      this.calls.settled(this);
-    }
+    return this.calls.release(this.storageKey, this.token, this.route.handler, this.events, this);
   }
 }
 
