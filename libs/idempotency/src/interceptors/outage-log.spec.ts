@@ -33,6 +33,15 @@ describe('OutageLog', () => {
     expect(logger.lines.length).toBe(5);
   });
 
+  it('says how long its window ran when flushed early (at shutdown)', () => {
+    const logger = new KeptLines();
+    const log = new OutageLog(logger);
+    for (let i = 0; i < 3; i++) log.warn('Orders.create:refused', `refused #${i}`, 'requests refused');
+    jest.advanceTimersByTime(2400);
+    log.flushAll();
+    expect(logger.lines).toEqual(['refused #0', '2 more requests refused in 2.4 s; the last: refused #2']);
+  });
+
   it('keeps kinds apart, and logs the next outage at once', () => {
     const logger = new KeptLines();
     const log = new OutageLog(logger);

@@ -55,8 +55,11 @@ export class OutageLog {
       if (this.windows.get(id) === window) this.windows.delete(id);
       return;
     }
-    this.logger.warn(`${window.held} more ${window.more} in ${WINDOW_MS / 1000} s; the last: ${window.last}`);
+    // The window's own length: shorter when flushed early (at shutdown).
+    const now = performance.now();
+    const seconds = Math.round(Math.min(now - window.startedAt, WINDOW_MS) / 100) / 10;
+    this.logger.warn(`${window.held} more ${window.more} in ${seconds} s; the last: ${window.last}`);
     window.held = 0;
-    window.startedAt = performance.now();
+    window.startedAt = now;
   }
 }
