@@ -21,6 +21,7 @@ import { IdempotencyCounters, NoRepeatSubmit, type IdempotencyEvent, type Idempo
 import { GuardMemory } from '../libs/idempotency/src/interceptors/guard-memory.js';
 import { makeApp, send, sleep, until, type EdgeApp } from './support/edge-app.js';
 import { REDIS_URL } from './support/services.js';
+import { TcpProxy } from './support/tcp-proxy.js';
 
 class TimeoutInterceptor implements NestInterceptor {
   intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
@@ -203,5 +204,51 @@ describe('shutdownWaitSeconds: the longest the drain waits', () => {
     await expect(makeApp('express', [JobsController], { ...options, shutdownWaitSeconds: 0 })).rejects.toThrow(
       'IdempotencyModule: shutdownWaitSeconds must be a positive number of seconds (got 0)',
     );
+  });
+});
+
+let quickRuns = 0;
+
+@Controller('quick')
+@UseInterceptors(TimeoutInterceptor)
+class QuickController {
+  @Post()
+  @NoRepeatSubmit({ expireSeconds: 600 })
+  create() {
+    return { run: ++quickRuns };
+  }
+}
+
+// A claim sent before the drain began and answered after it ended found the store closed: its
+// release failed, and its key stayed claimed for a lease (a retry elsewhere got 409 meanwhile).
+describe('a claim in flight as the drain begins (Redis 250 ms away each way)', () => {
+  const keyPrefix = `drain-claim-${randomUUID().slice(0, 8)}`;
+  let proxy: TcpProxy;
+  let other: EdgeApp;
+
+  beforeAll(async () => {
+    const { hostname, port } = new URL(REDIS_URL);
+    proxy = await new TcpProxy({ host: hostname, port: Number(port || 6379) }).start();
+    other = await makeApp('express', [QuickController], { store: { redis: REDIS_URL }, keyPrefix, leaseSeconds: 10 });
+  });
+  afterAll(async () => {
+    await other?.close();
+    await proxy?.stop();
+  });
+
+  it('is waited for (its caller already had a 408): its key is freed before the store closes', async () => {
+    const closing = await makeApp('express', [QuickController], { store: { redis: proxy.url }, keyPrefix, leaseSeconds: 10 });
+    proxy.delayMs = 250;
+    try {
+      const key = randomUUID();
+      const first = send(closing.url, '/quick', { key });
+      await sleep(300);
+      await closing.close();
+      expect((await first).status).toBe(408);
+      const retry = await send(other.url, '/quick', { key });
+      expect(retry.status).toBe(201);
+    } finally {
+      proxy.delayMs = 0;
+    }
   });
 });

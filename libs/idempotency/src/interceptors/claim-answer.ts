@@ -50,53 +50,59 @@ export class ClaimAnswers {
   ): Promise<Guarded> {
     // The app is shutting down: no run starts here (see `StoreCalls.closing`).
     if (this.calls.closing) return this.refuseShuttingDown(route, exchange, events);
-    let claim: ClaimResult;
+    // A claim in flight is waited for by a shutdown (until decided: a run held, or its key freed).
+    this.calls.claiming++;
     try {
-      claim = await this.calls.timed('claim', events, () => this.store.claim(input));
-      if (claim.status === 'in_progress' && route.waitForResultMs > 0) {
-        this.counters.count('waited', route.handler);
-        events?.emit('in_progress', { retryAfterMs: claim.retryAfterMs, waiting: true });
-        claim = await awaitSettled(this.store, input, claim, route.waitForResultMs, (error) => {
-          this.counters.count('storeErrors', route.handler);
-          events?.emit('store_error', { operation: 'wait', error });
-          this.logger.warn(`${route.handler}: cannot wait for the first result: ${(error as Error).message}`);
-        });
+      let claim: ClaimResult;
+      try {
+        claim = await this.calls.timed('claim', events, () => this.store.claim(input));
+        if (claim.status === 'in_progress' && route.waitForResultMs > 0) {
+          this.counters.count('waited', route.handler);
+          events?.emit('in_progress', { retryAfterMs: claim.retryAfterMs, waiting: true });
+          claim = await awaitSettled(this.store, input, claim, route.waitForResultMs, (error) => {
+            this.counters.count('storeErrors', route.handler);
+            events?.emit('store_error', { operation: 'wait', error });
+            this.logger.warn(`${route.handler}: cannot wait for the first result: ${(error as Error).message}`);
+          });
+        }
+      } catch (error) {
+        return this.storeFailed(ctx, exchange, next, route, input, events, error);
       }
-    } catch (error) {
-      return this.storeFailed(ctx, exchange, next, route, input, events, error);
-    }
-    // A decision that only answers the caller is counted and reported as the caller gets it: not
-    // for a caller gone meanwhile (an outer timeout during the claim or the wait).
-    switch (claim.status) {
-      case 'in_progress': {
-        const { retryAfterMs } = claim;
-        const refused = () => {
-          this.counters.count('inProgress', route.handler);
-          events?.emit('in_progress', { retryAfterMs, waiting: false });
-        };
-        return { result: answered(refused, () => exchange.refuse({ reason: 'in_progress', retryAfterMs })) };
+      // A decision that only answers the caller is counted and reported as the caller gets it: not
+      // for a caller gone meanwhile (an outer timeout during the claim or the wait).
+      switch (claim.status) {
+        case 'in_progress': {
+          const { retryAfterMs } = claim;
+          const refused = () => {
+            this.counters.count('inProgress', route.handler);
+            events?.emit('in_progress', { retryAfterMs, waiting: false });
+          };
+          return { result: answered(refused, () => exchange.refuse({ reason: 'in_progress', retryAfterMs })) };
+        }
+        case 'mismatch': {
+          const refused = () => {
+            this.counters.count('mismatched', route.handler);
+            events?.emit('key_reused', {});
+          };
+          return { result: answered(refused, () => exchange.refuse({ reason: 'key_reused' })) };
+        }
+        case 'completed': {
+          const { response } = claim;
+          const replayed = () => {
+            this.counters.count('replayed', route.handler);
+            events?.emit('replayed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
+          };
+          return { result: answered(replayed, () => exchange.replay(response)) };
+        }
+        case 'acquired':
+          // Answered as the drain began: freed, and refused, as any call from then on.
+          if (this.calls.closing) return this.refuseClosing(route, input, exchange, events);
+          this.counters.count('acquired', route.handler);
+          events?.emit('acquired', {});
+          return runHolding(ctx, exchange, next, route, this.calls.hold(input, route, false, events));
       }
-      case 'mismatch': {
-        const refused = () => {
-          this.counters.count('mismatched', route.handler);
-          events?.emit('key_reused', {});
-        };
-        return { result: answered(refused, () => exchange.refuse({ reason: 'key_reused' })) };
-      }
-      case 'completed': {
-        const { response } = claim;
-        const replayed = () => {
-          this.counters.count('replayed', route.handler);
-          events?.emit('replayed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
-        };
-        return { result: answered(replayed, () => exchange.replay(response)) };
-      }
-      case 'acquired':
-        // Answered as the drain began: freed, and refused, as any call from then on.
-        if (this.calls.closing) return this.refuseClosing(route, input, exchange, events);
-        this.counters.count('acquired', route.handler);
-        events?.emit('acquired', {});
-        return runHolding(ctx, exchange, next, route, this.calls.hold(input, route, false, events));
+    } finally {
+      this.calls.claimDecided();
     }
   }
 

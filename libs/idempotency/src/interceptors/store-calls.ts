@@ -57,7 +57,19 @@ export class StoreCalls {
 
   /** `hold` is settled (saved, released, or its claim lost): a shutdown waits for it no more. */
   settled(hold: Hold): void {
-    if (this.running.delete(hold) && this.running.size === 0) this.idle?.();
+    if (this.running.delete(hold) && this.running.size === 0 && this.claiming === 0) this.idle?.();
+  }
+
+  /**
+   * Claims sent and not yet decided (a wait for the first result included): a shutdown waits for
+   * them too. One answered after the store closed could not free its key (a caller already
+   * answered, an outer timeout's 408): the key held a lease, and a retry elsewhere got 409.
+   */
+  claiming = 0;
+
+  /** A claim is decided: its run is held (`hold`), or its key freed or never taken. */
+  claimDecided(): void {
+    if (--this.claiming === 0 && this.running.size === 0) this.idle?.();
   }
 
   /**
@@ -83,8 +95,8 @@ export class StoreCalls {
   }
 
   private async drainOnce(): Promise<void> {
-    const waiting = this.running.size;
-    if (waiting > 0) this.logger.log(`waiting for ${waiting} guarded run(s) in flight to settle before the app shuts down`);
+    const waiting = this.running.size + this.claiming;
+    if (waiting > 0) this.logger.log(`waiting for ${waiting} guarded call(s) in flight to settle before the app shuts down`);
     const settled = this.settleAll();
     if (this.shutdownWaitSeconds === undefined) await settled;
     else if (!(await settledWithin(settled, this.shutdownWaitSeconds * 1000))) this.leave();
@@ -95,7 +107,7 @@ export class StoreCalls {
   /** Waits for the runs in flight to settle, then for the saves they try again. */
   private async settleAll(): Promise<void> {
     // Nothing joins once draining (each hold is made after a check of `closing`).
-    if (this.running.size > 0) await new Promise<void>((resolve) => (this.idle = resolve));
+    if (this.running.size > 0 || this.claiming > 0) await new Promise<void>((resolve) => (this.idle = resolve));
     while (this.retrying.size > 0) await Promise.all(this.retrying);
   }
 
@@ -106,6 +118,7 @@ export class StoreCalls {
     const runs = [...handlers].map(([handler, count]) => `${handler} ×${count}`).join(', ');
     const left = [
       this.running.size > 0 && `${this.running.size} guarded run(s) still in flight (${runs}): their keys stay claimed until their leases end, then a retry runs them again`,
+      this.claiming > 0 && `${this.claiming} claim(s) unanswered: a key one takes frees when its lease ends`,
       this.retrying.size > 0 && `${this.retrying.size} save(s) still tried: those keys free when their leases end`,
     ].filter(Boolean);
     this.logger.error(`shutdownWaitSeconds (${this.shutdownWaitSeconds}) passed; the app closes with ${left.join('; and ')}`);
