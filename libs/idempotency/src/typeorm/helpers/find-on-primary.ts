@@ -9,15 +9,20 @@ import type { FindOptionsWhere, ObjectLiteral, Repository } from 'typeorm';
  * of it bound to that runner breaks private members (`#field`) and misses a `findOne` bound to the
  * instance, and `withRepository` calls its constructor with arguments a subclass may not take.
  */
+export async function findOnPrimary<T extends ObjectLiteral>(repo: Repository<T>, where: FindOptionsWhere<T> | FindOptionsWhere<T>[]): Promise<T | null>;
+/** The rows `where` names, at most `take` of them, read as above. */
+export async function findOnPrimary<T extends ObjectLiteral>(repo: Repository<T>, where: FindOptionsWhere<T> | FindOptionsWhere<T>[], take: number): Promise<T[]>;
 export async function findOnPrimary<T extends ObjectLiteral>(
   repo: Repository<T>,
   where: FindOptionsWhere<T> | FindOptionsWhere<T>[],
-): Promise<T | null> {
+  take?: number,
+): Promise<T | null | T[]> {
   const { connection } = repo.manager;
-  if (repo.manager.queryRunner || !connection.driver.isReplicated) return repo.findOne({ where });
+  if (repo.manager.queryRunner || !connection.driver.isReplicated) return take === undefined ? repo.findOne({ where }) : repo.find({ where, take });
   const runner = connection.createQueryRunner('master');
   try {
-    return await runner.manager.findOne<T>(repo.metadata.target, { where });
+    const { target } = repo.metadata;
+    return await (take === undefined ? runner.manager.findOne<T>(target, { where }) : runner.manager.find<T>(target, { where, take }));
   } finally {
     await runner.release();
   }

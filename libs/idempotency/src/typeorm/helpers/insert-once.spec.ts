@@ -14,6 +14,7 @@ import {
   PrimaryGeneratedColumn,
   QueryFailedError,
   Repository,
+  type FindOptionsWhere,
   type QueryDeepPartialEntity,
   type EntitySubscriberInterface,
   type InsertEvent,
@@ -686,5 +687,89 @@ describe('insertOnce on a table the search_path finds in a later schema', () => 
     const inTransaction = dataSource.transaction((manager) => insertOnce(manager.getRepository(PathTicket), { code: 'P1' }, () => ({ code: 'P1' })));
     // Observed before: created true, then the COMMIT failed.
     await expect(inTransaction).rejects.toThrow(/uq_path_tickets_code is DEFERRABLE INITIALLY DEFERRED/);
+  });
+});
+
+/** A partial unique index: one live coupon per ref; cancelled ones keep theirs. */
+@Entity({ name: 'coupons' })
+@Index('uq_coupons_ref_live', ['ref'], { unique: true, where: `"status" <> 'CANCELLED'` })
+class Coupon {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @Column({ type: 'varchar', length: 64 })
+  ref!: string;
+
+  @Column({ type: 'varchar', length: 16, default: 'LIVE' })
+  status!: string;
+}
+
+/** A unique key with a nullable part, NULLS NOT DISTINCT (made below: one code per tenant, and one without). */
+@Entity({ name: 'seats' })
+class Seat {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @Column({ name: 'tenant_id', type: 'integer', nullable: true })
+  tenantId!: number | null;
+
+  @Column({ type: 'varchar', length: 64 })
+  code!: string;
+}
+
+// An adversarial helper: a findExisting that matched more rows than the violated key protects
+// (a partial index's other rows; a null part TypeORM's 'ignore' drops) gave every caller
+// another row than the one that refused the insert, silently.
+describe('insertOnce: the existing row is the one the key protects', () => {
+  const schema = testSchemaName();
+  let dataSource: DataSource;
+  let ignoring: DataSource;
+  beforeAll(async () => {
+    dataSource = await openSchemaDataSource(schema, { entities: [Coupon, Seat], extra: { max: 12 }, synchronize: true });
+    await dataSource.query(`CREATE UNIQUE INDEX uq_seats_tenant_code ON "${schema}".seats (tenant_id, code) NULLS NOT DISTINCT`);
+    ignoring = new DataSource({ ...dataSource.options, synchronize: false, invalidWhereValuesBehavior: { null: 'ignore' } } as typeof dataSource.options);
+    await ignoring.initialize();
+  });
+  afterAll(async () => {
+    await ignoring?.destroy();
+    await dropSchemaDataSource(dataSource);
+  });
+
+  it('refuses a findExisting that matches other rows too (a partial unique index): never another row', async () => {
+    const coupons = dataSource.getRepository(Coupon);
+    const cancelled = await coupons.save(coupons.create({ ref: 'C-1', status: 'CANCELLED' }));
+    const results = await Promise.allSettled(
+      Array.from({ length: 10 }, () => insertOnce(coupons, { ref: 'C-1' }, () => ({ ref: 'C-1' }))),
+    );
+    const created = results.filter((r) => r.status === 'fulfilled' && r.value.created);
+    expect(created).toHaveLength(1);
+    const others = results.filter((r) => !(r.status === 'fulfilled' && r.value.created));
+    expect(others).toHaveLength(9);
+    for (const other of others) {
+      // Observed before: fulfilled, created false, with the cancelled row.
+      expect(other.status === 'fulfilled' ? other.value.entity : undefined).toBeUndefined();
+      expect(other.status === 'rejected' && String(other.reason)).toMatch(
+        /insertOnce: findExisting matched more than one row of .*coupons.* \(uq_coupons_ref_live refused the insert\)/,
+      );
+    }
+    expect(cancelled.id).toBeDefined();
+    // Narrowed to the key's rows, it finds the live one.
+    const narrowed = await insertOnce(coupons, { ref: 'C-1' }, () => ({ ref: 'C-1', status: 'LIVE' }));
+    expect(narrowed).toMatchObject({ created: false, entity: { ref: 'C-1', status: 'LIVE' } });
+  });
+
+  it("finds a null part of the key as IS NULL, whatever the DataSource's invalidWhereValuesBehavior", async () => {
+    for (const source of [dataSource, ignoring]) {
+      const code = `S-${randomUUID().slice(0, 8)}`;
+      const seats = source.getRepository(Seat);
+      await seats.insert({ tenantId: 5, code });
+      // TypeORM's types take no null in a where (IsNull() is theirs); JavaScript callers give one.
+      const nullTenant = () => ({ tenantId: null, code }) as unknown as FindOptionsWhere<Seat>;
+      const first = await insertOnce(seats, { tenantId: null, code }, nullTenant);
+      expect(first).toMatchObject({ created: true, entity: { tenantId: null, code } });
+      // Observed before: TypeORM's refusal of null (its default), or tenant 5's row ('ignore').
+      const again = await insertOnce(seats, { tenantId: null, code }, nullTenant);
+      expect(again).toMatchObject({ created: false, entity: { id: first.entity.id, tenantId: null, code } });
+    }
   });
 });

@@ -1,3 +1,4 @@
+import { IsNull } from 'typeorm';
 import type {
   DataSource,
   DeepPartial,
@@ -74,10 +75,40 @@ export async function insertOnce<T extends ObjectLiteral>(
     const violation = uniqueViolationOf(error);
     if (!violation) throw error;
     if (!isOwnInsert(repo, error)) throw error;
-    const existing = await findOnPrimary(repo, findExisting(violation));
+    const existing = await existingRow(repo, findExisting(violation), violation);
     if (!existing) throw error;
     return { created: false, entity: existing, constraint: violation.constraint };
   }
+}
+
+/**
+ * The row `where` names, which must be the one the violated key protects: a `null` in it is
+ * `IS NULL` (the key's part, under NULLS NOT DISTINCT), and a `where` that matches more than one
+ * row is refused. Both gave another row, silently (an adversarial helper): a partial unique
+ * index's other rows (a cancelled one with the same ref), and a null part TypeORM's
+ * `invalidWhereValuesBehavior: { null: 'ignore' }` dropped (another tenant's row).
+ */
+async function existingRow<T extends ObjectLiteral>(
+  repo: Repository<T>,
+  where: FindOptionsWhere<T> | FindOptionsWhere<T>[],
+  violation: UniqueViolation,
+): Promise<T | null> {
+  const rows = await findOnPrimary(repo, nullsAsIsNull(where) as FindOptionsWhere<T> | FindOptionsWhere<T>[], 2);
+  if (rows.length < 2) return rows[0] ?? null;
+  throw new IdempotencyConfigError(
+    `insertOnce: findExisting matched more than one row of ${repo.metadata.tablePath} (${violation.constraint ?? 'a unique key'} refused the insert): ` +
+      "name only the rows that key protects, e.g. a partial unique index's condition (status: Not('CANCELLED'))",
+  );
+}
+
+/** `where` with each `null` (in it, its plain objects and lists) made `IsNull()`. */
+function nullsAsIsNull(where: unknown): unknown {
+  if (where === null) return IsNull();
+  if (Array.isArray(where)) return where.map(nullsAsIsNull);
+  if (typeof where !== 'object' || where === undefined) return where;
+  const prototype = Object.getPrototypeOf(where) as unknown;
+  if (prototype !== Object.prototype && prototype !== null) return where; // a FindOperator, a Date, a Buffer, a value object
+  return Object.fromEntries(Object.entries(where).map(([key, value]) => [key, nullsAsIsNull(value)]));
 }
 
 /** Per DataSource, per table: its unique constraints PostgreSQL checks only at COMMIT (`DEFERRABLE INITIALLY DEFERRED`). */
