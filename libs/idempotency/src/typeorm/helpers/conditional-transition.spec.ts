@@ -57,6 +57,19 @@ class Shipment {
   version!: number;
 }
 
+/** A fixed-width state column: PostgreSQL pads what it stores ('CLOSED' reads 'CLOSED    '). */
+@Entity({ name: 'tickets' })
+class Ticket {
+  @PrimaryGeneratedColumn('uuid')
+  id!: string;
+
+  @Column({ type: 'char', length: 10, nullable: true })
+  status!: string | null;
+
+  @Column({ type: 'integer', default: 1 })
+  version!: number;
+}
+
 describe('transition (PostgreSQL)', () => {
   const schema = testSchemaName();
   let dataSource: DataSource;
@@ -67,7 +80,7 @@ describe('transition (PostgreSQL)', () => {
 
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
-      entities: [Payment, Shipment],
+      entities: [Payment, Shipment, Ticket],
       extra: { max: 30 },
       synchronize: true,
     });
@@ -226,5 +239,24 @@ describe('transition (PostgreSQL)', () => {
       changed: true,
       entity: { status: 'SHIPPED', version: 2 },
     });
+  });
+
+  // An adversarial helper: the repeat of a transition on a char(10) column was not_allowed (the
+  // row read back padded), and `from: [null]` could never apply (SQL's IN (NULL) matches no row)
+  // and said version_conflict.
+  it('answers a repeat already_done on a fixed-width (char) state column', async () => {
+    const tickets = dataSource.getRepository(Ticket);
+    const { id } = await tickets.save(tickets.create({ status: 'OPEN' }));
+    expect(await transition(tickets, { where: { id }, from: ['OPEN'], to: 'CLOSED' })).toMatchObject({ changed: true });
+    expect(await transition(tickets, { where: { id }, from: ['OPEN'], to: 'CLOSED' })).toMatchObject({ changed: false, reason: 'already_done' });
+    expect(await transition(tickets, { where: { id }, from: ['NEW'], to: 'OPEN' })).toMatchObject({ changed: false, reason: 'not_allowed' });
+  });
+
+  it('refuses null in `from`: no row is ever IN (NULL)', async () => {
+    const tickets = dataSource.getRepository(Ticket);
+    const { id } = await tickets.save(tickets.create({ status: null }));
+    await expect(transition(tickets, { where: { id }, from: [null as unknown as string], to: 'OPEN' })).rejects.toThrow(
+      'transition: `from` holds null, which no row is IN; give the state a value (a NOT NULL column with a default)',
+    );
   });
 });

@@ -57,6 +57,9 @@ export async function transition<T extends ObjectLiteral>(
   const statusProperty = spec.statusProperty ?? 'status';
   const versionProperty = spec.versionProperty ?? 'version';
   if (spec.from.length === 0) throw new RangeError('transition: `from` names no state');
+  if (spec.from.some((state) => state === null || state === undefined)) {
+    throw new RangeError('transition: `from` holds null, which no row is IN; give the state a value (a NOT NULL column with a default)');
+  }
   if (!namesRow(repo, spec.where)) {
     throw new RangeError(`transition: \`where\` names no row (${shown(spec.where)}); it would change every row in a \`from\` state`);
   }
@@ -99,13 +102,19 @@ export async function transition<T extends ObjectLiteral>(
   }
   const current = await findOnPrimary(repo, spec.where);
   if (!current) return { changed: false, reason: 'not_found' };
-  const status = statusColumn.getEntityValue(current) as string;
-  if (status === spec.to) return { changed: false, reason: 'already_done', entity: current };
-  if (!spec.from.includes(status)) return { changed: false, reason: 'not_allowed', entity: current };
+  // A fixed-width column reads back padded ('CLOSED    '), which PostgreSQL compares unpadded.
+  const fixedWidth = FIXED_WIDTH.has(String(statusColumn.type));
+  const state = (value: unknown) => (fixedWidth && typeof value === 'string' ? value.trimEnd() : value);
+  const status = state(statusColumn.getEntityValue(current));
+  if (status === state(spec.to)) return { changed: false, reason: 'already_done', entity: current };
+  if (!spec.from.some((from) => state(from) === status)) return { changed: false, reason: 'not_allowed', entity: current };
   // The state allows the change, so either the version differed or a concurrent change moved
   // the row away and back between the UPDATE and this read: in both cases it was not ours.
   return { changed: false, reason: 'version_conflict', entity: current };
 }
+
+/** Column types whose values are padded to their width. */
+const FIXED_WIDTH = new Set(['char', 'character', 'nchar', 'national char']);
 
 /**
  * Whether `where` names a row. TypeORM takes `{}`, `[]` and objects naming no column (an
