@@ -74,19 +74,31 @@ describe('consumeOnce (PostgreSQL)', () => {
     expect(await lines('m-once')).toBe(1);
   });
 
-  it('runs the work once for 20 concurrent deliveries of one message', async () => {
+  // Four processes (a DataSource each) and this one, four deliveries each: in a process they take
+  // their turns; between processes they queue on the log row in the database.
+  it('runs the work once for 20 concurrent deliveries of one message, across five processes', async () => {
     const message = { consumer: 'billing', messageId: 'm-race' };
-    const results = await Promise.all(
-      Array.from({ length: 20 }, () =>
-        consumeOnce(dataSource, message, async (manager) => {
-          const id = await book('billing', 'm-race')(manager);
-          // Hold the transaction open, so the other deliveries queue on the log row.
-          await manager.query('SELECT pg_sleep(0.05)');
-          return id;
-        }),
-      ),
-    );
-    expect((dataSource.driver as unknown as { master: Pool }).master.totalCount).toBeGreaterThanOrEqual(10);
+    const others = await Promise.all(Array.from({ length: 4 }, () => new DataSource({ ...dataSource.options, subscribers: [] }).initialize()));
+    const waits = new Set<number>();
+    const sources = [dataSource, ...others];
+    let results: Awaited<ReturnType<typeof consumeOnce<number>>>[];
+    try {
+      results = await Promise.all(
+        Array.from({ length: 20 }, (_, i) =>
+          consumeOnce(sources[i % 5], message, async (manager) => {
+            const id = await book('billing', 'm-race')(manager);
+            // Hold the transaction open, so the other processes' deliveries queue on the log row.
+            await manager.query('SELECT pg_sleep(0.05)');
+            return id;
+          }),
+        ),
+      );
+      for (const source of sources) waits.add((source.driver as unknown as { master: Pool }).master.totalCount);
+    } finally {
+      await Promise.all(others.map((other) => other.destroy()));
+    }
+    // Each process opened a connection of its own for the message (they ran side by side).
+    expect([...waits].every((count) => count >= 1)).toBe(true);
     expect(results.filter((r) => r.status === 'processed')).toHaveLength(1);
     expect(results.filter((r) => r.status === 'duplicate')).toHaveLength(19);
     expect(await lines('m-race')).toBe(1);
@@ -172,12 +184,15 @@ describe('consumeOnce (PostgreSQL)', () => {
       return 'A';
     });
     await started;
-    const redelivered = consumeOnce(dataSource, message, async (manager) => {
+    // From another process (in this one, copies of a message take their turns).
+    const elsewhere = await new DataSource({ ...dataSource.options, subscribers: [] }).initialize();
+    const redelivered = consumeOnce(elsewhere, message, async (manager) => {
       await manager.insert(LedgerLine, { consumer: 'B', messageId });
       await sleep(100);
       return 'B';
     });
     const [a, b] = await Promise.allSettled([aborted, redelivered]);
+    await elsewhere.destroy();
     expect(a.status === 'rejected' && String(a.reason)).toMatch(/did not commit/);
     expect(b).toEqual({ status: 'fulfilled', value: { status: 'processed', result: 'B' } });
     const consumers = (await dataSource.getRepository(LedgerLine).findBy({ messageId })).map((line) => line.consumer);
@@ -225,8 +240,12 @@ describe('consumeOnce (PostgreSQL)', () => {
     }
   });
 
-  it('lets a delivery waiting on a first one that rolls back process the message', async () => {
-    const message = { consumer: 'billing', messageId: 'm-wait' };
+  it.each([
+    ['another process: its log insert waits for the row', true],
+    ['this process: it waits its turn', false],
+  ])('lets a delivery waiting on a first one that rolls back process the message (%s)', async (_where, elsewhere) => {
+    const messageId = `m-wait-${randomUUID()}`;
+    const message = { consumer: 'billing', messageId };
     let logRowHeld!: () => void;
     const held = new Promise<void>((resolve) => (logRowHeld = resolve));
     const first = consumeOnce(dataSource, message, async (manager) => {
@@ -235,11 +254,16 @@ describe('consumeOnce (PostgreSQL)', () => {
       throw new Error('first delivery fails');
     });
     await held;
-    // Starts while the first transaction holds the uncommitted log row: its insert waits for it.
-    const second = consumeOnce(dataSource, message, book('billing', 'm-wait'));
-    await expect(first).rejects.toThrow('first delivery fails');
-    expect(await second).toMatchObject({ status: 'processed' });
-    expect(await lines('m-wait')).toBe(1);
+    const other = elsewhere ? await new DataSource({ ...dataSource.options, subscribers: [] }).initialize() : dataSource;
+    try {
+      // Starts while the first transaction holds the uncommitted log row.
+      const second = consumeOnce(other, message, book('billing', messageId));
+      await expect(first).rejects.toThrow('first delivery fails');
+      expect(await second).toMatchObject({ status: 'processed' });
+    } finally {
+      if (other !== dataSource) await other.destroy();
+    }
+    expect(await lines(messageId)).toBe(1);
   });
 
   it('lets different consumers of one message each process it', async () => {
@@ -351,5 +375,38 @@ describe('consumeOnce (PostgreSQL)', () => {
       expect(ran).toBe(false);
     }
     expect(await logged('')).toBe(0);
+  });
+});
+
+// An adversarial helper: copies of one message in flight, as many as the pool's connections,
+// each held a connection waiting on the first's log row, and the first's work read through a
+// repository outside `manager` (an injected one): no connection was left for it, and the
+// consumer hung for good (a Nest RMQ app with prefetch 10 and a pool of 4 stopped consuming).
+describe('consumeOnce with as many copies of one message in flight as the pool has connections', () => {
+  const schema = testSchemaName();
+  let dataSource: DataSource;
+  beforeAll(async () => {
+    dataSource = await openSchemaDataSource(schema, { entities: [ConsumeLogEntry, LedgerLine], extra: { max: 3 }, synchronize: true });
+  });
+  afterAll(async () => {
+    await dropSchemaDataSource(dataSource);
+  });
+
+  it('takes them in turn in this process: the work reading outside its manager still gets a connection', async () => {
+    const messageId = `m-pool-${randomUUID()}`;
+    const copies = Array.from({ length: 6 }, () =>
+      consumeOnce(dataSource, { consumer: 'billing', messageId }, async (manager) => {
+        const before = await dataSource.getRepository(LedgerLine).countBy({ messageId }); // an injected repository's read
+        await manager.insert(LedgerLine, { consumer: 'billing', messageId });
+        return before;
+      }),
+    );
+    let timer: NodeJS.Timeout | undefined;
+    const hung = new Promise<'hung'>((resolve) => (timer = setTimeout(() => resolve('hung'), 8000)));
+    const results = await Promise.race([Promise.all(copies), hung]).finally(() => clearTimeout(timer));
+    expect(results).not.toBe('hung');
+    const statuses = (results as Array<{ status: string }>).map((result) => result.status).sort();
+    expect(statuses).toEqual(['duplicate', 'duplicate', 'duplicate', 'duplicate', 'duplicate', 'processed']);
+    expect(await dataSource.getRepository(LedgerLine).countBy({ messageId })).toBe(1);
   });
 });

@@ -32,8 +32,9 @@ class DuplicateDelivery extends Error {}
  *   too when nothing committed without an error reaching consumeOnce (a statement failed and was
  *   caught, PostgreSQL then rolls back at COMMIT): it throws instead of reporting the message
  *   processed, having asked after the commit whether its transaction committed.
- * - Concurrent deliveries: the second log insert waits for the first transaction; if that
- *   commits, the second is a duplicate; if it rolls back, the second processes the message.
+ * - Concurrent deliveries: the second waits for the first (in this process, before it takes a
+ *   connection; from another, at its log insert); if the first commits, the second is a
+ *   duplicate; if it rolls back, the second processes the message.
  *
  * An id of up to 255 characters without NUL is logged as it is; a longer one, or one with a NUL,
  * as its first ~180 bytes, `#sha256:` and the SHA-256 of the whole id (as the PostgreSQL store
@@ -63,6 +64,34 @@ export async function consumeOnce<R>(
     );
   }
   refuseRoutedRepositories(dataSource, 'consumeOnce', 'the message is logged processed');
+  // Copies of one message in this process take their turns here, not each on a connection
+  // waiting on the first's log row: as many copies as the pool has connections left none for
+  // the first's work when it read outside `manager` (an injected repository), and the consumer
+  // hung for good (an adversarial helper). Across processes they wait in the database, as before.
+  const flights = inFlightOf(dataSource);
+  const flight = `${entry.consumer}\0${entry.messageId}`; // a consumer holds no NUL
+  const before = flights.get(flight);
+  const turn = before ? before.then(ignore, ignore).then(() => consumeLogged(dataSource, entry, work)) : consumeLogged(dataSource, entry, work);
+  flights.set(flight, turn);
+  try {
+    return await turn;
+  } finally {
+    if (flights.get(flight) === turn) flights.delete(flight);
+  }
+}
+
+const ignore = () => undefined;
+
+/** Per DataSource, the last delivery in flight of each message (consumer and logged id). */
+const inFlight = new WeakMap<DataSource, Map<string, Promise<unknown>>>();
+
+function inFlightOf(dataSource: DataSource): Map<string, Promise<unknown>> {
+  let flights = inFlight.get(dataSource);
+  if (!flights) inFlight.set(dataSource, (flights = new Map()));
+  return flights;
+}
+
+async function consumeLogged<R>(dataSource: DataSource, entry: LogKey, work: (manager: EntityManager) => Promise<R>): Promise<ConsumeOnceResult<R>> {
   let processed: { status: 'processed'; result: R };
   let txid: string | undefined;
   coverNewConnections(dataSource);
