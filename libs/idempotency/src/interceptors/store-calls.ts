@@ -50,7 +50,7 @@ export class StoreCalls {
    */
   hold(input: ClaimInput, route: GuardedRoute, uncertain: boolean, events: CallEvents | undefined): HeldClaim {
     events?.held();
-    const hold = new Hold(this, input.key, input.token, route, uncertain, events);
+    const hold = new Hold(this, input.key, input.token, input.fingerprint, route, uncertain, events);
     this.running.add(hold);
     return hold;
   }
@@ -142,7 +142,7 @@ export class StoreCalls {
   ) {
     try {
       const saved = await this.timed('complete', events, () => this.store.complete(storageKey, token, response, route.expireMs));
-      if (saved) {
+      if (saved || (!uncertain && hold && !(hold.lost && route.takesLeaseSignal) && (await this.saveAfterLease(storageKey, token, hold.fingerprint, response, route, events)))) {
         events?.emit('completed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
       } else if (!uncertain) {
         this.counters.count('lateCompletions', route.handler);
@@ -172,6 +172,43 @@ export class StoreCalls {
     } finally {
       if (hold) this.settled(hold);
     }
+  }
+
+  /**
+   * A save the store refused because the claim's lease ran out before it landed (a busy pool's
+   * queue, a slow store; not lost while a handler that listens for it ran: `@LeaseSignal()`), with
+   * nobody having claimed the key since: the key is claimed again with
+   * the run's own token and the answer saved. Refused, the save left the key to free at once,
+   * and a retry ran the handler again (an adversarial helper: 100 of 100 keys, a pool of 2 the
+   * handlers shared with the PostgreSQL store, a healthy database). A claim another request
+   * holds, or a record it completed, is left alone (that run happened: a takeover). Whether saved.
+   */
+  private async saveAfterLease(
+    storageKey: string,
+    token: string,
+    fingerprint: string,
+    response: SavedResponse,
+    route: GuardedRoute,
+    events: CallEvents | undefined,
+  ): Promise<boolean> {
+    try {
+      const again = await this.timed('claim', events, () => this.store.claim({ key: storageKey, token, fingerprint, leaseMs: route.leaseMs }));
+      if (again.status !== 'acquired') return false;
+      if (await this.timed('complete', events, () => this.store.complete(storageKey, token, response, route.expireMs))) {
+        this.outageLog.warn(
+          `${route.handler}:saved-after-lease`,
+          `${route.handler}: the response was saved after the claim's lease ran out (the store answered late: a busy pool?), ` +
+            'nobody having claimed the key since; raise leaseSeconds or give the store connections of its own',
+          'responses saved after their lease',
+        );
+        return true;
+      }
+      await this.release(storageKey, token, route.handler, events);
+    } catch (error) {
+      this.counters.count('storeErrors', route.handler);
+      events?.emit('store_error', { operation: 'complete', error });
+    }
+    return false;
   }
 
   /** Keeps `saving` (a save or release that never rejects) until it ends, for `drain`. */
@@ -241,12 +278,20 @@ export class StoreCalls {
 /** A held claim: its renewal while the handler runs, and the save or release that settles it. One object per call, no closures. */
 class Hold implements HeldClaim {
   readonly holdMs: number;
+  /**
+   * The claim was lost while the handler ran (`lease_lost`). Where the handler was told
+   * (`@LeaseSignal()` aborted), its answer, refused, is not saved under a new claim: it may be
+   * what it answers once it stopped (an aborted run).
+   */
+  lost = false;
   private readonly renewal: LeaseRenewal;
 
   constructor(
     private readonly calls: StoreCalls,
     private readonly storageKey: string,
     private readonly token: string,
+    /** The claim's fingerprint: to claim the key again for a save that came after the lease. */
+    readonly fingerprint: string,
     private readonly route: GuardedRoute,
     private readonly uncertain: boolean,
     private readonly events: CallEvents | undefined,
@@ -356,6 +401,7 @@ class RenewalHooks implements LeaseRenewalHooks {
   }
 
   lost(why: string): void {
+    this.hold.lost = true;
     this.ended();
     this.calls.counters.count('leasesLost', this.route.handler);
     this.events?.emit('lease_lost', { reason: why });
