@@ -58,4 +58,10 @@ export interface GuardExchange {
   replay(saved: SavedResponse): Observable<unknown>;
   /** Answers a refusal: throws the transport's error, or (RPC events) completes without a value. */
   refuse(refusal: GuardRefusal): Observable<unknown>;
+  /**
+   * The call runs while the app shuts down (the drain waits for it) instead of being refused: an
+   * event whose refusal nobody settles, which its transport acknowledges all the same (NATS
+   * core, Redis, TCP, MQTT): refused, it was lost. Absent: refused, so that the client goes elsewhere.
+   */
+  readonly runsWhileClosing?: boolean;
 }

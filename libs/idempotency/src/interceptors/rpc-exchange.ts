@@ -126,6 +126,10 @@ export class RpcExchange implements GuardExchange {
     );
   }
 
+  get runsWhileClosing(): boolean {
+    return this.isEvent && !this.onSkipped;
+  }
+
   private skipped(reason: SkippedMessageReason, retryAfterMs?: number): void {
     if (!this.onSkipped) return;
     const skipped: SkippedMessage = { reason, answered: !this.isEvent };
