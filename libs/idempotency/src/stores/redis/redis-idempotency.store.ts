@@ -52,8 +52,9 @@ export interface RedisIdempotencyStoreOptions {
   /**
    * Durability across a failover: after a claim, a renewal and a completion, `WAIT` until this
    * many replicas acknowledged the write (one more round trip each). A claim not acknowledged in
-   * time is released and reported as a store error (the outage policy applies); a renewal or a
-   * completion not acknowledged is logged. Single primary with replicas only: not on a Cluster
+   * time is released and reported as a store error (the outage policy applies); a completion not
+   * acknowledged fails (the guard tries it again until the lease ends); a renewal not
+   * acknowledged is logged. Single primary with replicas only: not on a Cluster
    * client.
    */
   waitForReplicas?: { replicas: number; timeoutMs: number };
@@ -157,7 +158,10 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     const reply = Number(
       await this.run(() => this.scripts.idempotencyComplete(key, tokenPrefix(token), encodeResponse(response), retentionMs, this.channel)),
     );
-    if (reply === 1) await this.replicate().catch((error: Error) => this.logger.warn(error.message));
+    // Not acknowledged, the save fails (the guard tries it again until the lease ends: the same
+    // save, sent again, answers 1 and waits again). Only logged, it was lost in a failover, whose
+    // promoted replica held the claim: a retry ran the handler again (an adversarial helper).
+    if (reply === 1) await this.replicate();
     return reply === 1;
   }
 

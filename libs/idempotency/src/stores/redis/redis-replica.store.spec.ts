@@ -52,6 +52,21 @@ describe('RedisIdempotencyStore with waitForReplicas (a primary and a replica th
     expect(await replicaClient.pttl(key)).toBeLessThanOrEqual(60_000);
   });
 
+  // An adversarial helper: a completion the replica never got was only logged, the guard sent its
+  // 201, and after a failover the promoted replica held the claim: a retry got 409, then ran the
+  // handler again once the lease ended (4 of 4 runs). A save not acknowledged now fails, and the
+  // guard tries it again until the lease ends (the same save, sent again, answers 1 and waits again).
+  it('fails a completion too few replicas acknowledge, and takes the same save again once they do', async () => {
+    const key = `unreplicated-save:${randomUUID()}`;
+    const strict = new RedisIdempotencyStore(client, { waitForReplicas: { replicas: 2, timeoutMs: 100 } });
+    const store = new RedisIdempotencyStore(client, { waitForReplicas: { replicas: 1, timeoutMs: 2000 } });
+    expect((await store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 })).status).toBe('acquired');
+    const saved = { statusCode: 201, headers: {}, body: '1' };
+    await expect(strict.complete(key, 't', saved, 60_000)).rejects.toThrow(/Only 1 of 2 replicas acknowledged the write/);
+    expect(await store.complete(key, 't', saved, 60_000)).toBe(true);
+    expect(await new RedisIdempotencyStore(replicaClient).get(key)).toMatchObject({ state: 'completed', token: 't' });
+  });
+
   it('releases the claim and reports a store error when too few replicas acknowledge it', async () => {
     const store = new RedisIdempotencyStore(client, { waitForReplicas: { replicas: 2, timeoutMs: 100 } });
     const key = `unreplicated:${randomUUID()}`;
