@@ -23,6 +23,12 @@ export interface GuardedRoute {
   leaseMs: number;
   /** The longest a running handler keeps its claim (renewed), from `maxHoldSeconds`; at least `leaseMs`. */
   maxHoldMs: number;
+  /**
+   * How long a duplicate waits for the first result, from `waitForResultMs`. An event nobody
+   * settles (no `onSkippedMessage`) waits by default as long as the first may hold the key: its
+   * transport acknowledges it either way, and dropped while the first ran, it was lost when the
+   * first then failed.
+   */
   waitForResultMs: number;
   failMode: FailMode;
   /** How HTTP refusals are written: Nest's JSON or RFC 9457 problem details. */
@@ -69,14 +75,15 @@ export function routeOptions(
   const keyHeader = options.keyHeader ?? defaults.keyHeader;
   const leaseMs = Math.ceil((options.leaseSeconds ?? defaults.leaseSeconds) * 1000);
   const holds = holdsResponse(ctx, method);
+  const maxHoldMs = Math.max(leaseMs, Math.ceil((options.maxHoldSeconds ?? defaults.maxHoldSeconds) * 1000));
   return {
     metadata,
     handler: `${ctx.getClass().name}.${method}`,
     keysByRoutePath: ctx.getType() === 'http' && answersAtSeveralPaths(ctx),
     expireMs: Math.ceil((options.expireSeconds ?? defaults.expireSeconds) * 1000),
     leaseMs,
-    maxHoldMs: Math.max(leaseMs, Math.ceil((options.maxHoldSeconds ?? defaults.maxHoldSeconds) * 1000)),
-    waitForResultMs: options.waitForResultMs ?? 0,
+    maxHoldMs,
+    waitForResultMs: options.waitForResultMs ?? (isEventHandler(ctx.getHandler()) && !defaults.onSkippedMessage ? maxHoldMs + leaseMs : 0),
     failMode: options.failMode ?? defaults.failMode,
     errorFormat: options.errorFormat ?? defaults.errorFormat,
     useFingerprint: options.useRequestFingerprint ?? false,
@@ -93,6 +100,15 @@ export function routeOptions(
     skipIf: options.skipIf,
     requestMethods: metadata.requestMethods && new Set(metadata.requestMethods),
   };
+}
+
+/** `@nestjs/microservices` marks `@EventPattern` handlers with this (PatternHandler.EVENT). */
+const HANDLER_TYPE_METADATA = 'microservices:handler_type';
+const EVENT_HANDLER = 2;
+
+/** Whether `handler` is an `@EventPattern` handler. */
+export function isEventHandler(handler: object): boolean {
+  return Reflect.getMetadata(HANDLER_TYPE_METADATA, handler) === EVENT_HANDLER;
 }
 
 /**

@@ -9,13 +9,10 @@ import type { SavedResponse } from '../stores/idempotency-store.js';
 import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
 import type { GuardMemory } from './guard-memory.js';
 import { runHeld } from './held-run.js';
-import type { GuardedRoute } from './route-options.js';
+import { isEventHandler, type GuardedRoute } from './route-options.js';
 
-/** `@nestjs/microservices` marks `@EventPattern` handlers with this (PatternHandler.EVENT). */
-const HANDLER_TYPE_METADATA = 'microservices:handler_type';
 /** `@nestjs/microservices`' PATTERN_METADATA: the patterns a handler takes, as a list. */
 const PATTERN_METADATA = 'microservices:pattern';
-const EVENT_HANDLER = 2;
 
 type RpcExceptionClass = new (error: object) => Error;
 let rpcException: Promise<RpcExceptionClass> | undefined;
@@ -44,7 +41,7 @@ export class RpcExchange implements GuardExchange {
     private readonly memory: GuardMemory,
     private readonly onSkipped: SkippedMessageHandler | undefined,
   ) {
-    this.isEvent = Reflect.getMetadata(HANDLER_TYPE_METADATA, ctx.getHandler()) === EVENT_HANDLER;
+    this.isEvent = isEventHandler(ctx.getHandler());
   }
 
   /** Loads `@nestjs/microservices` (an optional peer) on the first message: a promise until then. */
