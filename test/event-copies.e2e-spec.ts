@@ -3,8 +3,8 @@
 // failed, the event never ran to the end (an adversarial helper, on four transports). With
 // nobody to settle it (no onSkippedMessage), such a copy now waits for the first: it is dropped
 // once the first succeeds, and runs when the first fails.
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Module, type INestMicroservice } from '@nestjs/common';
+import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Controller, Logger, Module, type INestMicroservice } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ClientProxyFactory, EventPattern, Payload, Transport, type ClientProxy } from '@nestjs/microservices';
 import { randomUUID } from 'node:crypto';
@@ -31,6 +31,17 @@ class CopiesController {
   }
 }
 
+let keyedRuns = 0;
+
+@Controller()
+class KeyedEventsController {
+  @EventPattern('copies.keyed')
+  @NoRepeatSubmit({ idempotentKey: '#data.id' })
+  async keyed(@Payload() _data: unknown) {
+    keyedRuns++;
+  }
+}
+
 describe('a copy of an event that arrives while the first delivery runs (Redis transport)', () => {
   const { hostname, port } = new URL(REDIS_URL);
   const transport = { transport: Transport.REDIS, options: { host: hostname, port: Number(port || 6379) } } as const;
@@ -38,7 +49,7 @@ describe('a copy of an event that arrives while the first delivery runs (Redis t
   let client: ClientProxy;
 
   beforeAll(async () => {
-    @Module({ imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL }, keyPrefix: `copies-${randomUUID().slice(0, 8)}` })], controllers: [CopiesController] })
+    @Module({ imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL }, keyPrefix: `copies-${randomUUID().slice(0, 8)}` })], controllers: [CopiesController, KeyedEventsController] })
     class CopiesModule {}
     server = await NestFactory.createMicroservice(CopiesModule, { ...transport, logger: false });
     await server.listen();
@@ -63,5 +74,23 @@ describe('a copy of an event that arrives while the first delivery runs (Redis t
     await sleep(700);
     // Observed before, for a first that fails: ['failed'] (the copy dropped while it ran).
     expect(runs.get(id)).toEqual(expected);
+  });
+
+  // An adversarial helper: an event without a usable key was dropped with nothing said (Nest
+  // logs no error an event handler's interceptor throws); a message's sender is told instead.
+  it('says once per handler and code that events without a usable key are dropped', async () => {
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    try {
+      for (const data of [{}, {}, { id: { nested: true } }, { id: { nested: true } }]) await firstValueFrom(client.emit('copies.keyed', data));
+      await sleep(300);
+      const said = warn.mock.calls.map((call) => String(call[0])).filter((text) => text.startsWith('KeyedEventsController.keyed'));
+      expect(said).toEqual([
+        expect.stringMatching(/an event was refused and dropped \(IDEMPOTENCY_KEY_MISSING: /),
+        expect.stringMatching(/an event was refused and dropped \(IDEMPOTENCY_KEY_INVALID: /),
+      ]);
+      expect(keyedRuns).toBe(0);
+    } finally {
+      warn.mockRestore();
+    }
   });
 });

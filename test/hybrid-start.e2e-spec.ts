@@ -83,6 +83,14 @@ class ShipmentsController {
   label(@Body() body: unknown) {
     return body;
   }
+
+  /** One method for both (an adversarial helper: no word at start-up, each event dropped or run unguarded). */
+  @Post('returns')
+  @EventPattern('shipment.returned')
+  @NoRepeatSubmit({ idempotentKey: '#body.returnNo' })
+  returned(@Body() body: unknown) {
+    return body;
+  }
 }
 
 @Module({ imports: [IdempotencyModule.forRoot({})], controllers: [ShipmentsController] })
@@ -99,6 +107,9 @@ describe('key expressions that read where the calls carry none', () => {
       expect(said).toEqual([
         expect.stringMatching(/^ShipmentsController\.created is a message handler, and its key expression #body\.shipmentNo reads the body field "shipmentNo"/),
         expect.stringMatching(/^ShipmentsController\.label is an HTTP route, and its key expression #data\.labelNo reads a message's data/),
+        expect.stringMatching(
+          /^ShipmentsController\.returned is an HTTP route and a message handler, and its key expression #body\.returnNo reads the body field "returnNo" of an HTTP request: no message carries a key there/,
+        ),
       ]);
     } finally {
       warn.mockRestore();

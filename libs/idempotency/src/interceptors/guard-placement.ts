@@ -155,6 +155,12 @@ function sayIfKeyReadsElsewhere(
         'is keyed by its content under useRequestFingerprint). Read messages with #data (per method, ' +
         'when a class-level @NoRepeatSubmit serves HTTP routes too).',
     );
+  } else if (isMessageHandler && isHttpRoute && root !== 'data') {
+    logger.warn(
+      `${name} is an HTTP route and a message handler, and its key expression ${expression} reads ${describeKeyPath(key.path)} ` +
+        'of an HTTP request: no message carries a key there, so every message is refused as keyless (and dropped, for an event; ' +
+        'runs unguarded under required: false). Give each its own method, the message handler keyed with #data.',
+    );
   } else if (isHttpRoute && !isMessageHandler && root === 'data') {
     logger.warn(
       `${name} is an HTTP route, and its key expression ${expression} reads a message's data: no request carries a key there. ` +

@@ -158,7 +158,16 @@ export class RpcExchange implements GuardExchange {
       return of(undefined);
     }
     if (this.isEvent && refusal.reason === 'in_progress') return of(undefined);
-    throw new this.RpcException(toRpcError(refusal));
+    const error = toRpcError(refusal);
+    // Nest logs nothing an event handler's interceptor throws: an event without a usable key was
+    // dropped unsaid (an adversarial helper). The outage is the outage log's.
+    if (this.isEvent && refusal.reason !== 'store_unavailable') {
+      const { handler } = this.route;
+      this.memory.onceFor(`${handler}:${error.code}`, () =>
+        logger.warn(`${handler}: an event was refused and dropped (${error.code}: ${error.message}); said once per handler and code`),
+      );
+    }
+    throw new this.RpcException(error);
   }
 }
 
