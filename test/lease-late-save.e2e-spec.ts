@@ -5,12 +5,12 @@
 // (pool 2, 300 ms transactions, a healthy database). Nobody had claimed those keys since: the
 // guard now claims the key again with the run's own token and saves the answer.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Inject, Post } from '@nestjs/common';
+import { Controller, Headers, Inject, Post } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import type { DataSource } from 'typeorm';
-import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { buildStorageKey, IdempotencyStore, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
 import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS, PostgresIdempotencyStore } from '../libs/idempotency/src/typeorm/index.js';
-import { makeApp, send, type EdgeApp } from './support/edge-app.js';
+import { makeApp, send, sleep, type EdgeApp } from './support/edge-app.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from './support/test-schema.js';
 
 let ran = 0;
@@ -29,6 +29,21 @@ class BookingsController {
   }
 }
 
+const runsOf = new Map<string, number>();
+
+@Controller('transfers')
+class TransfersController {
+  /** A fixed lease (never renewed) shorter than the run: another request may take the key meanwhile. */
+  @Post()
+  @NoRepeatSubmit({ leaseSeconds: 1, maxHoldSeconds: 1 })
+  async transfer(@Headers('idempotency-key') key: string) {
+    const run = (runsOf.get(key) ?? 0) + 1;
+    runsOf.set(key, run);
+    await sleep(run === 1 ? 2000 : 50);
+    return { run };
+  }
+}
+
 describe('saves that land after their lease on a busy pool (PostgreSQL store, pool of 2)', () => {
   const schema = testSchemaName();
   let ds: DataSource;
@@ -36,7 +51,7 @@ describe('saves that land after their lease on a busy pool (PostgreSQL store, po
 
   beforeAll(async () => {
     ds = await openSchemaDataSource(schema, { entities: IDEMPOTENCY_ENTITIES, migrations: IDEMPOTENCY_MIGRATIONS, migrationsRun: true, extra: { max: 2 } });
-    app = await makeApp('express', [BookingsController], { store: new PostgresIdempotencyStore(ds), keyPrefix: 'late-save' }, {
+    app = await makeApp('express', [BookingsController, TransfersController], { store: new PostgresIdempotencyStore(ds), keyPrefix: 'late-save' }, {
       providers: [{ provide: 'DS', useValue: ds }],
     });
     app.app.useLogger(false);
@@ -55,5 +70,24 @@ describe('saves that land after their lease on a busy pool (PostgreSQL store, po
     // Observed before: 26 of 30 keys ran again (their retries answered by a new run, not replayed).
     expect(retries.filter((answer) => answer.headers['idempotent-replayed'] !== 'true')).toHaveLength(0);
     expect(ran).toBe(30);
+  });
+
+  // An adversarial helper: the late save claimed the key again when it found it absent, which it
+  // also is after another request took it over, completed it, and an operator forgot the record:
+  // the first run's answer came back, and the key answered run 1 after run 2.
+  it('never saves over a key another request took meanwhile, even once that record is forgotten', async () => {
+    const key = randomUUID();
+    const first = send(app.url, '/transfers', { key, timeoutMs: 10_000 });
+    await sleep(1300); // past the first run's lease
+    const takeover = await send(app.url, '/transfers', { key });
+    expect(JSON.parse(takeover.text)).toEqual({ run: 2 });
+    const store = app.app.get(IdempotencyStore);
+    const storageKey = buildStorageKey({ prefix: 'late-save', user: { anonymous: true }, handler: 'TransfersController.transfer', key });
+    expect(await store.forget(storageKey)).toEqual({ forgotten: true });
+    expect(JSON.parse((await first).text)).toEqual({ run: 1 });
+    await sleep(200);
+    // Observed before: { run: 1 } replayed (the first run's answer saved under a new claim).
+    const next = await send(app.url, '/transfers', { key });
+    expect({ body: JSON.parse(next.text), replayed: next.headers['idempotent-replayed'] }).toEqual({ body: { run: 3 }, replayed: undefined });
   });
 });

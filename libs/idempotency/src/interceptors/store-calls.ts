@@ -50,7 +50,7 @@ export class StoreCalls {
    */
   hold(input: ClaimInput, route: GuardedRoute, uncertain: boolean, events: CallEvents | undefined): HeldClaim {
     events?.held();
-    const hold = new Hold(this, input.key, input.token, input.fingerprint, route, uncertain, events);
+    const hold = new Hold(this, input.key, input.token, route, uncertain, events);
     this.running.add(hold);
     return hold;
   }
@@ -142,7 +142,7 @@ export class StoreCalls {
   ) {
     try {
       const saved = await this.timed('complete', events, () => this.store.complete(storageKey, token, response, route.expireMs));
-      if (saved || (!uncertain && hold && !(hold.lost && route.takesLeaseSignal) && (await this.saveAfterLease(storageKey, token, hold.fingerprint, response, route, events)))) {
+      if (saved || (!uncertain && hold && !(hold.lost && route.takesLeaseSignal) && (await this.saveAfterLease(storageKey, token, response, route, events)))) {
         events?.emit('completed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
       } else if (!uncertain) {
         this.counters.count('lateCompletions', route.handler);
@@ -176,39 +176,28 @@ export class StoreCalls {
 
   /**
    * A save the store refused because the claim's lease ran out before it landed (a busy pool's
-   * queue, a slow store; not lost while a handler that listens for it ran: `@LeaseSignal()`), with
-   * nobody having claimed the key since: the key is claimed again with
-   * the run's own token and the answer saved. Refused, the save left the key to free at once,
-   * and a retry ran the handler again (an adversarial helper: 100 of 100 keys, a pool of 2 the
-   * handlers shared with the PostgreSQL store, a healthy database). A claim another request
-   * holds, or a record it completed, is left alone (that run happened: a takeover). Whether saved.
+   * queue, a slow store; not lost while a handler that listens for it ran: `@LeaseSignal()`),
+   * saved when nobody has claimed the key since (`completeAfterLease`: the store still holds the
+   * expired claim, with its token; PostgreSQL). Refused, the save left the key free, and a retry
+   * ran the handler again (an adversarial helper: 100 of 100 keys, a pool of 2 the handlers
+   * shared with the PostgreSQL store, a healthy database). Claiming the key again instead saved
+   * over one another request had taken, completed, and an operator forgot (another helper).
    */
-  private async saveAfterLease(
-    storageKey: string,
-    token: string,
-    fingerprint: string,
-    response: SavedResponse,
-    route: GuardedRoute,
-    events: CallEvents | undefined,
-  ): Promise<boolean> {
+  private async saveAfterLease(storageKey: string, token: string, response: SavedResponse, route: GuardedRoute, events: CallEvents | undefined): Promise<boolean> {
     try {
-      const again = await this.timed('claim', events, () => this.store.claim({ key: storageKey, token, fingerprint, leaseMs: route.leaseMs }));
-      if (again.status !== 'acquired') return false;
-      if (await this.timed('complete', events, () => this.store.complete(storageKey, token, response, route.expireMs))) {
-        this.outageLog.warn(
-          `${route.handler}:saved-after-lease`,
-          `${route.handler}: the response was saved after the claim's lease ran out (the store answered late: a busy pool?), ` +
-            'nobody having claimed the key since; raise leaseSeconds or give the store connections of its own',
-          'responses saved after their lease',
-        );
-        return true;
-      }
-      await this.release(storageKey, token, route.handler, events);
+      if (!(await this.timed('complete', events, () => this.store.completeAfterLease(storageKey, token, response, route.expireMs)))) return false;
     } catch (error) {
       this.counters.count('storeErrors', route.handler);
       events?.emit('store_error', { operation: 'complete', error });
+      return false;
     }
-    return false;
+    this.outageLog.warn(
+      `${route.handler}:saved-after-lease`,
+      `${route.handler}: the response was saved after the claim's lease ran out (the store answered late: a busy pool?), ` +
+        'nobody having claimed the key since; raise leaseSeconds or give the store connections of its own',
+      'responses saved after their lease',
+    );
+    return true;
   }
 
   /** Keeps `saving` (a save or release that never rejects) until it ends, for `drain`. */
@@ -290,8 +279,6 @@ class Hold implements HeldClaim {
     private readonly calls: StoreCalls,
     private readonly storageKey: string,
     private readonly token: string,
-    /** The claim's fingerprint: to claim the key again for a save that came after the lease. */
-    readonly fingerprint: string,
     private readonly route: GuardedRoute,
     private readonly uncertain: boolean,
     private readonly events: CallEvents | undefined,

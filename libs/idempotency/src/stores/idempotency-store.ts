@@ -96,6 +96,17 @@ export abstract class IdempotencyStore {
    */
   abstract complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean>;
 
+  /**
+   * Saves `response` for `token`'s processing claim whose lease ran out, while nobody has claimed
+   * the key since: the store still holds that claim, expired, with its token. The guard asks it
+   * of a save `complete` refused for landing after the lease (a busy pool's queue). Default
+   * false: a store that drops an expired claim (Redis, the memory store) cannot tell it from a
+   * key another request took, completed, and an operator forgot.
+   */
+  async completeAfterLease(_key: string, _token: string, _response: SavedResponse, _retentionMs: number): Promise<boolean> {
+    return false;
+  }
+
   /** Deletes the claim only while `token` still owns it (compare-and-delete). */
   abstract release(key: string, token: string): Promise<boolean>;
 

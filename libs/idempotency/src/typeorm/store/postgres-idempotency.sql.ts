@@ -62,11 +62,20 @@ SELECT false, l."state", l."fingerprint", l."status_code", l."headers", l."body"
  * $7 retention (ms), $8 body encoding or NULL, $9 unreplayable reason or NULL. Affects 1 row when
  * saved, 0 when refused.
  */
-export const completeSql = (table: string) => `
+export const completeSql = (table: string) => `${completeAnyLeaseSql(table)} AND ${LEASE_RUNNING}`;
+
+/**
+ * Save the response of the token's processing claim whose lease may have run out, while the row
+ * is still that claim (nobody claimed the key since: a claim gives it another token; a forget, a
+ * purge or a release deletes it). Parameters and result as `completeSql`.
+ */
+export const completeAfterLeaseSql = (table: string) => completeAnyLeaseSql(table);
+
+const completeAnyLeaseSql = (table: string) => `
 UPDATE ${table} AS r
    SET "state" = 'completed', "status_code" = $3, "headers" = $4::jsonb, "body" = $5, "has_body" = $6,
        "body_encoding" = $8, "unreplayable" = $9, "expires_at" = ${msFromNow('$7')}
- WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
+ WHERE ${heldBy('key', 'processing')}`;
 
 /**
  * Compare-and-delete a live processing claim.

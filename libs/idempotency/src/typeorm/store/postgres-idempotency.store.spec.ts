@@ -162,6 +162,33 @@ describe('PostgresIdempotencyStore', () => {
     expect(await store.get(key)).toBeUndefined();
   });
 
+  it('completes an expired claim after its lease only while it is still that token\'s: not once taken over, forgotten or released', async () => {
+    const saved = { statusCode: 201, headers: {}, body: '1' };
+    const expire = (key: string) => rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 ms' WHERE key = $1`, [recordKey(key)]);
+    const late = `late:${randomUUID()}`;
+    await store.claim({ key: late, token: 't', fingerprint: '', leaseMs: 60_000 });
+    await expire(late);
+    expect(await store.complete(late, 't', saved, 60_000)).toBe(false);
+    expect(await store.completeAfterLease(late, 'someone-else', saved, 60_000)).toBe(false);
+    expect(await store.completeAfterLease(late, 't', saved, 60_000)).toBe(true);
+    expect(await store.get(late)).toMatchObject({ state: 'completed', response: { statusCode: 201, body: '1' } });
+
+    const takenOver = `late-taken:${randomUUID()}`;
+    await store.claim({ key: takenOver, token: 't', fingerprint: '', leaseMs: 60_000 });
+    await expire(takenOver);
+    expect(await store.claim({ key: takenOver, token: 'u', fingerprint: '', leaseMs: 60_000 })).toEqual({ status: 'acquired', token: 'u' });
+    expect(await store.complete(takenOver, 'u', saved, 60_000)).toBe(true);
+    expect(await store.forget(takenOver)).toEqual({ forgotten: true });
+    expect(await store.completeAfterLease(takenOver, 't', saved, 60_000)).toBe(false);
+    expect(await store.completeAfterLease(takenOver, 'u', saved, 60_000)).toBe(false);
+
+    const released = `late-released:${randomUUID()}`;
+    await store.claim({ key: released, token: 't', fingerprint: '', leaseMs: 60_000 });
+    expect(await store.release(released, 't')).toBe(true);
+    expect(await store.completeAfterLease(released, 't', saved, 60_000)).toBe(false);
+    expect(await store.get(released)).toBeUndefined();
+  });
+
   it('takes over an expired completed record with a new claim and a clean slate', async () => {
     const key = `takeover:${randomUUID()}`;
     await store.claim({ key, token: 't1', fingerprint: 'fp-old', leaseMs: 60_000 });

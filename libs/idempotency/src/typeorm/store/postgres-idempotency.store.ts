@@ -11,7 +11,7 @@ import {
   type UnreplayableReason,
 } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
-import { claimSql, completeSql, forgetSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
+import { claimSql, completeAfterLeaseSql, completeSql, forgetSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import { claimUntilAnswered, positiveMs, postgresSchemaOf, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
@@ -92,7 +92,7 @@ interface RecordRow extends Omit<ClaimRow, 'acquired' | 'remaining_ms'> {
  */
 export class PostgresIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
-  private readonly sql: Record<'claim' | 'complete' | 'release' | 'renew' | 'forget' | 'get', string>;
+  private readonly sql: Record<'claim' | 'complete' | 'completeAfterLease' | 'release' | 'renew' | 'forget' | 'get', string>;
   private readonly run: RunStatement;
   /** Ends server processes whose statement was given up on (its own statements are not watched). */
   private readonly terminate: RunStatement;
@@ -118,6 +118,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     this.sql = {
       claim: claimSql(table),
       complete: completeSql(table),
+      completeAfterLease: completeAfterLeaseSql(table),
       release: releaseSql(table),
       renew: renewSql(table),
       forget: forgetSql(table),
@@ -147,6 +148,15 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 
   async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
+    return this.save(this.sql.complete, key, token, response, retentionMs);
+  }
+
+  /** The expired claim's row is kept (until a claim takes it, or the purge): its token tells. */
+  override async completeAfterLease(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
+    return this.save(this.sql.completeAfterLease, key, token, response, retentionMs);
+  }
+
+  private async save(sql: string, key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
     if (this.ending.size > 0) await Promise.all(this.ending);
     const { statusCode, headers, body, encoding, unreplayable } = response;
     const hasBody = body !== undefined;
@@ -161,7 +171,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       encoding ?? null,
       unreplayable ?? null,
     ];
-    return (await this.run(this.sql.complete, params)).affected === 1;
+    return (await this.run(sql, params)).affected === 1;
   }
 
   async release(key: string, token: string): Promise<boolean> {
