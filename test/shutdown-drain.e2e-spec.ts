@@ -317,4 +317,36 @@ describe('events that arrive while the drain waits (a hybrid app, Redis transpor
       await other.close();
     }
   });
+
+  // An adversarial helper: with events arriving every 50 ms, the drain (which ran them) ended only
+  // when the stream did (15 s for a 15 s stream). It runs those that come while it waits for the
+  // calls before it, then refuses them too.
+  it('ends while a steady stream of events goes on', async () => {
+    @Module({ imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL }, keyPrefix })], controllers: [DrainEventsController] })
+    class StreamModule {}
+    const app = await NestFactory.create(StreamModule, { logger: ['error'] });
+    app.connectMicroservice(transport, { inheritAppConfig: true });
+    await app.startAllMicroservices();
+    await app.init();
+    const first = randomUUID();
+    await firstValueFrom(client.emit('drain.job', { id: first, ms: 600 }));
+    await until(() => eventRuns.includes(first), 3000, 'the first event to run');
+    let streaming = true;
+    setTimeout(() => (streaming = false), 8000).unref();
+    const stream = (async () => {
+      while (streaming) {
+        await firstValueFrom(client.emit('drain.job', { id: randomUUID(), ms: 300 }));
+        await sleep(50);
+      }
+    })();
+    try {
+      const startedAt = performance.now();
+      await app.close();
+      // Observed before: as long as the stream (stopped at 8 s here).
+      expect(performance.now() - startedAt).toBeLessThan(3000);
+    } finally {
+      streaming = false;
+      await stream;
+    }
+  });
 });

@@ -49,9 +49,9 @@ export class ClaimAnswers {
     events: CallEvents | undefined,
   ): Promise<Guarded> {
     // The app is shutting down: no run starts here (see `StoreCalls.closing`).
-    if (this.calls.closing && !exchange.runsWhileClosing) return this.refuseShuttingDown(route, exchange, events);
+    if (this.calls.closing && !(exchange.runsWhileClosing && this.calls.admitsEvents)) return this.refuseShuttingDown(route, exchange, events);
     // A claim in flight is waited for by a shutdown (until decided: a run held, or its key freed).
-    this.calls.claiming++;
+    const early = this.calls.claimStarted();
     try {
       let claim: ClaimResult;
       try {
@@ -66,7 +66,7 @@ export class ClaimAnswers {
           });
         }
       } catch (error) {
-        return this.storeFailed(ctx, exchange, next, route, input, events, error);
+        return this.storeFailed(ctx, exchange, next, route, input, events, error, early);
       }
       // A decision that only answers the caller is counted and reported as the caller gets it: not
       // for a caller gone meanwhile (an outer timeout during the claim or the wait).
@@ -96,13 +96,13 @@ export class ClaimAnswers {
         }
         case 'acquired':
           // Answered as the drain began: freed, and refused, as any call from then on.
-          if (this.calls.closing && !exchange.runsWhileClosing) return this.refuseClosing(route, input, exchange, events);
+          if (this.calls.closing && !(exchange.runsWhileClosing && this.calls.admitsEvents)) return this.refuseClosing(route, input, exchange, events);
           this.counters.count('acquired', route.handler);
           events?.emit('acquired', {});
-          return runHolding(ctx, exchange, next, route, this.calls.hold(input, route, false, events));
+          return runHolding(ctx, exchange, next, route, this.calls.hold(input, route, false, events, early));
       }
     } finally {
-      this.calls.claimDecided();
+      this.calls.claimDecided(early);
     }
   }
 
@@ -130,6 +130,8 @@ export class ClaimAnswers {
     input: ClaimInput,
     events: CallEvents | undefined,
     error: unknown,
+    /** The claim was sent before the shutdown began (`StoreCalls.claimStarted`). */
+    early: boolean,
   ): Guarded {
     this.counters.count('storeErrors', route.handler);
     events?.emit('store_error', { operation: 'claim', error });
@@ -142,10 +144,10 @@ export class ClaimAnswers {
       this.store.release(input.key, input.token).catch(() => undefined);
       return { result: defer(() => exchange.refuse({ reason: 'store_unavailable' })) };
     }
-    if (this.calls.closing && !exchange.runsWhileClosing) return this.refuseClosing(route, input, exchange, events);
+    if (this.calls.closing && !(exchange.runsWhileClosing && this.calls.admitsEvents)) return this.refuseClosing(route, input, exchange, events);
     // A claim that timed out may still land when the store recovers: run as its possible
     // holder, so that the answer completes it or a failure releases it, never a stranded key.
-    const possible = this.calls.hold(input, route, true, events);
+    const possible = this.calls.hold(input, route, true, events, early);
     const { result } = runHolding(ctx, exchange, next, route, possible);
     const failOpen = () => {
       this.counters.count('failOpen', route.handler);

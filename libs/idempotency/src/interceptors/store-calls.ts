@@ -30,8 +30,6 @@ export class StoreCalls {
   private readonly retrying = new Set<Promise<void>>();
   /** The shutdown's drain, once begun: from then on no new run starts here (see `closing`). */
   private draining?: Promise<void>;
-  /** Set by the drain while it waits for `running` to empty. */
-  private idle?: () => void;
 
   constructor(
     readonly store: IdempotencyStore,
@@ -48,16 +46,19 @@ export class StoreCalls {
    * The claim this run holds, renewed while the handler runs; or, after a failed claim, the one
    * it may hold (`uncertain`: not renewed, the store is down).
    */
-  hold(input: ClaimInput, route: GuardedRoute, uncertain: boolean, events: CallEvents | undefined): HeldClaim {
+  hold(input: ClaimInput, route: GuardedRoute, uncertain: boolean, events: CallEvents | undefined, early: boolean): HeldClaim {
     events?.held();
     const hold = new Hold(this, input.key, input.token, route, uncertain, events);
     this.running.add(hold);
+    if (this.draining && early) this.early.add(hold);
     return hold;
   }
 
   /** `hold` is settled (saved, released, or its claim lost): a shutdown waits for it no more. */
   settled(hold: Hold): void {
-    if (this.running.delete(hold) && this.running.size === 0 && this.claiming === 0) this.idle?.();
+    if (!this.running.delete(hold)) return;
+    this.early.delete(hold);
+    this.wake();
   }
 
   /**
@@ -65,11 +66,52 @@ export class StoreCalls {
    * them too. One answered after the store closed could not free its key (a caller already
    * answered, an outer timeout's 408): the key held a lease, and a retry elsewhere got 409.
    */
-  claiming = 0;
+  private claiming = 0;
+  /** Of those, the ones sent before the shutdown began. */
+  private earlyClaims = 0;
+  /** Once the shutdown began: the runs of calls that came before it, until settled. */
+  private readonly early = new Set<Hold>();
+  /**
+   * While the shutdown waits for the calls that came before it, events that nobody settles still
+   * run (`GuardExchange.runsWhileClosing`); then they are refused too, so that a steady stream of
+   * events cannot hold the shutdown for ever (an adversarial helper: as long as the stream).
+   */
+  private admitting = true;
+
+  /** A claim is sent: whether before the shutdown began (pass it to `hold` and `claimDecided`). */
+  claimStarted(): boolean {
+    this.claiming++;
+    const early = this.draining === undefined;
+    if (early) this.earlyClaims++;
+    return early;
+  }
 
   /** A claim is decided: its run is held (`hold`), or its key freed or never taken. */
-  claimDecided(): void {
-    if (--this.claiming === 0 && this.running.size === 0) this.idle?.();
+  claimDecided(early: boolean): void {
+    this.claiming--;
+    if (early) this.earlyClaims--;
+    this.wake();
+  }
+
+  /** Events that nobody settles still run here (the shutdown has not begun, or waits for the calls before it). */
+  get admitsEvents(): boolean {
+    return this.admitting;
+  }
+
+  /** What the drain waits for, and its resolver. */
+  private waiting?: { done: () => boolean; resolve: () => void };
+
+  private wake(): void {
+    const waiting = this.waiting;
+    if (waiting?.done()) {
+      this.waiting = undefined;
+      waiting.resolve();
+    }
+  }
+
+  private until(done: () => boolean): Promise<void> {
+    if (done()) return Promise.resolve();
+    return new Promise((resolve) => (this.waiting = { done, resolve }));
   }
 
   /**
@@ -96,6 +138,7 @@ export class StoreCalls {
 
   private async drainOnce(): Promise<void> {
     const waiting = this.running.size + this.claiming;
+    for (const hold of this.running) this.early.add(hold);
     if (waiting > 0) this.logger.log(`waiting for ${waiting} guarded call(s) in flight to settle before the app shuts down`);
     const settled = this.settleAll();
     if (this.shutdownWaitSeconds === undefined) await settled;
@@ -104,10 +147,15 @@ export class StoreCalls {
     this.outageLog.flushAll();
   }
 
-  /** Waits for the runs in flight to settle, then for the saves they try again. */
+  /**
+   * Waits for the calls that came before the shutdown (and the events that joined meanwhile), then
+   * refuses events too and waits for the runs left, then for the saves they try again.
+   */
   private async settleAll(): Promise<void> {
-    // Nothing joins once draining (each hold is made after a check of `closing`).
-    if (this.running.size > 0 || this.claiming > 0) await new Promise<void>((resolve) => (this.idle = resolve));
+    await this.until(() => this.early.size === 0 && this.earlyClaims === 0);
+    this.admitting = false;
+    // Nothing joins from now on (each hold is made after a check of `closing` and `admitsEvents`).
+    await this.until(() => this.running.size === 0 && this.claiming === 0);
     while (this.retrying.size > 0) await Promise.all(this.retrying);
   }
 
