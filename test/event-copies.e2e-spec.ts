@@ -9,7 +9,10 @@ import { NestFactory } from '@nestjs/core';
 import { ClientProxyFactory, EventPattern, Payload, Transport, type ClientProxy } from '@nestjs/microservices';
 import { randomUUID } from 'node:crypto';
 import { firstValueFrom } from 'rxjs';
-import { IdempotencyModule, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import type { DataSource } from 'typeorm';
+import { IdempotencyModule, NoRepeatSubmit, type IdempotencyEvent } from '../libs/idempotency/src/index.js';
+import { IDEMPOTENCY_ENTITIES, IDEMPOTENCY_MIGRATIONS, PostgresIdempotencyStore } from '../libs/idempotency/src/typeorm/index.js';
+import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from './support/test-schema.js';
 import { sleep, until } from './support/edge-app.js';
 import { REDIS_URL } from './support/services.js';
 
@@ -92,5 +95,49 @@ describe('a copy of an event that arrives while the first delivery runs (Redis t
     } finally {
       warn.mockRestore();
     }
+  });
+});
+
+// An adversarial helper: on the PostgreSQL store, which does not push settlements, each waiting
+// copy looked again every 100 ms on the pool the handlers and the guard share: 140 waiting copies
+// held renewals and saves back until leases ran out, and every key ran 3 times. There a copy is
+// dropped at once, as before, unless the route sets waitForResultMs.
+describe('a copy of an event while the first runs, on the PostgreSQL store (no pushed settlements)', () => {
+  const { hostname, port } = new URL(REDIS_URL);
+  const transport = { transport: Transport.REDIS, options: { host: hostname, port: Number(port || 6379) } } as const;
+  const schema = testSchemaName();
+  let ds: DataSource;
+  let server: INestMicroservice;
+  let client: ClientProxy;
+  const seen: IdempotencyEvent[] = [];
+
+  beforeAll(async () => {
+    ds = await openSchemaDataSource(schema, { entities: IDEMPOTENCY_ENTITIES, migrations: IDEMPOTENCY_MIGRATIONS, migrationsRun: true, extra: { max: 4 } });
+    @Module({
+      imports: [IdempotencyModule.forRoot({ store: new PostgresIdempotencyStore(ds), onEvent: (event) => void seen.push(event) })],
+      controllers: [CopiesController],
+    })
+    class PgCopiesModule {}
+    server = await NestFactory.createMicroservice(PgCopiesModule, { ...transport, logger: false });
+    await server.listen();
+    client = ClientProxyFactory.create(transport);
+    await client.connect();
+  });
+  afterAll(async () => {
+    await client?.close();
+    await server?.close();
+    await dropSchemaDataSource(ds);
+  });
+
+  it('drops it at once: it does not poll the store', async () => {
+    const id = randomUUID();
+    await firstValueFrom(client.emit('copies.job', { id, failFirst: false }));
+    await until(() => (runs.get(id)?.length ?? 0) > 0, 3000, 'the first delivery to run');
+    await firstValueFrom(client.emit('copies.job', { id, failFirst: false }));
+    await until(() => seen.some((event) => event.type === 'in_progress'), 3000, 'the copy to be answered');
+    // Observed before: it waited (in_progress with waiting: true), looking again every 100 ms.
+    expect(seen.filter((event) => event.type === 'in_progress').map((event) => event.type === 'in_progress' && event.waiting)).toEqual([false]);
+    await until(() => runs.get(id)!.every((run) => run !== 'running'), 3000, 'the run to end');
+    expect(runs.get(id)).toEqual(['done']);
   });
 });

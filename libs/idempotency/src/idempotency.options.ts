@@ -210,8 +210,9 @@ export interface NoRepeatSubmitOptions {
    * A duplicate that arrives while the first request is processing waits up to this many
    * milliseconds for its result (pushed by the store, no polling on Redis) and gets the replay
    * instead of a 409; past the bound it gets the 409. Default 0: answer 409 at once; on an
-   * `@EventPattern` handler with no `onSkippedMessage`, as long as the first may hold the key
-   * (`maxHoldSeconds` and a lease): a copy dropped while the first ran was lost when it failed.
+   * `@EventPattern` handler with no `onSkippedMessage`, on a store that pushes settlements (Redis,
+   * memory), as long as the first may hold the key (`maxHoldSeconds` and a lease): a copy
+   * dropped while the first ran was lost when it failed.
    */
   waitForResultMs?: number;
 }

@@ -38,7 +38,12 @@ export class ClaimAnswers {
     private readonly logger: Logger,
     /** The module's, shared by every guard it builds (a request-scoped subclass is built per request). */
     private readonly calls: StoreCalls,
-  ) {}
+  ) {
+    this.pushes = store.watch !== IdempotencyStore.prototype.watch;
+  }
+
+  /** The store pushes settlements (`watch`: memory, Redis), rather than being looked at again every 100 ms. */
+  private readonly pushes: boolean;
 
   async answer(
     ctx: ExecutionContext,
@@ -56,7 +61,10 @@ export class ClaimAnswers {
       let claim: ClaimResult;
       try {
         claim = await this.calls.timed('claim', events, () => this.store.claim(input));
-        if (claim.status === 'in_progress' && route.waitForResultMs > 0) {
+        // A default wait (an event's) only where the store pushes settlements: on one that does not
+        // (PostgreSQL), each waiting copy looked again every 100 ms on the pool the handlers and
+        // the guard share, held renewals and saves back, and every key ran 3 times (a helper).
+        if (claim.status === 'in_progress' && route.waitForResultMs > 0 && (this.pushes || !route.waitsByDefault)) {
           this.counters.count('waited', route.handler);
           events?.emit('in_progress', { retryAfterMs: claim.retryAfterMs, waiting: true });
           claim = await awaitSettled(this.store, input, claim, route.waitForResultMs, (error) => {

@@ -30,6 +30,8 @@ export interface GuardedRoute {
    * first then failed.
    */
   waitForResultMs: number;
+  /** `waitForResultMs` is that default (kept only where the store pushes settlements: see `ClaimAnswers`). */
+  waitsByDefault: boolean;
   failMode: FailMode;
   /** How HTTP refusals are written: Nest's JSON or RFC 9457 problem details. */
   errorFormat: ErrorFormat;
@@ -76,6 +78,7 @@ export function routeOptions(
   const leaseMs = Math.ceil((options.leaseSeconds ?? defaults.leaseSeconds) * 1000);
   const holds = holdsResponse(ctx, method);
   const maxHoldMs = Math.max(leaseMs, Math.ceil((options.maxHoldSeconds ?? defaults.maxHoldSeconds) * 1000));
+  const waitsByDefault = options.waitForResultMs === undefined && isEventHandler(ctx.getHandler()) && !defaults.onSkippedMessage;
   return {
     metadata,
     handler: `${ctx.getClass().name}.${method}`,
@@ -83,7 +86,8 @@ export function routeOptions(
     expireMs: Math.ceil((options.expireSeconds ?? defaults.expireSeconds) * 1000),
     leaseMs,
     maxHoldMs,
-    waitForResultMs: options.waitForResultMs ?? (isEventHandler(ctx.getHandler()) && !defaults.onSkippedMessage ? maxHoldMs + leaseMs : 0),
+    waitForResultMs: options.waitForResultMs ?? (waitsByDefault ? maxHoldMs + leaseMs : 0),
+    waitsByDefault,
     failMode: options.failMode ?? defaults.failMode,
     errorFormat: options.errorFormat ?? defaults.errorFormat,
     useFingerprint: options.useRequestFingerprint ?? false,
