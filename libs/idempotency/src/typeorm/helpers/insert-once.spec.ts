@@ -717,6 +717,17 @@ class Seat {
   code!: string;
 }
 
+/** A unique jsonb value: a null inside it is a JSON null, not SQL's. */
+@Entity({ name: 'profiles' })
+@Index('uq_profiles_meta', ['meta'], { unique: true })
+class Profile {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @Column({ type: 'jsonb' })
+  meta!: Record<string, unknown>;
+}
+
 // An adversarial helper: a findExisting that matched more rows than the violated key protects
 // (a partial index's other rows; a null part TypeORM's 'ignore' drops) gave every caller
 // another row than the one that refused the insert, silently.
@@ -725,7 +736,7 @@ describe('insertOnce: the existing row is the one the key protects', () => {
   let dataSource: DataSource;
   let ignoring: DataSource;
   beforeAll(async () => {
-    dataSource = await openSchemaDataSource(schema, { entities: [Coupon, Seat], extra: { max: 12 }, synchronize: true });
+    dataSource = await openSchemaDataSource(schema, { entities: [Coupon, Seat, Profile], extra: { max: 12 }, synchronize: true });
     await dataSource.query(`CREATE UNIQUE INDEX uq_seats_tenant_code ON "${schema}".seats (tenant_id, code) NULLS NOT DISTINCT`);
     ignoring = new DataSource({ ...dataSource.options, synchronize: false, invalidWhereValuesBehavior: { null: 'ignore' } } as typeof dataSource.options);
     await ignoring.initialize();
@@ -771,5 +782,15 @@ describe('insertOnce: the existing row is the one the key protects', () => {
       const again = await insertOnce(seats, { tenantId: null, code }, nullTenant);
       expect(again).toMatchObject({ created: false, entity: { id: first.entity.id, tenantId: null, code } });
     }
+  });
+
+  // The same helper, on the change above: a null inside a jsonb value was made IS NULL too, and
+  // the duplicate's violation was rethrown (the row not found).
+  it('leaves a null inside a value alone (a jsonb column): only a column given null is IS NULL', async () => {
+    const profiles = dataSource.getRepository(Profile);
+    const meta = { ref: randomUUID(), a: null };
+    const first = await insertOnce(profiles, { meta }, () => ({ meta }));
+    expect(first.created).toBe(true);
+    expect(await insertOnce(profiles, { meta }, () => ({ meta }))).toMatchObject({ created: false, entity: { id: first.entity.id } });
   });
 });

@@ -101,14 +101,15 @@ async function existingRow<T extends ObjectLiteral>(
   );
 }
 
-/** `where` with each `null` (in it, its plain objects and lists) made `IsNull()`. */
+/**
+ * `where` (or each of its alternatives) with each column given `null` made `IsNull()`. Only at the
+ * top: a null inside a value (a jsonb column's) is that value's, and made `IS NULL` it found
+ * nothing (an adversarial helper).
+ */
 function nullsAsIsNull(where: unknown): unknown {
-  if (where === null) return IsNull();
   if (Array.isArray(where)) return where.map(nullsAsIsNull);
-  if (typeof where !== 'object' || where === undefined) return where;
-  const prototype = Object.getPrototypeOf(where) as unknown;
-  if (prototype !== Object.prototype && prototype !== null) return where; // a FindOperator, a Date, a Buffer, a value object
-  return Object.fromEntries(Object.entries(where).map(([key, value]) => [key, nullsAsIsNull(value)]));
+  if (typeof where !== 'object' || where === null) return where;
+  return Object.fromEntries(Object.entries(where).map(([key, value]) => [key, value === null ? IsNull() : value]));
 }
 
 /** Per DataSource, per table: its unique constraints PostgreSQL checks only at COMMIT (`DEFERRABLE INITIALLY DEFERRED`). */
