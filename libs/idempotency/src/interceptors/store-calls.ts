@@ -2,7 +2,7 @@ import type { Logger } from '@nestjs/common';
 import { performance } from 'node:perf_hooks';
 import type { CallEvents } from '../events/call-events.js';
 import type { IdempotencyCounters } from '../metrics/idempotency-counters.js';
-import type { ClaimInput, IdempotencyStore, SavedResponse } from '../stores/idempotency-store.js';
+import { IdempotencyStore, type ClaimInput, type SavedResponse } from '../stores/idempotency-store.js';
 import type { HeldClaim } from './exchange.js';
 import { LATE_SAVES_MAX_BYTES, LATE_SAVES_MAX_ENTRIES, LateSaves } from './late-saves.js';
 import { LeaseRenewal, type LeaseRenewalHooks } from './lease-renewal.js';
@@ -28,6 +28,8 @@ export class StoreCalls {
   private readonly running = new Set<Hold>();
   /** Saves tried again in the background (`saveLater`). */
   private readonly retrying = new Set<Promise<void>>();
+  /** The store keeps an expired claim with its token (`completeAfterLease`: PostgreSQL). */
+  private readonly savesAfterLease: boolean;
   /** The shutdown's drain, once begun: from then on no new run starts here (see `closing`). */
   private draining?: Promise<void>;
 
@@ -40,6 +42,7 @@ export class StoreCalls {
   ) {
     this.outageLog = new OutageLog(logger);
     this.lateSaves = new LateSaves(store, counters, this.outageLog, logger);
+    this.savesAfterLease = store.completeAfterLease !== IdempotencyStore.prototype.completeAfterLease;
   }
 
   /**
@@ -232,6 +235,7 @@ export class StoreCalls {
    * over one another request had taken, completed, and an operator forgot (another helper).
    */
   private async saveAfterLease(storageKey: string, token: string, response: SavedResponse, route: GuardedRoute, events: CallEvents | undefined): Promise<boolean> {
+    if (!this.savesAfterLease) return false;
     try {
       if (!(await this.timed('complete', events, () => this.store.completeAfterLease(storageKey, token, response, route.expireMs)))) return false;
     } catch (error) {
