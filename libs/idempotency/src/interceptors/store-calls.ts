@@ -3,7 +3,7 @@ import { performance } from 'node:perf_hooks';
 import type { CallEvents } from '../events/call-events.js';
 import type { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import { IdempotencyStore, type ClaimInput, type SavedResponse } from '../stores/idempotency-store.js';
-import type { HeldClaim } from './exchange.js';
+import type { GuardExchange, HeldClaim } from './exchange.js';
 import { LATE_SAVES_MAX_BYTES, LATE_SAVES_MAX_ENTRIES, LateSaves } from './late-saves.js';
 import { LeaseRenewal, type LeaseRenewalHooks } from './lease-renewal.js';
 import { OutageLog } from './outage-log.js';
@@ -30,7 +30,7 @@ export class StoreCalls {
   private readonly retrying = new Set<Promise<void>>();
   /** The store keeps an expired claim with its token (`completeAfterLease`: PostgreSQL). */
   private readonly savesAfterLease: boolean;
-  /** The shutdown's drain, once begun: from then on no new run starts here (see `closing`). */
+  /** The shutdown's drain, once begun: from then on no new run starts here (see `shutsOut`). */
   private draining?: Promise<void>;
 
   constructor(
@@ -96,9 +96,16 @@ export class StoreCalls {
     this.wake();
   }
 
-  /** Events that nobody settles still run here (the shutdown has not begun, or waits for the calls before it). */
-  get admitsEvents(): boolean {
-    return this.admitting;
+  /**
+   * The app is shutting down and `exchange`'s call starts no run here: it is refused (503
+   * `IDEMPOTENCY_STORE_UNAVAILABLE`, `Retry-After: 1`; a message is refused as in an outage), so
+   * that its client goes to another instance. Nest keeps the server open while the guard waits
+   * for its runs, and a run begun meanwhile was not waited for: its store closed under it, and
+   * another instance ran it again (an adversarial helper: 30 of 30 keys). Every call, but an
+   * event nobody settles while the shutdown waits for the calls that came before it.
+   */
+  shutsOut(exchange: GuardExchange): boolean {
+    return this.draining !== undefined && !(exchange.runsWhileClosing && this.admitting);
   }
 
   /** What the drain waits for, and its resolver. */
@@ -118,18 +125,7 @@ export class StoreCalls {
   }
 
   /**
-   * The app is shutting down: a call that would start a run here is refused (503
-   * `IDEMPOTENCY_STORE_UNAVAILABLE`, `Retry-After: 1`; a message is refused as in an outage), so
-   * that its client goes to another instance. Nest keeps the server open while the guard waits
-   * for its runs, and a run begun meanwhile was not waited for: its store closed under it, and
-   * another instance ran it again (an adversarial helper: 30 of 30 keys).
-   */
-  get closing(): boolean {
-    return this.draining !== undefined;
-  }
-
-  /**
-   * At shutdown: from now on no run starts here (`closing`); waits for the runs in flight to
+   * At shutdown: from now on no run starts here (`shutsOut`); waits for the runs in flight to
    * settle (each at most until its claim is lost: its lease unrenewed, or `maxHoldSeconds`),
    * then for the saves they try again, and tries the kept saves of a store that delivers late
    * once more. One drain, however often it is asked for (`app.close()` twice, a signal and a
@@ -157,7 +153,7 @@ export class StoreCalls {
   private async settleAll(): Promise<void> {
     await this.until(() => this.early.size === 0 && this.earlyClaims === 0);
     this.admitting = false;
-    // Nothing joins from now on (each hold is made after a check of `closing` and `admitsEvents`).
+    // Nothing joins from now on (each hold is made after a check of `shutsOut`).
     await this.until(() => this.running.size === 0 && this.claiming === 0);
     while (this.retrying.size > 0) await Promise.all(this.retrying);
   }
