@@ -91,3 +91,47 @@ describe('saves that land after their lease on a busy pool (PostgreSQL store, po
     expect({ body: JSON.parse(next.text), replayed: next.headers['idempotent-replayed'] }).toEqual({ body: { run: 3 }, replayed: undefined });
   });
 });
+
+@Controller('slow-bookings')
+class SlowBookingsController {
+  constructor(@Inject('DS') private readonly ds: DataSource) {}
+
+  @Post()
+  @NoRepeatSubmit({ leaseSeconds: 1 })
+  async book() {
+    ran++;
+    await this.ds.query('SELECT pg_sleep(1.5)');
+    return { booked: true };
+  }
+}
+
+// An adversarial helper: a late save that timed out in the pool's queue (statementTimeoutMs),
+// rather than landing and being refused, was tried again only until the lease's end, which had
+// passed: 6 of 10 keys ran twice. It is now tried again past it, into the expired claim.
+describe('saves that time out in the pool queue after their lease (PostgreSQL store, pool of 2)', () => {
+  const schema = testSchemaName();
+  let ds: DataSource;
+  let app: EdgeApp;
+
+  beforeAll(async () => {
+    ds = await openSchemaDataSource(schema, { entities: IDEMPOTENCY_ENTITIES, migrations: IDEMPOTENCY_MIGRATIONS, migrationsRun: true, extra: { max: 2 } });
+    const store = new PostgresIdempotencyStore(ds, { statementTimeoutMs: 1000 });
+    app = await makeApp('express', [SlowBookingsController], { store, keyPrefix: 'late-save-timeout' }, { providers: [{ provide: 'DS', useValue: ds }] });
+    app.app.useLogger(false);
+  });
+  afterAll(async () => {
+    await app?.close();
+    await dropSchemaDataSource(ds);
+  });
+
+  it('runs each key once', async () => {
+    const before = ran;
+    const keys = Array.from({ length: 10 }, () => randomUUID());
+    const first = await Promise.all(keys.map((key) => send(app.url, '/slow-bookings', { key, timeoutMs: 30_000 })));
+    expect(first.map((answer) => answer.status)).toEqual(keys.map(() => 201));
+    await sleep(3000); // the saves tried again meanwhile
+    const retries = await Promise.all(keys.map((key) => send(app.url, '/slow-bookings', { key, timeoutMs: 30_000 })));
+    // Observed before: 6 of 10 keys ran again.
+    expect({ ranAgain: retries.filter((answer) => answer.headers['idempotent-replayed'] !== 'true').length, runs: ran - before }).toEqual({ ranAgain: 0, runs: 10 });
+  });
+});

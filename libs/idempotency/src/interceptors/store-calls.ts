@@ -189,7 +189,8 @@ export class StoreCalls {
   ) {
     try {
       const saved = await this.timed('complete', events, () => this.store.complete(storageKey, token, response, route.expireMs));
-      if (saved || (!uncertain && hold && !(hold.lost && route.takesLeaseSignal) && (await this.saveAfterLease(storageKey, token, response, route, events)))) {
+      const afterLease = !uncertain && hold !== undefined && !(hold.lost && route.takesLeaseSignal);
+      if (saved || (afterLease && (await this.saveAfterLease(storageKey, token, response, route, events)))) {
         events?.emit('completed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
       } else if (!uncertain) {
         this.counters.count('lateCompletions', route.handler);
@@ -207,7 +208,10 @@ export class StoreCalls {
       // A client that sends failed calls later may still hold this save (with its body): tried
       // again on its own, each try left another copy in its queue while the store was down (an
       // adversarial helper: +2.7 MB/s at 57 runs/s). It waits with the others for one probe.
-      if (!this.store.deliversLate) return this.retry(this.saveLater(storageKey, token, response, route, tryUntil, uncertain, events));
+      if (!this.store.deliversLate) {
+        const afterLease = !uncertain && hold !== undefined && !(hold.lost && route.takesLeaseSignal);
+        return this.retry(this.saveLater(storageKey, token, response, route, tryUntil, uncertain, events, afterLease));
+      }
       const until = performance.now() + (tryUntil - Date.now());
       if (this.lateSaves.add({ storageKey, token, response, route, until, uncertain, events })) return;
       this.outageLog.warn(
@@ -263,12 +267,25 @@ export class StoreCalls {
     tryUntil: number,
     uncertain: boolean,
     events: CallEvents | undefined,
+    /** The save may go into the expired claim (`saveAfterLease`): tried up to `maxHoldSeconds` longer. */
+    afterLease: boolean,
   ) {
-    for (let delayMs = 100; Date.now() + delayMs < tryUntil; delayMs = Math.min(delayMs * 2, 2000)) {
+    // Past the lease, a store that keeps the expired claim takes the save into it while it is the
+    // run's (until a claim takes the key, or the purge): a save that timed out in a pool's queue
+    // past the lease's end was never tried again, and a retry ran the handler again (an
+    // adversarial helper: 6 of 10 keys). Only runs that held a claim: those in flight when an
+    // outage began (a fail-open run's save is not kept so).
+    const until = afterLease && this.savesAfterLease ? Math.max(tryUntil, Date.now()) + route.maxHoldMs : tryUntil;
+    // At shutdown, past the lease: given up (the drain waits for these saves, the store closes).
+    for (let delayMs = 100; Date.now() + delayMs < (this.draining ? tryUntil : until); delayMs = Math.min(delayMs * 2, 2000)) {
       await new Promise((resolve) => setTimeout(resolve, delayMs).unref());
       try {
-        // false: a late copy of an earlier save (or of the claim's release) landed meanwhile.
-        if (await this.store.complete(storageKey, token, response, route.expireMs)) {
+        // false: a late copy of an earlier save (or of the claim's release) landed meanwhile, or
+        // the lease ran out (then, where allowed, into the expired claim if still the run's).
+        if (
+          (await this.store.complete(storageKey, token, response, route.expireMs)) ||
+          (afterLease && (await this.saveAfterLease(storageKey, token, response, route, events)))
+        ) {
           events?.emit('completed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
           if (!uncertain) this.logger.log(`${route.handler}: saved the response on a later try`);
         }
