@@ -85,3 +85,33 @@ describe('awaitSettled when the store fails its last look', () => {
     expect(await store.get('k3')).toBeUndefined();
   });
 });
+
+/**
+ * A store whose watch fails, as Redis refuses SUBSCRIBE to a user whose ACL leaves it out
+ * (NOPERM): a stub, because the test Redis is shared and its users are not the test's to change.
+ */
+class NoSubscribeStore extends MemoryIdempotencyStore {
+  override async watch(): Promise<SettleWatch> {
+    throw new Error('NOPERM this user has no permissions to run the \'subscribe\' command');
+  }
+}
+
+// An adversarial helper: a wait whose watch failed ended at once, in progress: an event copy was
+// dropped, and lost when the first delivery then failed. The README says waiters sleep to their
+// bound instead of being woken.
+describe('awaitSettled on a store that cannot watch', () => {
+  it('reports it once, sleeps to its bound, and looks again: a first that failed meanwhile lets it run', async () => {
+    const store = new NoSubscribeStore();
+    const first = { key: 'ns', token: 'first', fingerprint: 'f', leaseMs: 60_000 };
+    await store.claim(first);
+    const duplicate = { ...first, token: 'second' };
+    const found = await store.claim(duplicate);
+    const errors: unknown[] = [];
+    const waited = awaitSettled(store, duplicate, found, 300, (error) => errors.push(error));
+    await sleep(50);
+    await store.release('ns', 'first');
+    // Observed before: in_progress at once.
+    expect(await waited).toEqual({ status: 'acquired', token: 'second' });
+    expect(errors).toHaveLength(1);
+  });
+});

@@ -5,8 +5,9 @@ import type { ClaimInput, ClaimResult, IdempotencyStore, SettleWatch } from '../
  * between is not missed), then sleep until the store pushes the settlement or the lease ends.
  * A sleep that reaches the bound claims once more: a notice can be lost (pub/sub drops messages
  * while its connection is down). Returns the last claim: completed (replay), acquired (the first
- * one failed: run), or still in progress at the bound (409). A store that cannot watch, or
- * fails a look, ends the wait at once (`onWatchError`) with what the wait had: in progress (409).
+ * one failed: run), or still in progress at the bound (409). A store that fails a look ends the
+ * wait at once (`onWatchError`) with what the wait had: in progress (409); one that cannot watch
+ * is reported once, and the wait sleeps (to the holder's lease end, or the bound) and looks again.
  * A waiter is a known duplicate of a live call, so a store failure never becomes an outage for
  * it (on a fail-open route that ran the handler beside the holder).
  */
@@ -20,6 +21,10 @@ export async function awaitSettled(
   const deadline = Date.now() + waitMs;
   let claim = first;
   let slept = false;
+  // A store that cannot watch (Redis refusing SUBSCRIBE to an ACL user) is reported once, and
+  // the wait sleeps to its bound instead of being woken: ended at once, an event copy was
+  // dropped, and lost when the first delivery then failed (an adversarial helper).
+  let watching = true;
   while (claim.status === 'in_progress') {
     const leftMs = deadline - Date.now();
     if (leftMs <= 0) {
@@ -27,27 +32,32 @@ export async function awaitSettled(
       if (slept) claim = await lookAgain(store, input, claim);
       break;
     }
-    let watch: SettleWatch;
-    try {
-      watch = await store.watch(input.key);
-    } catch (error) {
-      onWatchError(error);
-      break;
+    let watch: SettleWatch | undefined;
+    if (watching) {
+      try {
+        watch = await store.watch(input.key);
+      } catch (error) {
+        onWatchError(error);
+        watching = false;
+      }
     }
     let timer: NodeJS.Timeout | undefined;
     try {
-      let failed = false;
-      claim = await lookAgain(store, input, claim, (error) => {
-        failed = true;
-        onWatchError(error);
-      });
-      if (failed || claim.status !== 'in_progress') break;
+      if (watch) {
+        let failed = false;
+        claim = await lookAgain(store, input, claim, (error) => {
+          failed = true;
+          onWatchError(error);
+        });
+        if (failed || claim.status !== 'in_progress') break;
+      }
       const sleepMs = Math.min(leftMs, claim.retryAfterMs + 1);
-      await Promise.race([watch.settled, new Promise((resolve) => (timer = setTimeout(resolve, sleepMs)))]);
+      const sleeping = new Promise((resolve) => (timer = setTimeout(resolve, sleepMs)));
+      await (watch ? Promise.race([watch.settled, sleeping]) : sleeping);
       slept = true;
     } finally {
       clearTimeout(timer);
-      watch.cancel();
+      watch?.cancel();
     }
   }
   return claim;
