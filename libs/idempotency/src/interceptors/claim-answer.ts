@@ -104,7 +104,7 @@ export class ClaimAnswers {
         }
         case 'acquired':
           // Answered as the drain began: freed, and refused, as any call from then on.
-          if (this.calls.shutsOut(exchange)) return this.refuseClosing(route, input, exchange, events);
+          if (this.calls.shutsOut(exchange, true)) return this.refuseClosing(route, input, exchange, events);
           this.counters.count('acquired', route.handler);
           events?.emit('acquired', {});
           return runHolding(ctx, exchange, next, route, this.calls.hold(input, route, false, events, early));
@@ -152,7 +152,7 @@ export class ClaimAnswers {
       this.store.release(input.key, input.token).catch(() => undefined);
       return { result: defer(() => exchange.refuse({ reason: 'store_unavailable' })) };
     }
-    if (this.calls.shutsOut(exchange)) return this.refuseClosing(route, input, exchange, events);
+    if (this.calls.shutsOut(exchange, true)) return this.refuseClosing(route, input, exchange, events);
     // A claim that timed out may still land when the store recovers: run as its possible
     // holder, so that the answer completes it or a failure releases it, never a stranded key.
     const possible = this.calls.hold(input, route, true, events, early);

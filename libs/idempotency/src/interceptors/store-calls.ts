@@ -102,10 +102,12 @@ export class StoreCalls {
    * that its client goes to another instance. Nest keeps the server open while the guard waits
    * for its runs, and a run begun meanwhile was not waited for: its store closed under it, and
    * another instance ran it again (an adversarial helper: 30 of 30 keys). Every call, but an
-   * event nobody settles while the shutdown waits for the calls that came before it.
+   * event nobody settles that came while the shutdown waits for the calls that came before it:
+   * once its claim is sent (`claimed`), it runs whenever the claim is answered (a copy waiting
+   * for a first run that fails, refused, was lost: an adversarial helper).
    */
-  shutsOut(exchange: GuardExchange): boolean {
-    return this.draining !== undefined && !(exchange.runsWhileClosing && this.admitting);
+  shutsOut(exchange: GuardExchange, claimed = false): boolean {
+    return this.draining !== undefined && !(exchange.runsWhileClosing && (claimed || this.admitting));
   }
 
   /** What the drain waits for, and its resolver. */
