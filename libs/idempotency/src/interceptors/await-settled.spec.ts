@@ -115,3 +115,20 @@ describe('awaitSettled on a store that cannot watch', () => {
     expect(errors).toHaveLength(1);
   });
 });
+
+describe('awaitSettled on a store that cannot watch, with a bound past the holder\'s lease', () => {
+  it('looks again at the holder\'s lease end, not only at its bound', async () => {
+    const store = new NoSubscribeStore();
+    const first = { key: 'ns2', token: 'first', fingerprint: 'f', leaseMs: 300 };
+    await store.claim(first);
+    const duplicate = { ...first, token: 'second' };
+    const found = await store.claim(duplicate);
+    const startedAt = Date.now();
+    const waited = awaitSettled(store, duplicate, found, 5000, () => undefined);
+    await sleep(50);
+    await store.release('ns2', 'first');
+    expect(await waited).toEqual({ status: 'acquired', token: 'second' });
+    // The first version looked only at the bound (5 s).
+    expect(Date.now() - startedAt).toBeLessThan(1500);
+  });
+});

@@ -1,4 +1,4 @@
-import type { ClaimInput, ClaimResult, IdempotencyStore, SettleWatch } from '../stores/idempotency-store.js';
+import { SETTLE_POLL_MS, type ClaimInput, type ClaimResult, type IdempotencyStore, type SettleWatch } from '../stores/idempotency-store.js';
 
 /**
  * Waits for a processing key to settle, up to `waitMs`: watch, re-claim (so a settlement in
@@ -43,7 +43,9 @@ export async function awaitSettled(
     }
     let timer: NodeJS.Timeout | undefined;
     try {
-      if (watch) {
+      // Watched, a look right away (a settlement before the watch is not missed); not, a look
+      // after each sleep.
+      if (watch || slept) {
         let failed = false;
         claim = await lookAgain(store, input, claim, (error) => {
           failed = true;
@@ -51,7 +53,8 @@ export async function awaitSettled(
         });
         if (failed || claim.status !== 'in_progress') break;
       }
-      const sleepMs = Math.min(leftMs, claim.retryAfterMs + 1);
+      // Unwatched, at least SETTLE_POLL_MS apart (a holder whose lease is all but over).
+      const sleepMs = Math.min(leftMs, watch ? claim.retryAfterMs + 1 : Math.max(claim.retryAfterMs + 1, SETTLE_POLL_MS));
       const sleeping = new Promise((resolve) => (timer = setTimeout(resolve, sleepMs)));
       await (watch ? Promise.race([watch.settled, sleeping]) : sleeping);
       slept = true;

@@ -103,7 +103,8 @@ export class ClaimAnswers {
           return { result: answered(replayed, () => exchange.replay(response)) };
         }
         case 'acquired':
-          // Answered as the drain began: freed, and refused, as any call from then on.
+          // Answered as the drain began: freed, and refused, as any call from then on (but an
+          // event nobody settles whose claim was sent while the drain took events).
           if (this.calls.shutsOut(exchange, true)) return this.refuseClosing(route, input, exchange, events);
           this.counters.count('acquired', route.handler);
           events?.emit('acquired', {});

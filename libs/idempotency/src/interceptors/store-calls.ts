@@ -17,7 +17,8 @@ const NEVER_ABORTED = new AbortController().signal;
 /**
  * The guard's calls to its store, timed when the call's events are listened to, with what each
  * result means for the key: counted, reported (`events`, undefined when nobody listens), logged,
- * and (for a failed save) tried again until the lease ends.
+ * and (for a failed save) tried again until the lease ends (on a store that keeps an expired
+ * claim, `maxHoldSeconds` past it).
  */
 export class StoreCalls {
   /** Failed saves on a store that `deliversLate`, waiting for it to answer again. */
@@ -107,8 +108,11 @@ export class StoreCalls {
    * for a first run that fails, refused, was lost: an adversarial helper).
    */
   shutsOut(exchange: GuardExchange, claimed = false): boolean {
-    return this.draining !== undefined && !(exchange.runsWhileClosing && (claimed || this.admitting));
+    return this.drained || (this.draining !== undefined && !(exchange.runsWhileClosing && (claimed || this.admitting)));
   }
+
+  /** The drain is over (settled, or past `shutdownWaitSeconds`): nothing runs here any more, the store closes. */
+  private drained = false;
 
   /** What the drain waits for, and its resolver. */
   private waiting?: { done: () => boolean; resolve: () => void };
@@ -144,6 +148,9 @@ export class StoreCalls {
     const settled = this.settleAll();
     if (this.shutdownWaitSeconds === undefined) await settled;
     else if (!(await settledWithin(settled, this.shutdownWaitSeconds * 1000))) this.leave();
+    // Past the bound the wait for the calls before the shutdown may still be under way: events
+    // that claimed while it took them would start runs nobody waits for (a reviewing helper).
+    this.drained = true;
     await this.lateSaves.flush();
     this.outageLog.flushAll();
   }
@@ -155,7 +162,8 @@ export class StoreCalls {
   private async settleAll(): Promise<void> {
     await this.until(() => this.early.size === 0 && this.earlyClaims === 0);
     this.admitting = false;
-    // Nothing joins from now on (each hold is made after a check of `shutsOut`).
+    // Nothing new joins from now on (each hold is made after a check of `shutsOut`); events whose
+    // claims were sent while they were taken still run, counted in `claiming`.
     await this.until(() => this.running.size === 0 && this.claiming === 0);
     while (this.retrying.size > 0) await Promise.all(this.retrying);
   }
@@ -175,8 +183,9 @@ export class StoreCalls {
 
   /**
    * Saves the answer. A save that fails is tried again in the background until `tryUntil` (the
-   * lease's end; for a fail-open run on a store that `deliversLate`, `maxHoldSeconds`): the
-   * effect happened, and a key left processing would refuse retries, then run them again.
+   * lease's end; for a fail-open run on a store that `deliversLate`, `maxHoldSeconds`; on a store
+   * that keeps an expired claim, `maxHoldSeconds` past it: see `saveAfterLease`): the effect
+   * happened, and a key left processing would refuse retries, then run them again.
    */
   async save(
     storageKey: string,
@@ -189,31 +198,23 @@ export class StoreCalls {
     /** The run this save settles (see `settled`). */
     hold?: Hold,
   ) {
+    // The save may go into the expired claim: a run that held a claim, and was not told it lost it.
+    const afterLease = this.savesAfterLease && !uncertain && hold !== undefined && !(hold.lost && route.takesLeaseSignal);
     try {
-      const saved = await this.timed('complete', events, () => this.store.complete(storageKey, token, response, route.expireMs));
-      const afterLease = !uncertain && hold !== undefined && !(hold.lost && route.takesLeaseSignal);
-      if (saved || (afterLease && (await this.saveAfterLease(storageKey, token, response, route, events)))) {
-        events?.emit('completed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
-      } else if (!uncertain) {
-        this.counters.count('lateCompletions', route.handler);
-        events?.emit('lease_takeover', {});
-        this.logger.warn(
-          `${route.handler}: the claim was gone when the handler finished (its lease ran out, or the key was deleted or evicted); ` +
-            'its response was not saved',
-        );
-      }
+      const saved =
+        (await this.timed('complete', events, () => this.store.complete(storageKey, token, response, route.expireMs))) ||
+        (afterLease && (await this.saveAfterLease(storageKey, token, response, route, events)));
+      if (saved) events?.emit('completed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
+      else if (!uncertain) this.refused(route, events);
     } catch (error) {
       this.counters.count('storeErrors', route.handler);
       events?.emit('store_error', { operation: 'complete', error });
       // After a failed claim (fail-open) the outage was logged already; the save may have no claim to complete.
-      if (!uncertain) this.logger.error(`${route.handler}: could not save the response (${(error as Error).message}); trying again until the lease ends`);
+      if (!uncertain) this.logger.error(`${route.handler}: could not save the response (${(error as Error).message}); trying again`);
       // A client that sends failed calls later may still hold this save (with its body): tried
       // again on its own, each try left another copy in its queue while the store was down (an
       // adversarial helper: +2.7 MB/s at 57 runs/s). It waits with the others for one probe.
-      if (!this.store.deliversLate) {
-        const afterLease = !uncertain && hold !== undefined && !(hold.lost && route.takesLeaseSignal);
-        return this.retry(this.saveLater(storageKey, token, response, route, tryUntil, uncertain, events, afterLease));
-      }
+      if (!this.store.deliversLate) return this.retry(this.saveLater(storageKey, token, response, route, tryUntil, uncertain, events, afterLease));
       const until = performance.now() + (tryUntil - Date.now());
       if (this.lateSaves.add({ storageKey, token, response, route, until, uncertain, events })) return;
       this.outageLog.warn(
@@ -227,6 +228,16 @@ export class StoreCalls {
     }
   }
 
+  /** The store refused the save: another request holds the key, or (a store that keeps no expired claim) the lease ran out. */
+  private refused(route: GuardedRoute, events: CallEvents | undefined): void {
+    this.counters.count('lateCompletions', route.handler);
+    events?.emit('lease_takeover', {});
+    this.logger.warn(
+      `${route.handler}: the claim was gone when the handler finished (its lease ran out, or the key was deleted or evicted); ` +
+        'its response was not saved',
+    );
+  }
+
   /**
    * A save the store refused because the claim's lease ran out before it landed (a busy pool's
    * queue, a slow store; not lost while a handler that listens for it ran: `@LeaseSignal()`),
@@ -235,16 +246,10 @@ export class StoreCalls {
    * ran the handler again (an adversarial helper: 100 of 100 keys, a pool of 2 the handlers
    * shared with the PostgreSQL store, a healthy database). Claiming the key again instead saved
    * over one another request had taken, completed, and an operator forgot (another helper).
+   * Whether saved; rejects as the store does (the save is then tried again).
    */
   private async saveAfterLease(storageKey: string, token: string, response: SavedResponse, route: GuardedRoute, events: CallEvents | undefined): Promise<boolean> {
-    if (!this.savesAfterLease) return false;
-    try {
-      if (!(await this.timed('complete', events, () => this.store.completeAfterLease(storageKey, token, response, route.expireMs)))) return false;
-    } catch (error) {
-      this.counters.count('storeErrors', route.handler);
-      events?.emit('store_error', { operation: 'complete', error });
-      return false;
-    }
+    if (!(await this.timed('complete', events, () => this.store.completeAfterLease(storageKey, token, response, route.expireMs)))) return false;
     this.outageLog.warn(
       `${route.handler}:saved-after-lease`,
       `${route.handler}: the response was saved after the claim's lease ran out (the store answered late: a busy pool?), ` +
@@ -269,35 +274,55 @@ export class StoreCalls {
     tryUntil: number,
     uncertain: boolean,
     events: CallEvents | undefined,
-    /** The save may go into the expired claim (`saveAfterLease`): tried up to `maxHoldSeconds` longer. */
+    /** The save may go into the expired claim (`saveAfterLease`): tried up to `maxHoldSeconds` past the lease. */
     afterLease: boolean,
   ) {
     // Past the lease, a store that keeps the expired claim takes the save into it while it is the
     // run's (until a claim takes the key, or the purge): a save that timed out in a pool's queue
     // past the lease's end was never tried again, and a retry ran the handler again (an
-    // adversarial helper: 6 of 10 keys). Only runs that held a claim: those in flight when an
-    // outage began (a fail-open run's save is not kept so).
-    const until = afterLease && this.savesAfterLease ? Math.max(tryUntil, Date.now()) + route.maxHoldMs : tryUntil;
-    // At shutdown, past the lease: given up (the drain waits for these saves, the store closes).
-    for (let delayMs = 100; Date.now() + delayMs < (this.draining ? tryUntil : until); delayMs = Math.min(delayMs * 2, 2000)) {
-      await new Promise((resolve) => setTimeout(resolve, delayMs).unref());
-      try {
-        // false: a late copy of an earlier save (or of the claim's release) landed meanwhile, or
-        // the lease ran out (then, where allowed, into the expired claim if still the run's).
-        if (
-          (await this.store.complete(storageKey, token, response, route.expireMs)) ||
-          (afterLease && (await this.saveAfterLease(storageKey, token, response, route, events)))
-        ) {
-          events?.emit('completed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
-          if (!uncertain) this.logger.log(`${route.handler}: saved the response on a later try`);
+    // adversarial helper: 6 of 10 keys). Bounded as the kept saves of a store that delivers late.
+    const bytes = afterLease ? 300 + (response.body?.length ?? 0) : 0;
+    const extended = afterLease && this.keepAfterLease(bytes);
+    const until = extended ? Math.max(tryUntil, Date.now()) + route.maxHoldMs : tryUntil;
+    try {
+      // At shutdown, past the lease: given up (the drain waits for these saves, the store closes).
+      for (let delayMs = 100; Date.now() + delayMs < (this.draining ? tryUntil : until); delayMs = Math.min(delayMs * 2, 2000)) {
+        await new Promise((resolve) => setTimeout(resolve, delayMs).unref());
+        try {
+          // Past the lease only the expired claim can take it (`complete` would be refused).
+          const saved =
+            Date.now() < tryUntil
+              ? (await this.store.complete(storageKey, token, response, route.expireMs)) ||
+                (afterLease && (await this.saveAfterLease(storageKey, token, response, route, events)))
+              : afterLease && (await this.saveAfterLease(storageKey, token, response, route, events));
+          // Not saved: a late copy of an earlier save (or of the claim's release) landed meanwhile,
+          // or another request took the key; the store cannot say which, so nothing is reported.
+          if (saved) {
+            events?.emit('completed', { statusCode: response.statusCode, unreplayable: response.unreplayable });
+            if (!uncertain) this.logger.log(`${route.handler}: saved the response on a later try`);
+          }
+          return;
+        } catch (error) {
+          this.counters.count('storeErrors', route.handler);
+          events?.emit('store_error', { operation: 'complete', error });
         }
-        return;
-      } catch (error) {
-        this.counters.count('storeErrors', route.handler);
-        events?.emit('store_error', { operation: 'complete', error });
       }
+      if (!uncertain) this.logger.error(`${route.handler}: gave up saving the response; the key is free once its lease ends`);
+    } finally {
+      if (extended) this.keepAfterLease(-bytes);
     }
-    if (!uncertain) this.logger.error(`${route.handler}: gave up saving the response; the key frees when its lease ends`);
+  }
+
+  /** Saves kept past their lease (`saveLater`), and their bytes: bounded as `LateSaves` is. */
+  private keptAfterLease = { saves: 0, bytes: 0 };
+
+  /** Takes (`bytes` > 0) or gives back a place for a save kept past its lease; false when full. */
+  private keepAfterLease(bytes: number): boolean {
+    const kept = this.keptAfterLease;
+    if (bytes > 0 && (kept.saves >= LATE_SAVES_MAX_ENTRIES || kept.bytes + bytes > LATE_SAVES_MAX_BYTES)) return false;
+    kept.saves += Math.sign(bytes);
+    kept.bytes += bytes;
+    return true;
   }
 
   /** Frees the key (compare-and-delete), settling `hold` if given; never rejects. */
