@@ -92,6 +92,35 @@ describe('saves that land after their lease on a busy pool (PostgreSQL store, po
   });
 });
 
+// An adversarial helper: a purge on a short interval deleted the claims whose lease had just run
+// out, before their late saves landed: 38 of 40 keys ran twice. The purge keeps expired claims
+// for keepExpiredClaimsMs (default 300 s).
+describe('late saves while the store purges every 50 ms (PostgreSQL store, pool of 2)', () => {
+  const schema = testSchemaName();
+  let ds: DataSource;
+  let app: EdgeApp;
+
+  beforeAll(async () => {
+    ds = await openSchemaDataSource(schema, { entities: IDEMPOTENCY_ENTITIES, migrations: IDEMPOTENCY_MIGRATIONS, migrationsRun: true, extra: { max: 2 } });
+    const store = new PostgresIdempotencyStore(ds, { purgeIntervalMs: 50 });
+    app = await makeApp('express', [BookingsController], { store, keyPrefix: 'late-save-purge' }, { providers: [{ provide: 'DS', useValue: ds }] });
+    app.app.useLogger(false);
+  });
+  afterAll(async () => {
+    await app?.close();
+    await dropSchemaDataSource(ds);
+  });
+
+  it('runs each key once', async () => {
+    const before = ran;
+    const keys = Array.from({ length: 30 }, () => randomUUID());
+    const first = await Promise.all(keys.map((key) => send(app.url, '/bookings', { key, timeoutMs: 20_000 })));
+    expect(first.map((answer) => answer.status)).toEqual(keys.map(() => 201));
+    const retries = await Promise.all(keys.map((key) => send(app.url, '/bookings', { key, timeoutMs: 20_000 })));
+    expect({ ranAgain: retries.filter((answer) => answer.headers['idempotent-replayed'] !== 'true').length, runs: ran - before }).toEqual({ ranAgain: 0, runs: 30 });
+  });
+});
+
 @Controller('slow-bookings')
 class SlowBookingsController {
   constructor(@Inject('DS') private readonly ds: DataSource) {}

@@ -1,20 +1,40 @@
 import type { Logger } from '@nestjs/common';
+import { IDEMPOTENCY_DEFAULTS, IdempotencyConfigError } from '../../index.js';
 import type { RunStatement } from './statements.js';
 
 /**
  * Delete up to $1 expired rows of `table` (identified by `idColumn`), oldest first. Rows a
  * concurrent statement holds (a claim taking one over, a fenced transaction) are locked by it and
  * skipped; the outer condition re-checks expiry on the row it deletes. Affects the rows deleted.
+ * With `keepsClaims`, a row in state 'processing' (a claim) is deleted only $2 milliseconds past
+ * its expiry: its run may still save into it (`completeAfterLease`).
  */
-const purgeExpiredSql = (table: string, idColumn: 'key' | 'id') => `
+const purgeExpiredSql = (table: string, idColumn: 'key' | 'id', keepsClaims: boolean) => {
+  const expired = (row: string) =>
+    keepsClaims
+      ? `${row}."expires_at" <= now() AND (${row}."state" <> 'processing' OR ${row}."expires_at" <= now() - $2 * interval '1 millisecond')`
+      : `${row}."expires_at" <= now()`;
+  return `
 DELETE FROM ${table} AS r
  WHERE r."${idColumn}" IN (
          SELECT e."${idColumn}" FROM ${table} AS e
-          WHERE e."expires_at" <= now()
+          WHERE ${expired('e')}
           ORDER BY e."expires_at"
           LIMIT $1
             FOR UPDATE SKIP LOCKED)
-   AND r."expires_at" <= now()`;
+   AND ${expired('r')}`;
+};
+
+/**
+ * The option `keepExpiredClaimsMs` of `owner`, checked; by default the guard's `maxHoldSeconds`
+ * (300 s), for as long as its run may try to save past the lease.
+ */
+export function keptClaimsMs(owner: string, value: number = IDEMPOTENCY_DEFAULTS.maxHoldSeconds * 1000): number {
+  if (!Number.isFinite(value) || value < 0) {
+    throw new IdempotencyConfigError(`${owner}: keepExpiredClaimsMs must be zero or a positive number of milliseconds, got ${value}`);
+  }
+  return value;
+}
 
 /** How a table's expired rows are purged: its statement runner, table and options. */
 export interface ExpiredRowsPurgeOptions {
@@ -26,6 +46,8 @@ export interface ExpiredRowsPurgeOptions {
   /** Purges every this many milliseconds from `start()`; undefined: only when called. */
   intervalMs?: number;
   logger: Logger;
+  /** Idempotency records: their expired claims (state 'processing') are kept this many milliseconds more. */
+  keepExpiredClaimsMs?: number;
   /** What the rows are, for the log: e.g. `idempotency records`. */
   what: string;
 }
@@ -42,7 +64,7 @@ export class ExpiredRowsPurge {
   private running?: Promise<unknown>;
 
   constructor(private readonly options: ExpiredRowsPurgeOptions) {
-    this.sql = purgeExpiredSql(options.table, options.idColumn);
+    this.sql = purgeExpiredSql(options.table, options.idColumn, options.keepExpiredClaimsMs !== undefined);
   }
 
   /** Deletes every expired row, a batch per statement; returns how many. */
@@ -50,7 +72,8 @@ export class ExpiredRowsPurge {
     const size = this.options.batchSize ?? 1000;
     let total = 0;
     for (;;) {
-      const deleted = (await this.options.run(this.sql, [size])).affected ?? 0;
+      const params = this.options.keepExpiredClaimsMs === undefined ? [size] : [size, this.options.keepExpiredClaimsMs];
+      const deleted = (await this.options.run(this.sql, params)).affected ?? 0;
       total += deleted;
       if (deleted < size) return total;
     }

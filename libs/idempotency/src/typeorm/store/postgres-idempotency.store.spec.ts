@@ -253,7 +253,7 @@ describe('PostgresIdempotencyStore', () => {
   });
 
   it('purges expired records in batches and keeps live ones', async () => {
-    const batched = new PostgresIdempotencyStore(dataSource, { purgeBatchSize: 2 });
+    const batched = new PostgresIdempotencyStore(dataSource, { purgeBatchSize: 2, keepExpiredClaimsMs: 0 });
     await rows(`DELETE FROM "${schema}".idempotency_records`);
     for (let i = 0; i < 5; i++) await store.claim({ key: `old:${i}`, token: 't', fingerprint: '', leaseMs: 60_000 });
     await store.claim({ key: 'live', token: 't', fingerprint: '', leaseMs: 60_000 });
@@ -262,8 +262,31 @@ describe('PostgresIdempotencyStore', () => {
     expect((await rows(`SELECT key FROM "${schema}".idempotency_records`)).map((r: { key: string }) => r.key)).toEqual(['live']);
   });
 
+  // A purge on a short interval deleted claims whose lease had just run out, before their late
+  // saves landed (completeAfterLease): the key was free, and a retry ran again (an adversarial
+  // helper: 38 of 40 keys, purgeIntervalMs 200). Expired claims stay for keepExpiredClaimsMs.
+  it('keeps an expired claim for keepExpiredClaimsMs (default maxHoldSeconds\' 300 s), so that its late save still lands', async () => {
+    const response = { statusCode: 201, headers: {}, body: 'late' };
+    const [claim, done, old] = ['claim', 'done', 'old'].map((k) => `grace:${k}:${randomUUID()}`);
+    for (const key of [claim, done, old]) await store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
+    expect(await store.complete(done, 't', response, 60_000)).toBe(true);
+    await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 second' WHERE key IN ($1, $2)`, [claim, done]);
+    await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '301 seconds' WHERE key = $1`, [old]);
+    await store.purgeExpired();
+    const left = (await rows(`SELECT key FROM "${schema}".idempotency_records WHERE key LIKE 'grace:%'`)).map((r: { key: string }) => r.key);
+    expect(left).toEqual([claim]);
+    expect(await store.completeAfterLease(claim, 't', response, 60_000)).toBe(true);
+
+    const brief = new PostgresIdempotencyStore(dataSource, { keepExpiredClaimsMs: 500 });
+    await store.claim({ key: old, token: 't', fingerprint: '', leaseMs: 60_000 });
+    await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 second' WHERE key = $1`, [old]);
+    await brief.purgeExpired();
+    expect(await rows(`SELECT key FROM "${schema}".idempotency_records WHERE key = $1`, [old])).toEqual([]);
+    expect(() => new PostgresIdempotencyStore(dataSource, { keepExpiredClaimsMs: -1 })).toThrow(/keepExpiredClaimsMs/);
+  });
+
   it('purges on an unref\'d timer between onModuleInit and onApplicationShutdown', async () => {
-    const timed = new PostgresIdempotencyStore(dataSource, { purgeIntervalMs: 50 });
+    const timed = new PostgresIdempotencyStore(dataSource, { purgeIntervalMs: 50, keepExpiredClaimsMs: 0 });
     const key = `timer:${randomUUID()}`;
     await timed.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
     await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 ms' WHERE key = $1`, [key]);

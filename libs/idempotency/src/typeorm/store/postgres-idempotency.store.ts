@@ -13,7 +13,7 @@ import {
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
 import { claimSql, completeAfterLeaseSql, completeSql, forgetSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
-import { ExpiredRowsPurge } from '../postgres/purge.js';
+import { ExpiredRowsPurge, keptClaimsMs } from '../postgres/purge.js';
 import { claimUntilAnswered, positiveMs, postgresSchemaOf, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { entityTable, qualifiedTable } from '../postgres/table-name.js';
 
@@ -31,6 +31,14 @@ export interface PostgresIdempotencyStoreOptions {
   purgeIntervalMs?: number;
   /** Rows one purge statement deletes at most. Default 1000. */
   purgeBatchSize?: number;
+  /**
+   * How long the purge keeps a claim past the end of its lease, in milliseconds: a run whose save
+   * came late (a busy pool) still saves into its expired claim (`completeAfterLease`) for up to
+   * the guard's `maxHoldSeconds`, and once the purge deleted the claim the key is free and a
+   * retry runs again. Default 300,000 (the default `maxHoldSeconds`); keep it at least yours.
+   * Completed records are purged when their retention ends, whatever this says.
+   */
+  keepExpiredClaimsMs?: number;
   /**
    * How long one operation waits for a free connection, and then for its statement's answer, in
    * milliseconds (each). Past it the operation fails as a store outage (the route's `failMode` decides),
@@ -130,6 +138,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       idColumn: 'key',
       batchSize: options.purgeBatchSize,
       intervalMs: options.purgeIntervalMs,
+      keepExpiredClaimsMs: keptClaimsMs('PostgresIdempotencyStore', options.keepExpiredClaimsMs),
       logger: this.logger,
       what: 'idempotency records',
     });

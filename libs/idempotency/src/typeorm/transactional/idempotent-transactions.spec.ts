@@ -400,6 +400,17 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     expect(await record(key)).toBeUndefined();
   });
 
+  it("keeps the store's expired claims for keepExpiredClaimsMs: their late saves may still land", async () => {
+    const key = `purge-claim:${randomUUID()}`;
+    const store = new PostgresIdempotencyStore(dataSource);
+    await store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
+    await expire(key);
+    await transactions.purgeExpired();
+    expect(await record(key)).toMatchObject({ state: 'processing' });
+    await new IdempotentTransactions(dataSource, { keepExpiredClaimsMs: 0 }).purgeExpired();
+    expect(await record(key)).toBeUndefined();
+  });
+
   // Sent as UTF-8, a lone surrogate becomes U+FFFD: 'k\uD83D' and 'k\uDE00' were one key, and the
   // second run was answered the first's body; a NUL failed as a store error (an adversarial helper).
   it('refuses a key that is not well-formed text (a lone surrogate) or holds a NUL, before any transaction', async () => {

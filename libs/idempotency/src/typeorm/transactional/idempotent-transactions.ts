@@ -20,7 +20,7 @@ import { IDEMPOTENCY_RECORDS_TABLE } from '../store/idempotency-record.entity.js
 import { recordKey } from '../store/record-key.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { pinRepositories, refuseRoutedRepositories } from '../helpers/routed-repositories.js';
-import { ExpiredRowsPurge } from '../postgres/purge.js';
+import { ExpiredRowsPurge, keptClaimsMs } from '../postgres/purge.js';
 import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { entityTable, qualifiedTable } from '../postgres/table-name.js';
 import type { IdempotentAnswer, IdempotentRunInput, IdempotentRunResult } from './idempotent-run.js';
@@ -46,6 +46,8 @@ export interface IdempotentTransactionsOptions {
   lockTimeoutMs?: number;
   /** Table, `name` or `schema.name`. Default `idempotency_records` (the store's) in the DataSource's `schema`. */
   tableName?: string;
+  /** How long `purgeExpired()` keeps the store's claims past their lease (see `PostgresIdempotencyStoreOptions.keepExpiredClaimsMs`). Default 300,000. */
+  keepExpiredClaimsMs?: number;
 }
 
 interface ClaimRow {
@@ -141,7 +143,14 @@ export class IdempotentTransactions {
     this.serialize = options.serialize;
     const table = qualifiedTable(options.tableName ?? entityTable(dataSource.options, IDEMPOTENCY_RECORDS_TABLE), schema);
     this.sql = { claim: claimSql(table), complete: completeSql(table) };
-    this.purge = new ExpiredRowsPurge({ run: this.statement, table, idColumn: 'key', logger: this.logger, what: 'idempotency records' });
+    this.purge = new ExpiredRowsPurge({
+      run: this.statement,
+      table,
+      idColumn: 'key',
+      keepExpiredClaimsMs: keptClaimsMs('IdempotentTransactions', options.keepExpiredClaimsMs),
+      logger: this.logger,
+      what: 'idempotency records',
+    });
   }
 
   /**
