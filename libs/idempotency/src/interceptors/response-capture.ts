@@ -90,6 +90,8 @@ export class ResponseCapture implements ResponseHook {
   private bytes = 0;
   private overflowed = false;
   private head: OutgoingHttpHeaders | undefined;
+  /** `content-encoding` as the head was sent through the capture (see `writeHead`); undefined until then. */
+  private coding: { value: ReturnType<ResponseCapture['headerOf']> } | undefined;
   /** What the response says of itself (see `report`); undefined until the capture first held bytes. */
   reported: Reported | undefined = undefined;
   private readonly names: readonly string[];
@@ -118,6 +120,12 @@ export class ResponseCapture implements ResponseHook {
   writeHead(res: ServerResponse, args: Args): ServerResponse {
     const headers = args.find((arg) => typeof arg === 'object' && arg !== null);
     if (headers) this.head = Array.isArray(headers) ? headersOfArray(headers) : (headers as OutgoingHttpHeaders);
+    // The coding of the bytes seen here is the one the app gave them when it sent the head, read
+    // before the methods the capture stands in front of: Express's compression middleware labels
+    // the response inside its writeHead, and encodes the bytes after they passed here. Read
+    // after, the label went with the plain bytes, and no client could decode a replay (an
+    // adversarial helper: `@Res()` handlers that send their head first, streamed exports).
+    this.coding ??= { value: this.headerOf('content-encoding') };
     return (this.through.writeHead as (...a: Args) => ServerResponse).apply(res, args);
   }
 
@@ -273,7 +281,7 @@ export class ResponseCapture implements ResponseHook {
   private captured(): CapturedResponse {
     const headers: Record<string, string> = {};
     for (const name of this.names) {
-      const value = this.headerOf(name);
+      const value = name === 'content-encoding' && this.coding ? this.coding.value : this.headerOf(name);
       if (value !== undefined) headers[name] = Array.isArray(value) ? value.join(', ') : String(value);
     }
     const chunks = this.chunks;
