@@ -172,6 +172,27 @@ describe('statementRunner: named prepared statements on the pool or on a transac
     expect(queued.map((outcome) => outcome.status)).toEqual(['fulfilled']);
   });
 
+  // A storm of claims filled the pool's queue and a held claim's renewal waited behind them all
+  // (test/renewal-priority.e2e-spec.ts): an urgent runner's statements go ahead of the waiters,
+  // behind the urgent ones before them; the others keep their order.
+  it('runs an urgent statement at the next free connection, after the urgent ones queued before it', async () => {
+    const plain = statementRunner(single, { timeoutMs: 5000 });
+    const urgent = statementRunner(single, { timeoutMs: 5000, urgent: true });
+    const order: string[] = [];
+    const busy = single.query('SELECT pg_sleep(0.2)');
+    await new Promise((resolve) => setTimeout(resolve, 50)); // the only connection is taken
+    const runs = [
+      plain('SELECT 1', []).then(() => order.push('claim 1')),
+      single.query('SELECT 1').then(() => order.push('app query')),
+      plain('SELECT 1', []).then(() => order.push('claim 2')),
+      urgent('SELECT 1', []).then(() => order.push('renewal 1')),
+      urgent('SELECT 1', []).then(() => order.push('renewal 2')),
+    ];
+    await busy;
+    await Promise.all(runs);
+    expect(order).toEqual(['renewal 1', 'renewal 2', 'claim 1', 'app query', 'claim 2']);
+  });
+
   // A reviewing helper (session 17): with pg's `query_timeout` (the README suggests it for
   // TypeORM's own queries), statements on a hung server fail and their connections go back to the
   // pool without an error, one each `query_timeout`. That is no sign of a database that moves.

@@ -40,6 +40,11 @@ export interface StatementBound {
    * the server processes of abandoned statements), which would keep waiters waiting through one.
    */
   showsProgress?: boolean;
+  /**
+   * Whether this runner's statements wait for a connection ahead of the pool's other waiters
+   * (after the urgent ones already waiting): see `jumpQueue`. Default false.
+   */
+  urgent?: boolean;
 }
 
 /** Runs one statement: `sql` with `params`, on `runner` when given (a transaction's). */
@@ -127,7 +132,7 @@ function rename(client: object, sql: string): void {
  * statements are the transaction owner's to bound. `abandoned` is told the server process of a
  * statement given up on after it went out: it may still be running there.
  */
-export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned, showsProgress = true }: StatementBound = {}): RunStatement {
+export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned, showsProgress = true, urgent = false }: StatementBound = {}): RunStatement {
   const { logger } = dataSource;
   let prepare = true;
   const prepared = async (client: PgClient, sql: string, values: unknown[], canRetry: boolean) => {
@@ -173,7 +178,7 @@ export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned, 
     try {
       if (runner) return await onRunner(runner, (client) => query(client, sql, params, runner));
       const bound = timeoutMs === undefined ? undefined : { timeoutMs, showsProgress, abandoned: abandoned && ((pid: number) => abandoned(pid, sql)) };
-      return await onPooled(dataSource, (client) => query(client, sql, params), bound);
+      return await onPooled(dataSource, (client) => query(client, sql, params), bound, urgent);
     } catch (error) {
       throw new IdempotencyStoreError(`PostgreSQL query failed: ${(error as Error).message}`, { cause: error });
     }
@@ -235,6 +240,7 @@ async function onPooled<T>(
   dataSource: DataSource,
   work: (client: PgClient) => Promise<T>,
   bound?: { timeoutMs: number; showsProgress: boolean; abandoned?: (pid: number) => void },
+  urgent = false,
 ): Promise<T> {
   const pool = (dataSource.driver as unknown as PostgresDriverPools).master;
   if (!pool) throw new TypeORMError('Driver not Connected');
@@ -250,6 +256,8 @@ async function onPooled<T>(
   let handedOver: (() => void) | undefined;
   const run = (async () => {
     const { client, release } = await new Promise<{ client: PooledPgClient; release: (error?: Error) => void }>((resolve, reject) => {
+      const queued = urgent ? queueOf(pool) : undefined;
+      const before = queued?.length;
       pool.connect((error, connected) => {
         if (error || !connected) return reject(error ?? new TypeORMError('The pool gave no connection'));
         let released = false;
@@ -270,6 +278,7 @@ async function onPooled<T>(
         handedOver?.();
         resolve({ client: connected, release });
       });
+      if (queued && queued.length > before!) jumpQueue(queued);
     });
     const given = bound && !bound.showsProgress ? progress.quietly(client) : undefined;
     /** A failure that is not the statement's own (a lost connection, pg's `query_timeout`): the connection leaves the pool. */
@@ -336,6 +345,32 @@ async function onPooled<T>(
       },
     );
   });
+}
+
+/** pg-pool's queue of calls waiting for a connection (its own field), when it has one. */
+function queueOf(pool: object): object[] | undefined {
+  const queue = (pool as { _pendingQueue?: unknown })._pendingQueue;
+  return Array.isArray(queue) ? (queue as object[]) : undefined;
+}
+
+/** The waiters `jumpQueue` moved: later urgent ones go behind them. */
+const urgentWaiters = new WeakSet<object>();
+
+/**
+ * Moves the waiter just queued (the last) ahead of every waiter but the urgent ones before it.
+ * pg-pool serves its queue first come first served, and a storm of duplicates filled it with
+ * claims: a held claim's renewal, a save and a release waited behind all of them, on a slow
+ * database past the lease, and the claims were lost while their handlers ran (an adversarial
+ * helper: up to 6 runs of one key; test/renewal-priority.e2e-spec.ts: 8 or 9 runs of each of 10
+ * keys). Such a statement now waits for the next free connection only. Claims and the app's own
+ * queries keep their order.
+ */
+function jumpQueue(queue: object[]): void {
+  const waiter = queue.pop()!;
+  urgentWaiters.add(waiter);
+  let at = 0;
+  while (at < queue.length && urgentWaiters.has(queue[at]!)) at++;
+  queue.splice(at, 0, waiter);
 }
 
 /** How long a bound past its time waits for more of an answer that is coming in (as the Redis store's). */

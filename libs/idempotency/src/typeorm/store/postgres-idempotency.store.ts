@@ -102,6 +102,8 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
   private readonly sql: Record<'claim' | 'complete' | 'completeAfterLease' | 'release' | 'renew' | 'forget' | 'get', string>;
   private readonly run: RunStatement;
+  /** For the statements of a held claim (renew, save, release): ahead of the pool's other waiters. */
+  private readonly runHeld: RunStatement;
   /** Ends server processes whose statement was given up on (its own statements are not watched). */
   private readonly terminate: RunStatement;
   /** Those endings in flight: a release or a save waits for them (see `endAbandoned`). */
@@ -120,6 +122,8 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     const timeoutMs = positiveMs('PostgresIdempotencyStore', 'statementTimeoutMs', options.statementTimeoutMs ?? DEFAULT_STATEMENT_TIMEOUT_MS);
     this.timeoutMs = timeoutMs;
     this.run = statementRunner(dataSource, { timeoutMs, abandoned: (pid, sql) => this.endAbandoned(pid, sql) });
+    // A held claim's statements wait for the next free connection, not behind a storm of claims.
+    this.runHeld = statementRunner(dataSource, { timeoutMs, abandoned: (pid, sql) => this.endAbandoned(pid, sql), urgent: true });
     this.terminate = statementRunner(dataSource, { timeoutMs, showsProgress: false });
     const table = qualifiedTable(options.tableName ?? entityTable(dataSource.options, IDEMPOTENCY_RECORDS_TABLE), schema);
     this.table = table;
@@ -180,16 +184,16 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       encoding ?? null,
       unreplayable ?? null,
     ];
-    return (await this.run(sql, params)).affected === 1;
+    return (await this.runHeld(sql, params)).affected === 1;
   }
 
   async release(key: string, token: string): Promise<boolean> {
     if (this.ending.size > 0) await Promise.all(this.ending);
-    return (await this.run(this.sql.release, [recordKey(key), token])).affected === 1;
+    return (await this.runHeld(this.sql.release, [recordKey(key), token])).affected === 1;
   }
 
   async renew(key: string, token: string, leaseMs: number): Promise<boolean> {
-    return (await this.run(this.sql.renew, [recordKey(key), token, leaseMs])).affected === 1;
+    return (await this.runHeld(this.sql.renew, [recordKey(key), token, leaseMs])).affected === 1;
   }
 
   override forget(key: string): Promise<ForgetResult> {
