@@ -25,13 +25,19 @@ DELETE FROM ${table} AS r
    AND ${expired('r')}`;
 };
 
+/** The longest `keepExpiredClaimsMs`: a year (PostgreSQL's timestamps end; past ~2e14 ms every purge failed, completed records' too). */
+const MAX_KEPT_CLAIMS_MS = 365 * 24 * 3600 * 1000;
+
 /**
- * The option `keepExpiredClaimsMs` of `owner`, checked; by default the guard's `maxHoldSeconds`
- * (300 s), for as long as its run may try to save past the lease.
+ * The option `keepExpiredClaimsMs` of `owner`, checked; by default twice the guard's
+ * `maxHoldSeconds` (600 s): a run whose lease was lost early may still run that long, then try
+ * its save for `maxHoldSeconds` more.
  */
-export function keptClaimsMs(owner: string, value: number = IDEMPOTENCY_DEFAULTS.maxHoldSeconds * 1000): number {
-  if (!Number.isFinite(value) || value < 0) {
-    throw new IdempotencyConfigError(`${owner}: keepExpiredClaimsMs must be zero or a positive number of milliseconds, got ${value}`);
+export function keptClaimsMs(owner: string, value: number = 2 * IDEMPOTENCY_DEFAULTS.maxHoldSeconds * 1000): number {
+  if (!Number.isFinite(value) || value < 0 || value > MAX_KEPT_CLAIMS_MS) {
+    throw new IdempotencyConfigError(
+      `${owner}: keepExpiredClaimsMs must be a number of milliseconds from 0 to ${MAX_KEPT_CLAIMS_MS.toLocaleString('en')} (a year), got ${value}`,
+    );
   }
   return value;
 }

@@ -33,10 +33,12 @@ export interface PostgresIdempotencyStoreOptions {
   purgeBatchSize?: number;
   /**
    * How long the purge keeps a claim past the end of its lease, in milliseconds: a run whose save
-   * came late (a busy pool) still saves into its expired claim (`completeAfterLease`) for up to
-   * the guard's `maxHoldSeconds`, and once the purge deleted the claim the key is free and a
-   * retry runs again. Default 300,000 (the default `maxHoldSeconds`); keep it at least yours.
-   * Completed records are purged when their retention ends, whatever this says.
+   * came late (a busy pool) still saves into its expired claim (`completeAfterLease`), trying for
+   * up to the guard's `maxHoldSeconds`, and once the purge deleted the claim the key is free and
+   * a retry runs again. Default 600,000: twice the default `maxHoldSeconds` (a run whose lease was
+   * lost early may run that long before it tries); keep it at least twice yours, and the same in
+   * `IdempotentTransactions` when both purge (the shorter wins). At most a year. Completed
+   * records are purged when their retention ends, whatever this says.
    */
   keepExpiredClaimsMs?: number;
   /**

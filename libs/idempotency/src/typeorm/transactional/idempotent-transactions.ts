@@ -46,7 +46,7 @@ export interface IdempotentTransactionsOptions {
   lockTimeoutMs?: number;
   /** Table, `name` or `schema.name`. Default `idempotency_records` (the store's) in the DataSource's `schema`. */
   tableName?: string;
-  /** How long `purgeExpired()` keeps the store's claims past their lease (see `PostgresIdempotencyStoreOptions.keepExpiredClaimsMs`). Default 300,000. */
+  /** How long `purgeExpired()` keeps the store's claims past their lease (see `PostgresIdempotencyStoreOptions.keepExpiredClaimsMs`; give both the same: the shorter wins). Default 600,000. */
   keepExpiredClaimsMs?: number;
 }
 
