@@ -49,6 +49,18 @@ describe('@NoRepeatSubmit on a class that is no controller', () => {
     );
   });
 
+  // An adversarial helper: a resolver given as a factory or a value was never looked at (its
+  // class is known only once made), and 50 copies of one mutation ran it 50 times, in silence.
+  it.each([
+    ['made by a factory', { provide: OrdersResolver, useFactory: () => new OrdersResolver() }],
+    ['given as a value', { provide: OrdersResolver, useValue: new OrdersResolver() }],
+    ['made by a factory with dependencies', { provide: 'RESOLVER', useFactory: (_plain: PlainService) => new OrdersResolver(), inject: [PlainService] }],
+  ])('refuses to start for a resolver-shaped provider %s', async (_how, provider) => {
+    await expect(makeApp('express', [OrdersController], {}, { providers: [PlainService, provider] })).rejects.toThrow(
+      /OrdersResolver\.createOrder: @NoRepeatSubmit\(\) guards the HTTP routes and message handlers of controllers/,
+    );
+  });
+
   it('refuses to start for a class-level decorator on a service', async () => {
     await expect(makeApp('fastify', [OrdersController], {}, { providers: [PlainService, PaymentsService] })).rejects.toThrow(
       /PaymentsService: @NoRepeatSubmit\(\) guards .* PaymentsService is a provider/,

@@ -102,34 +102,54 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
       }
     }
   }
-  refuseGuardsOutsideControllers(modules, seen);
-  return { onApplicationBootstrap: () => checkGlobalGuards(modules, logger) };
+  const refuseMadeOutsideControllers = refuseGuardsOutsideControllers(modules, seen);
+  return {
+    onApplicationBootstrap: () => {
+      refuseMadeOutsideControllers();
+      checkGlobalGuards(modules, logger);
+    },
+  };
 }
 
 /**
  * Refuses `@NoRepeatSubmit()` on a class that is no controller: a GraphQL resolver, a WebSocket
  * gateway, a service. The guard keys HTTP requests and messages only, so every call of such a
  * method ran unguarded (or never met the guard at all), said only at the first call, if ever.
+ * A provider made by a factory or given as a value shows its class once made: returns the check
+ * of those, for the app's bootstrap (a resolver given so ran unguarded, in silence: an
+ * adversarial helper, 50 runs of 50 copies of one mutation).
  */
-function refuseGuardsOutsideControllers(modules: ModulesContainer, controllers: ReadonlySet<Type>): void {
+function refuseGuardsOutsideControllers(modules: ModulesContainer, controllers: ReadonlySet<Type>): () => void {
+  const made: { readonly instance: unknown }[] = [];
   for (const module of modules.values()) {
     for (const wrapper of module.providers.values()) {
       const type = wrapper.metatype as Type | null;
       // A factory provider's metatype is its factory function, not a class of the app's.
-      if (typeof type !== 'function' || wrapper.inject || controllers.has(type) || !type.prototype) continue;
-      const where = Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, type)
-        ? type.name
-        : controllerMethods(type.prototype)
-            .filter(({ handler }) => Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, handler))
-            .map(({ name }) => `${type.name}.${name}`)[0];
-      if (!where) continue;
-      throw new IdempotencyConfigError(
-        `${where}: @NoRepeatSubmit() guards the HTTP routes and message handlers of controllers, and ${type.name} is a ` +
-          'provider (a GraphQL resolver, a WebSocket gateway, a service?): its calls would run unguarded. Guard the ' +
-          'controller route that calls it, or use the storage layer (insertOnce, transition) in it.',
-      );
+      if (typeof type !== 'function' || wrapper.inject || !type.prototype) made.push(wrapper);
+      else if (!controllers.has(type)) refuseIfGuarded(type);
     }
   }
+  return () => {
+    for (const wrapper of made) {
+      // Request-scoped ones have no instance here; they are made per request, of the class the factory gives.
+      const type = (wrapper.instance as object | null | undefined)?.constructor as Type | undefined;
+      if (typeof type === 'function' && type !== Object && type !== Function && type.prototype && !controllers.has(type)) refuseIfGuarded(type);
+    }
+  };
+}
+
+function refuseIfGuarded(type: Type): void {
+  const where = Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, type)
+    ? type.name
+    : controllerMethods(type.prototype as object)
+        .filter(({ handler }) => Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, handler))
+        .map(({ name }) => `${type.name}.${name}`)[0];
+  if (!where) return;
+  throw new IdempotencyConfigError(
+    `${where}: @NoRepeatSubmit() guards the HTTP routes and message handlers of controllers, and ${type.name} is a ` +
+      'provider (a GraphQL resolver, a WebSocket gateway, a service?): its calls would run unguarded. Guard the ' +
+      'controller route that calls it, or use the storage layer (insertOnce, transition) in it.',
+  );
 }
 
 /**
