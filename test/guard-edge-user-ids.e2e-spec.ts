@@ -2,8 +2,8 @@
 // `String(request.user.id)`, so every object id is "[object Object]", binary ids (a Buffer, as
 // MySQL BINARY(16) UUIDs come back) collapse when they are not UTF-8, and arrays join with commas.
 // Two different users then share one namespace, and the second gets the first one's response.
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Injectable, Post, Req, UseGuards, type CanActivate, type ExecutionContext } from '@nestjs/common';
+import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Controller, Injectable, Logger, Post, Req, UseGuards, type CanActivate, type ExecutionContext } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
 import { idText, userOfId } from '../libs/idempotency/src/interceptors/key-user.js';
@@ -115,6 +115,7 @@ describe.each<Adapter>(['express', 'fastify'])('a getUser template over a missin
   afterAll(async () => a?.close());
 
   it('refuses every such user 500 IDEMPOTENCY_USER_UNRESOLVED: bob never gets alice\'s answer, nothing runs', async () => {
+    const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
     orders = 0;
     const orderNo = randomUUID();
     const alice = await send(a.url, '/tenant-orders', { body: { orderNo }, headers: { 'x-user': 'alice' } });
@@ -127,6 +128,13 @@ describe.each<Adapter>(['express', 'fastify'])('a getUser template over a missin
       orders: 0,
     });
     expect(JSON.parse(bob.text).code).toBe('IDEMPOTENCY_USER_UNRESOLVED');
+    // Said of the app's getUser, not of the default one it replaced (an adversarial helper: the
+    // log named request.user.id and asked for a getUser option the app had given).
+    const said = errors.mock.calls.map(([message]) => String(message)).filter((message) => message.includes('no usable id'));
+    errors.mockRestore();
+    expect(said).toHaveLength(1);
+    expect(said[0]).toMatch(/getUser gave no usable id/);
+    expect(said[0]).not.toMatch(/request\.user\.id|Give the module a getUser option/);
   });
 });
 

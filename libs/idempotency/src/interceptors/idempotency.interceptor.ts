@@ -241,12 +241,20 @@ export class IdempotencyInterceptor implements NestInterceptor {
       );
     }
     if (user) return user;
+    // Said of the getUser that read it: the default one reads request.user.id, else .sub.
+    const whose =
+      reading === 'field'
+        ? "the request's user has no usable id (request.user.id, else .sub"
+        : 'getUser gave no usable id (the module\'s getUser option, or a subclass\'s getUser';
+    const fix =
+      reading === 'field'
+        ? 'Give the module a getUser option, (ctx) => ..., in forRoot or forRootAsync, for your user shape'
+        : 'Make getUser return the id of every authenticated caller';
     this.onceFor(`${route.handler}:user`, () =>
       this.logger.error(
-        `${route.handler}: the request's user has no usable id (a non-empty string or a number; request.user.id, else .sub; ` +
-          'never what a template over a missing field writes: undefined, null, NaN, [object Object], an empty part), ' +
-          'so the guard cannot tell users apart and refuses the call (500). Give the module a getUser option, (ctx) => ..., in forRoot or forRootAsync, for your user shape ' +
-          '(the parts of a user known by several, e.g. [user.tenantId, user.sub], are checked one by one).',
+        `${route.handler}: ${whose}: a non-empty string or a number, never what a template over a missing field writes: ` +
+          'undefined, null, NaN, [object Object], an empty part), so the guard cannot tell users apart and refuses the call (500). ' +
+          `${fix} (the parts of a user known by several, e.g. [user.tenantId, user.sub], are checked one by one).`,
       ),
     );
     return undefined;
