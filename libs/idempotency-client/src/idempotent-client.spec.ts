@@ -415,6 +415,55 @@ describe('createIdempotentClient', () => {
     expect(calls).toHaveLength(0);
   });
 
+  // An adversarial helper: these went changed, in silence, where the README promises a TypeError
+  // before anything is sent: a Buffer by its toJSON ({"type":"Buffer","data":[...]}), a boxed NaN
+  // as null, an instance with only #private fields and methods as {}, an invalid Date as null.
+  it.each([
+    ['bytes inside an object (a Buffer, by its toJSON)', { file: Buffer.from('secret') }, /body\.file is a Buffer/],
+    ['bytes in an array', [new Uint8Array([1, 2])], /body\[0\] is a Uint8Array/],
+    ['a boxed NaN', { amount: new Number(Number.NaN) }, /body\.amount is NaN/],
+    ['a boxed Infinity', { amount: new Number(Number.POSITIVE_INFINITY) }, /body\.amount is Infinity/],
+    ['an invalid Date', { at: new Date('nope') }, /body\.at is an invalid Date/],
+    [
+      'an instance with only private fields and methods',
+      {
+        price: new (class Money {
+          #amount = 5;
+          amount() {
+            return this.#amount;
+          }
+        })(),
+      },
+      /body\.price is a Money with no fields of its own/,
+    ],
+  ])('refuses %s, before sending', async (_what, body, message) => {
+    const { fetch, calls } = scripted(json(201, {}));
+    await expect(client(fetch).post('/p', body)).rejects.toThrow(message);
+    expect(calls).toHaveLength(0);
+  });
+
+  it('still sends plain empty objects, boxed finite numbers, valid Dates and classes with a toJSON', async () => {
+    class Id {
+      #value = 'o1';
+      toJSON() {
+        return this.#value;
+      }
+    }
+    const { fetch, calls } = scripted(json(201, {}));
+    await client(fetch).post('/p', { empty: {}, none: Object.create(null), n: new Number(2), at: new Date(0), id: new Id() });
+    expect(calls[0].body).toBe('{"empty":{},"none":{},"n":2,"at":"1970-01-01T00:00:00.000Z","id":"o1"}');
+  });
+
+  // An adversarial helper: backoff.baseMs 0 with retries 0 sent 506 requests in 2 s to a route
+  // answering 409 in progress with Retry-After: 0 (waits in progress spend no retry).
+  it('waits at least 50 ms between 409s in progress, whatever backoff.baseMs says', async () => {
+    const zero = json(409, { code: 'IDEMPOTENCY_IN_PROGRESS' }, { 'retry-after': '0' });
+    const { fetch, calls } = scripted(...Array.from({ length: 100 }, () => zero));
+    const answer = await client(fetch, { retries: 0, timeoutMs: 500, backoff: { baseMs: 0 } }).post('/p', {});
+    expect(answer.status).toBe(409);
+    expect(calls.length).toBeLessThanOrEqual(11);
+  });
+
   it('checks its options', () => {
     expect(() => createIdempotentClient({ baseUrl: 'http://x', attemptTimeoutMs: 2 ** 31 })).toThrow(/attemptTimeoutMs.*2147483647/);
     expect(() => createIdempotentClient({ baseUrl: 'http://x', retries: -1 })).toThrow(/retries/);

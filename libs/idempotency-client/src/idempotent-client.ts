@@ -20,6 +20,8 @@ export type HeadersLike = ConstructorParameters<typeof Headers>[0];
 
 /** The longest delay a timer holds (2^31 - 1 ms, 24.8 days); a longer one fires after 1 ms. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
+/** The shortest wait between two attempts answered 409 in progress, whatever the backoff says. */
+const MIN_IN_PROGRESS_WAIT_MS = 50;
 
 /** Options of `createIdempotentClient()`. */
 export interface IdempotentClientOptions {
@@ -195,7 +197,9 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
       if (!inProgress) spent++;
       let waitMs = (answer && parseRetryAfterMs(answer.headers.get('retry-after'))) ?? backoffDelayMs(spent || attempts, backoff);
       // Spending no retry, a wait of 0 (`Retry-After: 0`, a date past) would send back to back until timeoutMs.
-      if (inProgress) waitMs = Math.max(waitMs, backoff.baseMs);
+      // Waits in progress spend no retry: never back to back (backoff.baseMs 0 sent 506 requests
+      // in 2 s to a route answering Retry-After: 0; an adversarial helper).
+      if (inProgress) waitMs = Math.max(waitMs, backoff.baseMs, MIN_IN_PROGRESS_WAIT_MS);
       const outOfTime = Date.now() + waitMs >= deadline;
       if (spent > retries || outOfTime) {
         if (last) return { ...last, attempts };

@@ -34,10 +34,11 @@ export async function encodeBody(body: unknown, headers: Headers): Promise<Fetch
   }
   if (body instanceof ReadableStream) throw new TypeError('a stream body cannot be sent again on a retry: pass a string, bytes, a Blob or a value');
   const paths = new WeakMap<object, string>();
-  const text = JSON.stringify(body, function (this: object, key: string, value: unknown) {
+  const text = JSON.stringify(body, function (this: Record<string, unknown>, key: string, value: unknown) {
     const holder = paths.get(this);
     const at = holder === undefined ? 'body' : Array.isArray(this) ? `${holder}[${key}]` : `${holder}.${key}`;
-    const loss = jsonLoss(value);
+    // `value` is what its toJSON made of it; `this[key]` what the caller gave.
+    const loss = givenLoss(this[key]) ?? jsonLoss(value);
     if (loss) {
       throw new TypeError(`the body cannot go as JSON: ${at} is ${loss}. Send a string, bytes, a Blob or a FormData, or convert it to plain objects and arrays`);
     }
@@ -46,6 +47,20 @@ export async function encodeBody(body: unknown, headers: Headers): Promise<Fetch
   });
   if (!headers.has('content-type')) headers.set('content-type', 'application/json');
   return text;
+}
+
+/**
+ * Why JSON would not carry a value as given, whatever its `toJSON` makes of it, or undefined:
+ * bytes (a Buffer's toJSON writes `{"type":"Buffer","data":[...]}`), an invalid Date (its toJSON
+ * gives null). Went so, in silence, before (an adversarial helper).
+ */
+function givenLoss(given: unknown): string | undefined {
+  if (given instanceof ArrayBuffer || ArrayBuffer.isView(given)) {
+    const name = (given as { constructor?: { name?: string } }).constructor?.name ?? 'ArrayBuffer';
+    return `${/^[AEIO]/.test(name) ? 'an' : 'a'} ${name} (bytes: JSON would write its numbers, not the bytes)`;
+  }
+  if (given instanceof Date && Number.isNaN(given.getTime())) return 'an invalid Date (JSON writes null)';
+  return undefined;
 }
 
 /**
@@ -71,7 +86,8 @@ function jsonLoss(value: unknown): string | undefined {
     default:
       return undefined;
   }
-  if (value === null || Array.isArray(value) || value instanceof String || value instanceof Number || value instanceof Boolean) return undefined;
+  if (value instanceof Number) return Number.isFinite(value.valueOf()) ? undefined : `${value.valueOf()} (JSON writes null)`;
+  if (value === null || Array.isArray(value) || value instanceof String || value instanceof Boolean) return undefined;
   const name = (value as { constructor?: { name?: unknown } }).constructor?.name;
   const kind = typeof name !== 'string' || name === '' || name === 'Object' ? 'an object' : `${/^[AEIO]/.test(name) ? 'an' : 'a'} ${name}`;
   // A built-in (Map, Set, bytes, Blob, Error, ...) keeps its content in internal slots that JSON
@@ -82,6 +98,12 @@ function jsonLoss(value: unknown): string | undefined {
   // its own: JSON writes only own fields, so `{}` went, silently (an adversarial helper). A DTO
   // with fields and a convenience getter goes by its fields, as before.
   if (Object.keys(value).length === 0 && hasGetters(Object.getPrototypeOf(value))) return `${kind} whose content is in getters (JSON writes only its own fields: give it a toJSON)`;
+  // Nor one with no field of its own at all (#private fields, inherited ones): `{}` went, silently
+  // (an adversarial helper). A plain `{}` (or one without a prototype) goes as it is.
+  const prototype = Object.getPrototypeOf(value) as object | null;
+  if (Object.keys(value).length === 0 && prototype !== null && prototype !== Object.prototype) {
+    return `${kind} with no fields of its own (JSON writes {}: give it a toJSON, or send a plain object)`;
+  }
   return undefined;
 }
 
