@@ -69,7 +69,11 @@ describe('@NoRepeatSubmit on a class that is no controller', () => {
 
   it('starts with plain, factory and value providers beside a guarded controller', async () => {
     const app: EdgeApp = await makeApp('express', [OrdersController], {}, {
-      providers: [PlainService, { provide: 'CONFIG', useValue: { a: 1 } }, { provide: 'CLOCK', useFactory: () => Date, inject: [] }],
+      providers: [
+        PlainService,
+        { provide: 'CONFIG', useValue: { a: 1 } },
+        { provide: 'CLOCK', useFactory: () => Date, inject: [] },
+      ],
     });
     try {
       const answer = await send(app.url, '/orders', { headers: { 'idempotency-key': 'k-1' }, body: {} });

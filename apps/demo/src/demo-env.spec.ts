@@ -15,6 +15,6 @@ describe('the demo environment', () => {
     expect(adapterFromEnv({ HTTP_ADAPTER: 'Fastify' })).toBe('fastify');
     expect(() => adapterFromEnv({ HTTP_ADAPTER: 'koa' })).toThrow(/HTTP_ADAPTER must be "express" or "fastify", got "koa"/);
     expect(portFromEnv('PORT', 3000, { PORT: '3134' })).toBe(3134);
-    for (const bad of ['abc', '-1', '65536', '3.5']) expect(() => portFromEnv('PORT', 3000, { PORT: bad })).toThrow(`PORT must be a port number, got "${bad}"`);
+    for (const bad of ['abc', '-1', '65536', '3.5', ' ', '0x1F90', '1e3']) expect(() => portFromEnv('PORT', 3000, { PORT: bad })).toThrow(`PORT must be a port number, got "${bad}"`);
   });
 });

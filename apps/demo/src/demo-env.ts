@@ -15,7 +15,8 @@ export function adapterFromEnv(env: Env = process.env): HttpAdapterName {
 /** A port variable: `fallback` when unset or empty; else a whole number from 0 to 65535. */
 export function portFromEnv(name: string, fallback: number, env: Env = process.env): number {
   const given = env[name];
-  const port = given ? Number(given) : fallback;
+  // Digits only: Number(' ') is 0 (a random port), Number('0x1F90') 8080.
+  const port = given ? (/^\d+$/.test(given) ? Number(given) : Number.NaN) : fallback;
   if (!Number.isInteger(port) || port < 0 || port > 65535) {
     throw new Error(`${name} must be a port number, got "${given}"`);
   }

@@ -37,8 +37,10 @@ export async function encodeBody(body: unknown, headers: Headers): Promise<Fetch
   const text = JSON.stringify(body, function (this: Record<string, unknown>, key: string, value: unknown) {
     const holder = paths.get(this);
     const at = holder === undefined ? 'body' : Array.isArray(this) ? `${holder}[${key}]` : `${holder}.${key}`;
-    // `value` is what its toJSON made of it; `this[key]` what the caller gave.
-    const loss = givenLoss(this[key]) ?? jsonLoss(value);
+    // `value` is what its toJSON made of it; the property's own value what the caller gave (read
+    // from its descriptor: a getter or a proxy's trap runs once, as JSON.stringify runs it).
+    const own = Object.getOwnPropertyDescriptor(this, key);
+    const loss = (own && 'value' in own ? givenLoss(own.value) : undefined) ?? jsonLoss(value);
     if (loss) {
       throw new TypeError(`the body cannot go as JSON: ${at} is ${loss}. Send a string, bytes, a Blob or a FormData, or convert it to plain objects and arrays`);
     }
@@ -55,7 +57,9 @@ export async function encodeBody(body: unknown, headers: Headers): Promise<Fetch
  * gives null). Went so, in silence, before (an adversarial helper).
  */
 function givenLoss(given: unknown): string | undefined {
-  if (given instanceof ArrayBuffer || ArrayBuffer.isView(given)) {
+  // Bytes with a toJSON of their own (a subclass that writes base64) go as that toJSON writes them.
+  const toJSON = (given as { toJSON?: unknown } | null)?.toJSON;
+  if ((given instanceof ArrayBuffer || ArrayBuffer.isView(given)) && (toJSON === undefined || toJSON === Buffer.prototype.toJSON)) {
     const name = (given as { constructor?: { name?: string } }).constructor?.name ?? 'ArrayBuffer';
     return `${/^[AEIO]/.test(name) ? 'an' : 'a'} ${name} (bytes: JSON would write its numbers, not the bytes)`;
   }
@@ -98,12 +102,10 @@ function jsonLoss(value: unknown): string | undefined {
   // its own: JSON writes only own fields, so `{}` went, silently (an adversarial helper). A DTO
   // with fields and a convenience getter goes by its fields, as before.
   if (Object.keys(value).length === 0 && hasGetters(Object.getPrototypeOf(value))) return `${kind} whose content is in getters (JSON writes only its own fields: give it a toJSON)`;
-  // Nor one with no field of its own at all (#private fields, inherited ones): `{}` went, silently
-  // (an adversarial helper). A plain `{}` (or one without a prototype) goes as it is.
-  const prototype = Object.getPrototypeOf(value) as object | null;
-  if (Object.keys(value).length === 0 && prototype !== null && prototype !== Object.prototype) {
-    return `${kind} with no fields of its own (JSON writes {}: give it a toJSON, or send a plain object)`;
-  }
+  // Nor one whose fields are inherited (`Object.create({ a: 1 })`): JSON writes only its own, and
+  // `{}` went, silently (an adversarial helper). A DTO whose optional fields are unset (no own
+  // field, as with legacy class fields) goes as `{}`, as it means to.
+  for (const name in value) if (!Object.hasOwn(value, name)) return `${kind} whose fields are inherited (JSON writes only its own fields: ${name})`;
   return undefined;
 }
 

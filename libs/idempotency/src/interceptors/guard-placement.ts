@@ -115,27 +115,40 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
  * Refuses `@NoRepeatSubmit()` on a class that is no controller: a GraphQL resolver, a WebSocket
  * gateway, a service. The guard keys HTTP requests and messages only, so every call of such a
  * method ran unguarded (or never met the guard at all), said only at the first call, if ever.
- * A provider made by a factory or given as a value shows its class once made: returns the check
- * of those, for the app's bootstrap (a resolver given so ran unguarded, in silence: an
- * adversarial helper, 50 runs of 50 copies of one mutation).
+ * A provider given as a value is checked now, by its class; one made by a factory shows its class
+ * once made: returns the check of those, for the app's bootstrap (a resolver given so ran
+ * unguarded, in silence: an adversarial helper, 50 runs of 50 copies of one mutation). A
+ * request-scoped or transient one is made per call, and not seen.
  */
 function refuseGuardsOutsideControllers(modules: ModulesContainer, controllers: ReadonlySet<Type>): () => void {
   const made: { readonly instance: unknown }[] = [];
   for (const module of modules.values()) {
     for (const wrapper of module.providers.values()) {
       const type = wrapper.metatype as Type | null;
-      // A factory provider's metatype is its factory function, not a class of the app's.
-      if (typeof type !== 'function' || wrapper.inject || !type.prototype) made.push(wrapper);
-      else if (!controllers.has(type)) refuseIfGuarded(type);
+      if (typeof type === 'function' && !wrapper.inject && type.prototype) {
+        if (!controllers.has(type)) refuseIfGuarded(type);
+      } else if (wrapper.isDependencyTreeStatic() && !wrapper.isTransient) {
+        // A factory provider's metatype is its factory function, not a class of the app's; a value's is null.
+        if (wrapper.instance !== undefined && wrapper.instance !== null) refuseIfMadeOfGuarded(wrapper.instance, controllers);
+        else made.push(wrapper);
+      }
     }
   }
   return () => {
-    for (const wrapper of made) {
-      // Request-scoped ones have no instance here; they are made per request, of the class the factory gives.
-      const type = (wrapper.instance as object | null | undefined)?.constructor as Type | undefined;
-      if (typeof type === 'function' && type !== Object && type !== Function && type.prototype && !controllers.has(type)) refuseIfGuarded(type);
-    }
+    for (const wrapper of made) refuseIfMadeOfGuarded(wrapper.instance, controllers);
   };
+}
+
+/** Refuses an instance whose class has `@NoRepeatSubmit()` and is no controller. */
+function refuseIfMadeOfGuarded(instance: unknown, controllers: ReadonlySet<Type>): void {
+  if (typeof instance !== 'object' || instance === null) return;
+  let type: unknown;
+  try {
+    type = (instance as { constructor?: unknown }).constructor;
+  } catch {
+    return; // a strict proxy (an env object) that allows only the names it knows
+  }
+  if (typeof type === 'function' && type !== Object && type.prototype && !controllers.has(type as Type)) refuseIfGuarded(type as Type);
 }
 
 function refuseIfGuarded(type: Type): void {
