@@ -56,10 +56,13 @@ export async function encodeBody(body: unknown, headers: Headers): Promise<Fetch
  * bytes (a Buffer's toJSON writes `{"type":"Buffer","data":[...]}`), an invalid Date (its toJSON
  * gives null). Went so, in silence, before (an adversarial helper).
  */
+/** Node's Buffer's toJSON (`{ type: 'Buffer', data }`), where there is a Buffer (not in a browser). */
+const BUFFER_TO_JSON = (globalThis as { Buffer?: { prototype: { toJSON?: unknown } } }).Buffer?.prototype.toJSON;
+
 function givenLoss(given: unknown): string | undefined {
   // Bytes with a toJSON of their own (a subclass that writes base64) go as that toJSON writes them.
   const toJSON = (given as { toJSON?: unknown } | null)?.toJSON;
-  if ((given instanceof ArrayBuffer || ArrayBuffer.isView(given)) && (toJSON === undefined || toJSON === Buffer.prototype.toJSON)) {
+  if ((given instanceof ArrayBuffer || ArrayBuffer.isView(given)) && (toJSON === undefined || toJSON === BUFFER_TO_JSON)) {
     const name = (given as { constructor?: { name?: string } }).constructor?.name ?? 'ArrayBuffer';
     return `${/^[AEIO]/.test(name) ? 'an' : 'a'} ${name} (bytes: JSON would write its numbers, not the bytes)`;
   }
