@@ -63,14 +63,10 @@ export class LeaseRenewal {
      * When the claim was sent, by `performance.now()`: its lease began in the store no earlier.
      * Counted from its answer, the lease ended here later than in the store, by the answer's way
      * back and the wait to read it, and the handler could learn of a lost claim after another
-     * instance took the key (an adversarial helper, reading the code). At most a tenth of a lease
-     * before now: a claim that waited long for a pooled connection went to the store late, and
-     * its lease, counted from the send, would end here at once while the store's runs on.
-     * Default: now.
+     * instance took the key (an adversarial helper, reading the code). Default: now.
      */
-    sentAt: number = now(),
+    startedAt: number = now(),
   ) {
-    const startedAt = Math.max(sentAt, now() - leaseMs / 10);
     this.endsAt = startedAt + leaseMs;
     this.holdEndsAt = startedAt + maxHoldMs;
     this.everyMs = leaseMs / RENEWALS_PER_LEASE;
