@@ -1,4 +1,3 @@
-import { performance } from 'node:perf_hooks';
 import { Logger, type CallHandler, type ExecutionContext } from '@nestjs/common';
 import { Observable, defer } from 'rxjs';
 import { rememberLeaseSignal } from '../decorators/lease-signal.decorator.js';
@@ -60,8 +59,6 @@ export class ClaimAnswers {
     const early = this.calls.claimStarted();
     try {
       let claim: ClaimResult;
-      /** When the claim that may take the key was sent: its lease counts from then (not after a wait, whose claim went later). */
-      let sentAt: number | undefined = performance.now();
       try {
         claim = await this.calls.timed('claim', events, () => this.store.claim(input));
         // A default wait (an event's) only where the store pushes settlements: on one that does not
@@ -70,7 +67,6 @@ export class ClaimAnswers {
         if (claim.status === 'in_progress' && route.waitForResultMs > 0 && (this.pushes || !route.waitsByDefault)) {
           this.counters.count('waited', route.handler);
           events?.emit('in_progress', { retryAfterMs: claim.retryAfterMs, waiting: true });
-          sentAt = undefined;
           claim = await awaitSettled(this.store, input, claim, route.waitForResultMs, (error) => {
             this.counters.count('storeErrors', route.handler);
             events?.emit('store_error', { operation: 'wait', error });
@@ -112,7 +108,7 @@ export class ClaimAnswers {
           if (this.calls.shutsOut(exchange, true)) return this.refuseClosing(route, input, exchange, events);
           this.counters.count('acquired', route.handler);
           events?.emit('acquired', {});
-          return runHolding(ctx, exchange, next, route, this.calls.hold(input, route, false, events, early, sentAt));
+          return runHolding(ctx, exchange, next, route, this.calls.hold(input, route, false, events, early));
       }
     } finally {
       this.calls.claimDecided(early);

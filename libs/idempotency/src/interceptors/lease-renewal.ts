@@ -59,19 +59,13 @@ export class LeaseRenewal {
     private readonly hooks: LeaseRenewalHooks,
     /** The claim may not have landed (its call failed): until a renewal lands, nothing is lost. */
     private tentative = false,
-    /**
-     * When the claim was sent, by `performance.now()`: its lease began in the store no earlier.
-     * Counted from its answer, the lease ended here later than in the store, by the answer's way
-     * back and the wait to read it, and the handler could learn of a lost claim after another
-     * instance took the key (an adversarial helper, reading the code). Default: now.
-     */
-    startedAt: number = now(),
   ) {
-    this.endsAt = startedAt + leaseMs;
-    this.holdEndsAt = startedAt + maxHoldMs;
+    const start = now();
+    this.endsAt = start + leaseMs;
+    this.holdEndsAt = start + maxHoldMs;
     this.everyMs = leaseMs / RENEWALS_PER_LEASE;
     // One timer per claim: the deadline is armed only once a renewal starts, or when none will.
-    if (!this.next(Math.max(startedAt + this.everyMs - now(), 0))) this.armDeadline();
+    if (!this.next(this.everyMs)) this.armDeadline();
   }
 
   /** Aborted when the claim is lost while the handler runs. */

@@ -50,17 +50,9 @@ export class StoreCalls {
    * The claim this run holds, renewed while the handler runs; or, after a failed claim, the one
    * it may hold (`uncertain`: not renewed, the store is down).
    */
-  hold(
-    input: ClaimInput,
-    route: GuardedRoute,
-    uncertain: boolean,
-    events: CallEvents | undefined,
-    early: boolean,
-    /** When the claim that took the key was sent (`performance.now()`), where known: its lease counts from then. */
-    claimSentAt?: number,
-  ): HeldClaim {
+  hold(input: ClaimInput, route: GuardedRoute, uncertain: boolean, events: CallEvents | undefined, early: boolean): HeldClaim {
     events?.held();
-    const hold = new Hold(this, input.key, input.token, route, uncertain, events, claimSentAt);
+    const hold = new Hold(this, input.key, input.token, route, uncertain, events);
     this.running.add(hold);
     if (this.draining && early) this.early.add(hold);
     return hold;
@@ -382,7 +374,6 @@ class Hold implements HeldClaim {
     private readonly route: GuardedRoute,
     private readonly uncertain: boolean,
     private readonly events: CallEvents | undefined,
-    claimSentAt: number | undefined,
   ) {
     const hooks = new RenewalHooks(calls, this, storageKey, token, route, events);
     // A fail-open run's claim may have landed (its answer lost in the outage): renewed too, so
@@ -391,7 +382,7 @@ class Hold implements HeldClaim {
     // first, every key of a burst (an adversarial helper). Quiet until a renewal says it landed.
     // Renewed until the handler settles, not only for one lease: it may land after a long outage.
     this.uncertainHooks = uncertain ? new UncertainRenewalHooks(hooks) : undefined;
-    this.renewal = new LeaseRenewal(route.leaseMs, route.maxHoldMs, this.uncertainHooks ?? hooks, uncertain, claimSentAt);
+    this.renewal = new LeaseRenewal(route.leaseMs, route.maxHoldMs, this.uncertainHooks ?? hooks, uncertain);
     this.holdMs = route.maxHoldMs;
   }
 
