@@ -36,8 +36,12 @@ export type IdempotencyInspection =
       /** Milliseconds until the lease ends, unless the holder renews it (it does while its handler runs). */
       leaseLeftMs: number;
       leaseExpiresAt: Date;
-      /** The request fingerprint the key was claimed with ('' when not compared). */
-      fingerprint: string;
+      /**
+       * Whether the key was claimed with a request fingerprint (duplicates must match it, else 422).
+       * Not the fingerprint itself: a SHA-256 of the request, it told a small body to whoever
+       * tried candidates (an adversarial helper: an amount found in 1.7 s).
+       */
+      fingerprinted: boolean;
     }
   | {
       storageKey: string;
@@ -54,7 +58,8 @@ export type IdempotencyInspection =
       /** Milliseconds of retention left; null when the record has no expiry. */
       retentionLeftMs: number | null;
       expiresAt: Date | null;
-      fingerprint: string;
+      /** Whether the key was claimed with a request fingerprint (see `in_progress`). */
+      fingerprinted: boolean;
     };
 
 /** What `IdempotencyAdmin.forget` did, and to which storage key. */
@@ -138,9 +143,10 @@ function keyUser(user: IdempotencyRecordUser): KeyUser {
 }
 
 function describeRecord(storageKey: string, record: StoredRecord, now: number): IdempotencyInspection {
-  const { fingerprint, ttlMs } = record;
+  const { ttlMs } = record;
+  const fingerprinted = record.fingerprint !== '';
   if (record.state === 'processing') {
-    return { storageKey, state: 'in_progress', leaseLeftMs: ttlMs, leaseExpiresAt: new Date(now + ttlMs), fingerprint };
+    return { storageKey, state: 'in_progress', leaseLeftMs: ttlMs, leaseExpiresAt: new Date(now + ttlMs), fingerprinted };
   }
   const response = record.response!;
   const expires = ttlMs >= 0;
@@ -153,7 +159,7 @@ function describeRecord(storageKey: string, record: StoredRecord, now: number): 
     headerNames: Object.keys(response.headers),
     retentionLeftMs: expires ? ttlMs : null,
     expiresAt: expires ? new Date(now + ttlMs) : null,
-    fingerprint,
+    fingerprinted,
   };
   if (response.unreplayable !== undefined) inspection.unreplayable = response.unreplayable;
   return inspection;
