@@ -78,4 +78,22 @@ describe('Redis record encoding', () => {
   it('refuses a value that is not a record', () => {
     expect(() => decodeRecord('hello')).toThrow('not an idempotency record');
   });
+
+  // An adversarial helper: a value the app wrote that starts as a record does (`C["a"]\n[200,null]`)
+  // was taken for one, and the admin's inspect failed 500 on its null headers.
+  it("reads back a message handler's answer (status 0)", () => {
+    expect(decodeRecord(completedFrom(encodeProcessing('t', 'f', 1), { statusCode: 0, headers: {}, body: '"ok"' }))).toMatchObject({ state: 'completed' });
+  });
+
+  it.each([
+    ['null headers', 'C["a",""]\n[200,null]'],
+    ['a status that is no number', 'C["a",""]\n["200",{}]'],
+    ['a status out of range', 'C["a",""]\n[42,{}]'],
+    ['a header value that is no text', 'C["a",""]\n[200,{"etag":1}]'],
+    ['a head that is no pair of strings', 'C[1,2]\n[200,{}]'],
+    ['a processing head without a lease end', 'P["a","f"]'],
+    ['no JSON at all', 'C{oops'],
+  ])('refuses a value shaped almost as a record: %s', (_what, value) => {
+    expect(() => decodeRecord(value)).toThrow();
+  });
 });

@@ -61,22 +61,50 @@ export function tokenPrefix(token: string): string {
   return `[${quoted(token)},`;
 }
 
+/**
+ * A record as the store wrote it; throws for any other value (in a Redis the app shares, a value
+ * that only starts as a record does: its shape is checked, or the admin's inspect failed 500 on
+ * its null headers, an adversarial helper).
+ */
 export function decodeRecord(value: string): DecodedRecord {
   const state = value.charCodeAt(0);
   if (state === PROCESSING || state === WATCHED) {
-    const [token, fingerprint, leaseEndMs] = JSON.parse(value.slice(1)) as Head;
+    const [token, fingerprint, leaseEndMs] = headOf(JSON.parse(value.slice(1)));
+    if (typeof leaseEndMs !== 'number') throw new Error('not an idempotency record (a claim without its lease end)');
     return { state: 'processing', token, fingerprint, leaseEndMs };
   }
   if (state !== COMPLETED) throw new Error(`not an idempotency record (starts with ${JSON.stringify(value.slice(0, 1))})`);
   const headEnd = value.indexOf('\n');
   const metaEnd = value.indexOf('\n', headEnd + 1);
-  const [token, fingerprint] = JSON.parse(value.slice(1, headEnd)) as Head;
-  const [statusCode, headers, flags] = JSON.parse(value.slice(headEnd + 1, metaEnd === -1 ? undefined : metaEnd)) as Meta;
+  const [token, fingerprint] = headOf(JSON.parse(value.slice(1, headEnd)));
+  const [statusCode, headers, flags] = metaOf(JSON.parse(value.slice(headEnd + 1, metaEnd === -1 ? undefined : metaEnd)));
   const response: SavedResponse = { statusCode, headers };
   if (metaEnd !== -1) response.body = value.slice(metaEnd + 1);
   if (flags?.encoding !== undefined) response.encoding = flags.encoding;
   if (flags?.unreplayable !== undefined) response.unreplayable = flags.unreplayable;
   return { state: 'completed', token, fingerprint, response };
+}
+
+function headOf(parsed: unknown): Head {
+  if (!Array.isArray(parsed) || typeof parsed[0] !== 'string' || typeof parsed[1] !== 'string') {
+    throw new Error('not an idempotency record (its head is no token and fingerprint)');
+  }
+  return parsed as Head;
+}
+
+function metaOf(parsed: unknown): Meta {
+  const [statusCode, headers, flags] = Array.isArray(parsed) ? (parsed as unknown[]) : [];
+  const fits =
+    Number.isInteger(statusCode) &&
+    // 0: a message handler's answer (no HTTP status).
+    (statusCode === 0 || ((statusCode as number) >= 100 && (statusCode as number) <= 599)) &&
+    typeof headers === 'object' &&
+    headers !== null &&
+    !Array.isArray(headers) &&
+    Object.values(headers).every((header) => typeof header === 'string') &&
+    (flags === undefined || (typeof flags === 'object' && flags !== null));
+  if (!fits) throw new Error('not an idempotency record (its status and headers are not an answer)');
+  return parsed as Meta;
 }
 
 export function toStoredRecord(record: DecodedRecord, ttlMs: number): StoredRecord {
