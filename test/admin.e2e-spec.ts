@@ -6,6 +6,7 @@ import type { HttpAdapterName } from '../apps/demo/src/demo-app.factory.js';
 import { listenDemo, postJson, type ListeningDemo } from './support/demo-server.js';
 import { until } from './support/http.js';
 import { DATABASE_URL, REDIS_URL } from './support/services.js';
+import { TcpProxy } from './support/tcp-proxy.js';
 
 const TOKEN = `admin-${randomUUID()}`;
 const USER = 'support-case';
@@ -128,6 +129,28 @@ describe.each(cases)('the demo\'s idempotency admin (%s, %s store)', (adapter, s
     expect(await order(orderNo)).toMatchObject({ status: 201, replayed: 'true' });
   });
 
+  // An adversarial helper: `?userId=alice` (a typo) forgot the anonymous callers' record of that
+  // key, and `?storageKey=a&storageKey=b` forgot "a,b": a destructive route read what it was not sent.
+  it('refuses a query parameter it does not take, or one given twice, and forgets nothing then', async () => {
+    const orderNo = `TYPO-${randomUUID()}`;
+    expect((await postJson(`${demo.baseUrl}/orders`, { orderNo, amount: 7 })).status).toBe(201);
+    const headers = { 'x-admin-token': TOKEN };
+    const storageKey = `${keyPrefix}:anon::${HANDLER}:${orderNo}`;
+    const wrong = [
+      `${HANDLER}/${orderNo}?userId=alice`,
+      `${HANDLER}/${orderNo}?User=alice`,
+      `${HANDLER}/${orderNo}?user=a&user=b`,
+      `?storageKey=${encodeURIComponent(storageKey)}&storageKey=b`,
+      `?storageKey=${encodeURIComponent(storageKey)}&user=alice`,
+    ];
+    for (const path of wrong) {
+      const res = await fetch(`${demo.baseUrl}/admin/idempotency${path.startsWith('?') ? '' : '/'}${path}`, { method: 'DELETE', headers });
+      expect({ path, status: res.status, code: ((await res.json()) as { code?: string }).code }).toEqual({ path, status: 400, code: 'VALIDATION_FAILED' });
+    }
+    const still = await fetch(`${demo.baseUrl}/admin/idempotency?storageKey=${encodeURIComponent(storageKey)}`, { headers });
+    expect(((await still.json()) as { state: string }).state).toBe('completed');
+  });
+
   it('answers 400 for a handler or a user the guard never keys by', async () => {
     const headers = { 'x-admin-token': TOKEN };
     const bad = await fetch(`${demo.baseUrl}/admin/idempotency/orders/A-1?user=${USER}`, { headers });
@@ -135,6 +158,37 @@ describe.each(cases)('the demo\'s idempotency admin (%s, %s store)', (adapter, s
     expect(await bad.json()).toMatchObject({ code: 'VALIDATION_FAILED' });
     const badUser = await fetch(`${demo.baseUrl}/admin/idempotency/${HANDLER}/A-1?user=a%20b`, { headers });
     expect(badUser.status).toBe(400);
+  });
+});
+
+// An adversarial helper: with Redis stopped or paused, inspect and forget answered 500 with a stack
+// trace (the guard itself answers 503), and a forget that timed out had still deleted the record.
+describe("the demo's idempotency admin while Redis does not answer", () => {
+  let demo: ListeningDemo;
+  let proxy: TcpProxy;
+  beforeAll(async () => {
+    const redis = new URL(REDIS_URL);
+    proxy = await new TcpProxy({ host: redis.hostname, port: Number(redis.port || 6379) }).start();
+    demo = await listenDemo({ adapter: 'express', databaseUrl: DATABASE_URL, redisUrl: proxy.url, keyPrefix: `admin-down-${randomUUID()}`, adminToken: TOKEN });
+  });
+  afterAll(async () => {
+    await demo?.app.close();
+    await proxy?.stop();
+  });
+
+  it('answers 503 IDEMPOTENCY_STORE_UNAVAILABLE, saying the outcome is unknown', async () => {
+    proxy.refusing = true;
+    proxy.cut();
+    try {
+      for (const method of ['GET', 'DELETE']) {
+        const res = await fetch(`${demo.baseUrl}/admin/idempotency/${HANDLER}/A-1?user=${USER}`, { method, headers: { 'x-admin-token': TOKEN } });
+        const body = (await res.json()) as { code?: string; message?: string };
+        expect({ method, status: res.status, code: body.code }).toEqual({ method, status: 503, code: 'IDEMPOTENCY_STORE_UNAVAILABLE' });
+        expect(body.message).toMatch(/may or may not have happened/);
+      }
+    } finally {
+      proxy.refusing = false;
+    }
   });
 });
 
@@ -158,6 +212,13 @@ describe('the demo without ADMIN_TOKEN', () => {
   it('refuses to start with a short ADMIN_TOKEN', async () => {
     await expect(listenDemo({ adapter: 'express', databaseUrl: DATABASE_URL, adminToken: 'short' })).rejects.toThrow(
       'ADMIN_TOKEN must be at least 16 characters',
+    );
+  });
+
+  // An adversarial helper: HTTP trims a header value's spaces, so such a token could never match.
+  it('refuses to start with an ADMIN_TOKEN that starts or ends with spaces', async () => {
+    await expect(listenDemo({ adapter: 'express', databaseUrl: DATABASE_URL, adminToken: ` ${randomUUID()}` })).rejects.toThrow(
+      'ADMIN_TOKEN must not start or end with spaces',
     );
   });
 });

@@ -9,6 +9,10 @@ export const ADMIN_TOKEN_MIN_LENGTH = 16;
 @Module({})
 export class AdminModule {
   static register(token: string | undefined): DynamicModule {
+    // HTTP trims a header value's spaces: such a token could never match (an adversarial helper).
+    if (token !== undefined && token !== token.trim()) {
+      throw new Error('ADMIN_TOKEN must not start or end with spaces (HTTP trims them from the header it is sent in)');
+    }
     if (token !== undefined && token.length < ADMIN_TOKEN_MIN_LENGTH) {
       throw new Error(`ADMIN_TOKEN must be at least ${ADMIN_TOKEN_MIN_LENGTH} characters (got ${token.length}); leave it unset to turn the admin routes off`);
     }

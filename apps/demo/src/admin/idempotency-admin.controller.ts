@@ -1,7 +1,8 @@
-import { BadRequestException, Controller, Delete, Get, Param, Query, Res, UseGuards } from '@nestjs/common';
+import { BadRequestException, Controller, createParamDecorator, Delete, Get, Param, Res, ServiceUnavailableException, UseGuards, type ExecutionContext } from '@nestjs/common';
 import { ApiExcludeController } from '@nestjs/swagger';
 import {
   IdempotencyAdmin,
+  IdempotencyStoreError,
   MAX_KEY_LENGTH,
   type IdempotencyForgetResult,
   type IdempotencyInspection,
@@ -27,6 +28,11 @@ const NOT_A_RECORD = {
   message: 'This key holds something that is no idempotency record (other data in the same Redis): nothing was read or deleted. Check the storage key.',
 } as const;
 
+type Query = Record<string, unknown>;
+
+/** The request's query as the adapter parsed it (a custom decorator: the global ValidationPipe leaves it as it is). */
+const RawQuery = createParamDecorator((_data: unknown, ctx: ExecutionContext): Query => ({ ...(ctx.switchToHttp().getRequest<{ query?: Query }>().query ?? {}) }));
+
 /**
  * Support's view of the idempotency records (`IdempotencyAdmin`), behind the admin token:
  * "did this order go through?", and forgetting a completed record so that the client's next
@@ -49,9 +55,9 @@ export class IdempotencyAdminController {
     @Param('handler') handler: string,
     @Param('key') key: string,
     @Res({ passthrough: true }) res: StatusSetter,
-    @Query('user') user?: string,
+    @RawQuery() query: Query,
   ): Promise<InspectAnswer> {
-    return described(res, await this.admin.inspect(recordRef(handler, key, user)));
+    return described(res, await storeAnswer(this.admin.inspect(recordRef(handler, key, only(query, 'user')))));
   }
 
   @Delete(':handler/:key')
@@ -59,19 +65,53 @@ export class IdempotencyAdminController {
     @Param('handler') handler: string,
     @Param('key') key: string,
     @Res({ passthrough: true }) res: StatusSetter,
-    @Query('user') user?: string,
+    @RawQuery() query: Query,
   ): Promise<ForgetAnswer> {
-    return answer(res, await this.admin.forget(recordRef(handler, key, user)));
+    return answer(res, await storeAnswer(this.admin.forget(recordRef(handler, key, only(query, 'user')))));
   }
 
   @Get()
-  async inspectStorageKey(@Res({ passthrough: true }) res: StatusSetter, @Query('storageKey') storageKey?: string): Promise<InspectAnswer> {
-    return described(res, await this.admin.inspect({ storageKey: checkedStorageKey(storageKey) }));
+  async inspectStorageKey(@Res({ passthrough: true }) res: StatusSetter, @RawQuery() query: Query): Promise<InspectAnswer> {
+    return described(res, await storeAnswer(this.admin.inspect({ storageKey: checkedStorageKey(only(query, 'storageKey')) })));
   }
 
   @Delete()
-  async forgetStorageKey(@Res({ passthrough: true }) res: StatusSetter, @Query('storageKey') storageKey?: string): Promise<ForgetAnswer> {
-    return answer(res, await this.admin.forget({ storageKey: checkedStorageKey(storageKey) }));
+  async forgetStorageKey(@Res({ passthrough: true }) res: StatusSetter, @RawQuery() query: Query): Promise<ForgetAnswer> {
+    return answer(res, await storeAnswer(this.admin.forget({ storageKey: checkedStorageKey(only(query, 'storageKey')) })));
+  }
+}
+
+
+/**
+ * The one parameter a route takes, once, or undefined; anything else in the query is refused
+ * (400). A typo (`?userId=alice`) read as no user forgot the anonymous callers' record of the key,
+ * and `?storageKey=a&storageKey=b` forgot "a,b" (an adversarial helper): a route that deletes
+ * reads only what it was sent.
+ */
+function only(query: Query, name: string): string | undefined {
+  const others = Object.keys(query).filter((given) => given !== name);
+  if (others.length > 0) throw invalid([`this route takes only ?${name}= (got ${others.map((other) => `?${other}=`).join(', ')})`]);
+  const value = query[name];
+  if (value !== undefined && typeof value !== 'string') throw invalid([`${name} must be given once`]);
+  return value;
+}
+
+/**
+ * The store's answer; 503 `IDEMPOTENCY_STORE_UNAVAILABLE` when it gave none (500 before, with a
+ * stack trace; a forget that timed out may still have landed: an adversarial helper saw the record
+ * gone once a pause ended).
+ */
+async function storeAnswer<T>(call: Promise<T>): Promise<T> {
+  try {
+    return await call;
+  } catch (error) {
+    if (!(error instanceof IdempotencyStoreError)) throw error;
+    throw new ServiceUnavailableException({
+      statusCode: 503,
+      error: 'Service Unavailable',
+      code: 'IDEMPOTENCY_STORE_UNAVAILABLE',
+      message: 'The idempotency store did not answer: what was asked may or may not have happened. Inspect the record once the store is back.',
+    });
   }
 }
 
