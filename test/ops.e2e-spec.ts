@@ -3,7 +3,7 @@ import type { INestApplication } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import request from 'supertest';
 import { createDemoApp, type HttpAdapterName } from '../apps/demo/src/demo-app.factory.js';
-import { freePort } from './support/redis-server.js';
+import { freePort, startRedisServer } from './support/redis-server.js';
 import { DATABASE_URL, REDIS_URL } from './support/services.js';
 
 describe.each<HttpAdapterName>(['express', 'fastify'])('what the demo shows operators (%s)', (adapter) => {
@@ -45,6 +45,32 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('what the demo shows oper
       status: 'ok',
       info: { idempotency: { status: 'up', store: 'RedisIdempotencyStore' }, database: { status: 'up' } },
     });
+  });
+
+  // An adversarial helper: a Redis that answers PING but refuses every write (a replica after a
+  // failover, READONLY; maxmemory under noeviction, OOM) was "up", while every claim failed and
+  // fail-open routes ran unguarded: duplicates ran twice. The check claims and frees a probe key.
+  it('answers 503 on /health when the store answers but refuses writes (a read-only replica)', async () => {
+    const replica = await startRedisServer(undefined, ['--replicaof', '127.0.0.1', String(await freePort()), '--replica-read-only', 'yes']);
+    const readOnly = await createDemoApp({ adapter, databaseUrl: DATABASE_URL, redisUrl: replica.url, keyPrefix: `ops-ro-${randomUUID()}`, logger: false }).catch(
+      (error: unknown) => error as Error,
+    );
+    try {
+      // The demo may refuse to start on a replica it cannot write to; when it starts, /health must say down.
+      if (readOnly instanceof Error) return;
+      // Until the store's connection is ready, /health is down for that: wait for its answer on a ready one.
+      let health = await request(readOnly.getHttpServer()).get('/health');
+      for (let i = 0; i < 50 && /writeable|connect/i.test(String(health.body.error?.idempotency?.message)); i++) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        health = await request(readOnly.getHttpServer()).get('/health');
+      }
+      expect(health.status).toBe(503);
+      expect(health.body.error.idempotency).toMatchObject({ status: 'down', store: 'RedisIdempotencyStore' });
+      expect(health.body.error.idempotency.message).toMatch(/READONLY/);
+    } finally {
+      if (!(readOnly instanceof Error)) await readOnly.close();
+      await replica.kill();
+    }
   });
 
   it('answers 503 on /health when the store is down', async () => {

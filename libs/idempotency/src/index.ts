@@ -76,6 +76,8 @@ export {
   type ProblemDetails,
 } from './errors/problem-details.js';
 export { parseKeyHeader, type ParsedKeyHeader } from './keys/idempotency-key.js';
+/** The module's options with every default filled in (DI token), for a provider of the app's that needs them (the health indicator's probe key). */
+export { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency.config.js';
 export {
   DEFAULTS as IDEMPOTENCY_DEFAULTS,
   IDEMPOTENCY_KEY_HEADER,
