@@ -1,4 +1,4 @@
-import { Inject, Injectable, Optional } from '@nestjs/common';
+import { Inject, Injectable, Logger, Optional } from '@nestjs/common';
 import { HealthIndicatorService, type HealthIndicatorResult } from '@nestjs/terminus';
 import { randomUUID } from 'node:crypto';
 import { IDEMPOTENCY_DEFAULTS, IDEMPOTENCY_RESOLVED_OPTIONS, IdempotencyStore, type ResolvedIdempotencyOptions } from '../index.js';
@@ -26,6 +26,12 @@ export class IdempotencyHealthIndicator {
     @Optional() @Inject(IDEMPOTENCY_RESOLVED_OPTIONS) options?: Pick<ResolvedIdempotencyOptions, 'keyPrefix'>,
   ) {
     this.keyPrefix = options?.keyPrefix ?? IDEMPOTENCY_DEFAULTS.keyPrefix;
+    // The store came from elsewhere than IdempotencyModule: an ACL narrowed to the guard's prefix would refuse the probe.
+    if (!options) {
+      new Logger(IdempotencyHealthIndicator.name).warn(
+        `no IdempotencyModule options where the indicator is provided: its probe key takes the default prefix "${this.keyPrefix}:"`,
+      );
+    }
   }
 
   async isHealthy<const Key extends string>(key: Key, timeoutMs = 1000): Promise<HealthIndicatorResult<Key>> {

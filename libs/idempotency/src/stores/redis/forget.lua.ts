@@ -6,9 +6,10 @@
  * is published.
  *
  * The keyspace is the app's too: a record is recognised by its whole encoding
- * (`redis-record.ts`), never by a first letter. Processing: `P["` or `W["` (the head's token is
- * a JSON string). Completed: `C["`, a head on one line ending in `]`, then a newline and the meta
- * array `[`. Anything else (a string such as `Canada`, a hash, a list) is not a record: left as
+ * (`redis-record.ts`), never by a first letter, as strictly as `decodeRecord` reads it (a value
+ * inspect called no record was deleted here: a reviewing helper). Processing: `P["` or `W["`, a
+ * head on one line ending in the lease end's number and `]`. Completed: `C["`, a head on one line
+ * ending in `]`, then a newline and the meta: `[`, the status, `,{`. Anything else (a string such as `Canada`, a hash, a list) is not a record: left as
  * it is, and TYPE comes first so that no other type raises WRONGTYPE.
  *
  * KEYS[1]  the record (`redis-record.ts`)
@@ -26,10 +27,10 @@ if kind ~= 'string' then
 end
 local rec = redis.call('GET', key)
 local start = string.sub(rec, 1, 3)
-if start == 'P["' or start == 'W["' then
+if (start == 'P["' or start == 'W["') and string.find(rec, '^[PW]%["[^\\n]*",%-?%d[^\\n]*%]$') then
   return 2
 end
-if start ~= 'C["' or not string.find(rec, '^C%["[^\\n]*%]\\n%[') then
+if start ~= 'C["' or not string.find(rec, '^C%["[^\\n]*%]\\n%[%d+,{') then
   return -1
 end
 redis.call('DEL', key)

@@ -305,7 +305,9 @@ describe('RedisIdempotencyStore', () => {
 
   it('forgets only a whole record: the app\'s strings that start like one, and keys of other types, are not_a_record and kept', async () => {
     const store = new RedisIdempotencyStore(client);
-    const strings = ['Canada', 'C', 'C[', 'C["x"]', 'C["x"]\nno meta', 'P', 'Pizza', 'W', 'Waffle', 'not a record', ''];
+    // The last three start as records do, and read as none (inspect: not_a_record); forget deleted
+    // them, and answered in_progress for the P one (a reviewing helper).
+    const strings = ['Canada', 'C', 'C[', 'C["x"]', 'C["x"]\nno meta', 'P', 'Pizza', 'W', 'Waffle', 'not a record', '', 'C["a",""]\n[200,null]', 'P["x","f"]', 'W["x"]'];
     for (const value of strings) {
       const key = `forget-foreign:${randomUUID()}`;
       await client.set(key, value, 'PX', 60_000);

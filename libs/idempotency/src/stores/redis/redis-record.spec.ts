@@ -81,14 +81,17 @@ describe('Redis record encoding', () => {
 
   // An adversarial helper: a value the app wrote that starts as a record does (`C["a"]\n[200,null]`)
   // was taken for one, and the admin's inspect failed 500 on its null headers.
-  it("reads back a message handler's answer (status 0)", () => {
-    expect(decodeRecord(completedFrom(encodeProcessing('t', 'f', 1), { statusCode: 0, headers: {}, body: '"ok"' }))).toMatchObject({ state: 'completed' });
+  it("reads back a message handler's answer (status 0) and any status Node sends (100 to 999)", () => {
+    for (const statusCode of [0, 100, 599, 799, 999]) {
+      expect(decodeRecord(completedFrom(encodeProcessing('t', 'f', 1), { statusCode, headers: {}, body: '"ok"' }))).toMatchObject({ state: 'completed' });
+    }
   });
 
   it.each([
     ['null headers', 'C["a",""]\n[200,null]'],
     ['a status that is no number', 'C["a",""]\n["200",{}]'],
     ['a status out of range', 'C["a",""]\n[42,{}]'],
+    ['a status past 999', 'C["a",""]\n[1000,{}]'],
     ['a header value that is no text', 'C["a",""]\n[200,{"etag":1}]'],
     ['a head that is no pair of strings', 'C[1,2]\n[200,{}]'],
     ['a processing head without a lease end', 'P["a","f"]'],

@@ -96,8 +96,9 @@ function metaOf(parsed: unknown): Meta {
   const [statusCode, headers, flags] = Array.isArray(parsed) ? (parsed as unknown[]) : [];
   const fits =
     Number.isInteger(statusCode) &&
-    // 0: a message handler's answer (no HTTP status).
-    (statusCode === 0 || ((statusCode as number) >= 100 && (statusCode as number) <= 599)) &&
+    // 0: a message handler's answer (no HTTP status); else what Node sends: 100 to 999 (a 7xx
+    // record refused here made every duplicate an outage: 503, or a run again where fail-open).
+    (statusCode === 0 || ((statusCode as number) >= 100 && (statusCode as number) <= 999)) &&
     typeof headers === 'object' &&
     headers !== null &&
     !Array.isArray(headers) &&
