@@ -121,7 +121,9 @@ export interface IdempotencyModuleOptions {
   onSkippedMessage?: SkippedMessageHandler;
   /**
    * Response headers saved and replayed (case-insensitive).
-   * Default `content-type`, `location`, `etag`, `content-location`, `content-disposition`. `set-cookie` is never saved.
+   * Default `content-type`, `location`, `etag`, `content-location`, `content-disposition`, `cache-control`.
+   * `set-cookie` is never saved; `content-encoding` and `vary` always are (a replay's `Vary` also
+   * names what this response's own middleware adds, such as CORS's `Origin`).
    */
   replayHeaders?: string[];
   /** Fields removed at any depth before fingerprinting (e.g. `timestamp`, `nonce`). Default none. */

@@ -5,7 +5,7 @@ import { hookResponse, showReports, type ResponseHook, type Through } from './re
 /** The answer as it left for the first client. */
 export interface CapturedResponse {
   statusCode: number;
-  /** The allowlisted headers (and `content-encoding`, which the bytes need), lower-case names. */
+  /** The allowlisted headers (and `content-encoding`, which the bytes need, and `vary`), lower-case names. */
   headers: Record<string, string>;
   /**
    * The body bytes; undefined when they were over the bound (not kept). A string is bytes that
@@ -24,12 +24,19 @@ interface Reported {
   headersSent: boolean;
   writableEnded: boolean;
 }
-/** The headers a capture keeps, per list of saved header names (the module's, made once): `content-encoding` too, which the bytes need. */
+/**
+ * The headers a capture keeps, per list of saved header names (the module's, made once), with
+ * those it always keeps: `content-encoding`, which the bytes need, and `vary`, which says whom a
+ * cache may give them to (a replay with the saved `Cache-Control: public` and without the
+ * handler's `Vary: Authorization` let a shared cache serve one user's answer to anyone: an
+ * adversarial helper).
+ */
+const ALWAYS_CAPTURED = ['content-encoding', 'vary'];
 const capturedLists = new WeakMap<readonly string[], readonly string[]>();
 function capturedNames(headerNames: readonly string[]): readonly string[] {
   let names = capturedLists.get(headerNames);
   if (!names) {
-    names = headerNames.includes('content-encoding') ? headerNames : [...headerNames, 'content-encoding'];
+    names = [...headerNames, ...ALWAYS_CAPTURED.filter((name) => !headerNames.includes(name))];
     capturedLists.set(headerNames, names);
   }
   return names;

@@ -53,17 +53,29 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
   const setHead = (res: ServerResponse, pipelineHeaders?: OutgoingHttpHeaders): OutgoingHttpHeaders | undefined => {
     if (headed) return pipelineHeaders;
     headed = true;
+    // Vary names what the answer depends on: the saved answer's (the handler's, a compression's),
+    // this response's pipeline's (CORS's Origin), and Accept-Encoding for coded bytes. Fastify
+    // passes its headers to writeHead, where they overrode one set on the response (an
+    // adversarial helper: a gzip replay without `Vary: Accept-Encoding` behind CORS).
+    const vary = unionVary([
+      res.getHeader('vary'),
+      pipelineHeaders && headerIn(pipelineHeaders, 'vary'),
+      savedHeaders.vary,
+      coding !== undefined ? 'accept-encoding' : undefined,
+    ]);
     const replaced = replacedBy(headerNames);
     for (const name of replaced) res.removeHeader(name);
-    for (const [name, value] of Object.entries(savedHeaders)) res.setHeader(name, value);
-    if (coding !== undefined) res.setHeader('vary', withVary(res.getHeader('vary'), 'accept-encoding'));
+    for (const [name, value] of Object.entries(savedHeaders)) if (name !== 'vary') res.setHeader(name, value);
+    if (vary) res.setHeader('vary', vary);
+    else res.removeHeader('vary');
     if (!NO_BODY.has(saved.statusCode)) res.setHeader('content-length', body.length);
     res.setHeader(REPLAYED_HEADER, 'true');
     res.statusCode = saved.statusCode;
     if (!pipelineHeaders) return undefined;
     const kept: OutgoingHttpHeaders = {};
     for (const [name, value] of Object.entries(pipelineHeaders)) {
-      if (!replaced.has(name.toLowerCase()) && name.toLowerCase() !== REPLAYED_HEADER.toLowerCase()) kept[name] = value;
+      const lower = name.toLowerCase();
+      if (!replaced.has(lower) && lower !== 'vary' && lower !== REPLAYED_HEADER.toLowerCase()) kept[name] = value;
     }
     return kept;
   };
@@ -102,11 +114,30 @@ function acceptEncodingOf(raw: ServerResponse): string | undefined {
   return Array.isArray(value) ? value.join(',') : value;
 }
 
-/** A `Vary` value that names `field` too. */
-function withVary(vary: number | string | readonly string[] | undefined, field: string): string {
-  const names = (Array.isArray(vary) ? vary.join(',') : String(vary ?? '')).split(',').map((name) => name.trim()).filter(Boolean);
-  if (names.includes('*') || names.some((name) => name.toLowerCase() === field)) return names.join(', ');
-  return [...names, field].join(', ');
+type HeaderValue = number | string | readonly string[] | undefined;
+
+/** A header of `writeHead`'s object, whatever the case of its name. */
+function headerIn(headers: OutgoingHttpHeaders, name: string): HeaderValue {
+  for (const key of Object.keys(headers)) if (key.toLowerCase() === name) return headers[key] as HeaderValue;
+  return undefined;
+}
+
+/** One `Vary` value naming every field the given ones name, each once (`*` alone where one says `*`); empty when none. */
+function unionVary(values: HeaderValue[]): string {
+  const names: string[] = [];
+  const seen = new Set<string>();
+  for (const value of values) {
+    if (value === undefined) continue;
+    for (const part of (Array.isArray(value) ? value.join(',') : String(value)).split(',')) {
+      const name = part.trim();
+      if (name === '*') return '*';
+      if (name && !seen.has(name.toLowerCase())) {
+        seen.add(name.toLowerCase());
+        names.push(name);
+      }
+    }
+  }
+  return names.join(', ');
 }
 
 /** Sends the saved answer at once (for routes where the app sends nothing itself). */
