@@ -47,8 +47,12 @@ export interface StatementBound {
   urgent?: boolean;
 }
 
-/** Runs one statement: `sql` with `params`, on `runner` when given (a transaction's). */
-export type RunStatement = (sql: string, params: unknown[], runner?: QueryRunner) => Promise<StatementResult>;
+/**
+ * Runs one statement: `sql` with `params`, on `runner` when given (a transaction's). `params` may
+ * be a function, called once when the statement goes out (the pool has handed it a connection),
+ * for a statement that carries what is due then (`PostgresIdempotencyStore.renew`).
+ */
+export type RunStatement = (sql: string, params: unknown[] | (() => unknown[]), runner?: QueryRunner) => Promise<StatementResult>;
 
 /** The part of a pg `Client` (and of pg-pool's pooled client) a statement needs. */
 interface PgClient {
@@ -158,7 +162,8 @@ export function statementRunner(dataSource: DataSource, { timeoutMs, abandoned, 
     Logger.warn(`${what}: statements now run unnamed`, 'IdempotencyStatements');
   };
   // As TypeORM's QueryRunner does: log, time, and wrap a failed query in QueryFailedError.
-  const query = async (client: PgClient, sql: string, params: unknown[], runner?: QueryRunner) => {
+  const query = async (client: PgClient, sql: string, given: unknown[] | (() => unknown[]), runner?: QueryRunner) => {
+    const params = typeof given === 'function' ? given() : given;
     // Outside a transaction a refused statement runs again; inside one, the error aborted it.
     const canRetry = !runner?.isTransactionActive;
     logger.logQuery(sql, params, runner);

@@ -87,16 +87,20 @@ DELETE FROM ${table} AS r
  WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
 
 /**
- * Extend the token's live processing claim so that it ends $3 milliseconds from now, under the
- * fence of `completeSql` (an owner whose lease ran out is refused even when nobody claimed the
- * key again: it has lost the lease).
+ * Extend live processing claims, each so that it ends its own lease from now, under the fence of
+ * `completeSql` (an owner whose lease ran out is refused even when nobody claimed the key again:
+ * it has lost the lease). Every claim a process holds is renewed in one statement, so that its
+ * renewals take one turn in a busy pool, not one each (`PostgresIdempotencyStore.renew`).
  *
- * $1 key, $2 owner token, $3 lease (ms). Affects 1 row when renewed, 0 when refused.
+ * $1 keys, $2 owner tokens, $3 leases (ms): arrays, one element per claim. Returns the key and
+ * token of each claim renewed (a refused one is missing).
  */
 export const renewSql = (table: string) => `
 UPDATE ${table} AS r
-   SET "expires_at" = ${msFromNow('$3')}
- WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
+   SET "expires_at" = ${msFromNow('c.lease_ms')}
+  FROM unnest($1::text[], $2::text[], $3::float8[]) AS c("key", "token", lease_ms)
+ WHERE r."key" = c."key" AND r."token" = c."token" AND r."state" = 'processing' AND ${LEASE_RUNNING}
+RETURNING r."key", r."token"`;
 
 /**
  * Delete a live COMPLETED record, never a processing claim: the state is part of the DELETE's

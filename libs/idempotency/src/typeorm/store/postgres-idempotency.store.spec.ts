@@ -162,6 +162,29 @@ describe('PostgresIdempotencyStore', () => {
     expect(await store.get(key)).toBeUndefined();
   });
 
+  it('renews the claims due together in one statement, answering each for itself, each with its own lease', async () => {
+    const keys = Array.from({ length: 5 }, (_, i) => `renew-many:${i}:${randomUUID()}`);
+    for (const key of keys) await store.claim({ key, token: 't', fingerprint: '', leaseMs: 1_000 });
+    await rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 ms' WHERE key = $1`, [keys[3]]);
+    await store.complete(keys[4]!, 't', { statusCode: 200, headers: {} }, 60_000);
+    const before = statements.statements.length;
+    const renewed = await Promise.all([
+      store.renew(keys[0]!, 't', 30_000),
+      store.renew(keys[1]!, 't', 90_000),
+      store.renew(keys[2]!, 'someone-else', 60_000),
+      store.renew(keys[3]!, 't', 60_000),
+      store.renew(keys[4]!, 't', 60_000),
+    ]);
+    expect(renewed).toEqual([true, true, false, false, false]);
+    expect(statements.statements.length - before).toBe(1);
+    const leftMs = async (key: string) =>
+      Number((await rows(`SELECT extract(epoch FROM expires_at - now()) * 1000 AS ms FROM "${schema}".idempotency_records WHERE key = $1`, [key]))[0].ms);
+    expect(await leftMs(keys[0]!)).toBeGreaterThan(29_000);
+    expect(await leftMs(keys[0]!)).toBeLessThanOrEqual(30_000);
+    expect(await leftMs(keys[1]!)).toBeGreaterThan(89_000);
+    expect(await leftMs(keys[2]!)).toBeLessThanOrEqual(1_000);
+  });
+
   it('completes an expired claim after its lease only while it is still that token\'s: not once taken over, forgotten or released', async () => {
     const saved = { statusCode: 201, headers: {}, body: '1' };
     const expire = (key: string) => rows(`UPDATE "${schema}".idempotency_records SET expires_at = now() - interval '1 ms' WHERE key = $1`, [recordKey(key)]);
