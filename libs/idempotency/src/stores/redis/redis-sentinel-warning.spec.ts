@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
-import { Redis } from 'ioredis';
+import { Redis, type RedisOptions } from 'ioredis';
 import { freePort } from '../../../../../test/support/redis-server.js';
 import { RedisIdempotencyStore, type RedisIdempotencyStoreOptions } from './redis-idempotency.store.js';
 
@@ -20,7 +20,7 @@ describe('RedisIdempotencyStore behind Sentinel', () => {
     jest.restoreAllMocks();
   });
 
-  const warningsAtStart = async (clientOptions: ConstructorParameters<typeof Redis>[0], options: RedisIdempotencyStoreOptions = {}) => {
+  const warningsAtStart = async (clientOptions: RedisOptions, options: RedisIdempotencyStoreOptions = {}) => {
     client = new Redis({ lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, sentinelRetryStrategy: () => null, ...clientOptions });
     client.on('error', () => undefined);
     const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
