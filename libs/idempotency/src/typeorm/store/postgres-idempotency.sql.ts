@@ -87,20 +87,43 @@ DELETE FROM ${table} AS r
  WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
 
 /**
- * Extend live processing claims, each so that it ends its own lease from now, under the fence of
- * `completeSql` (an owner whose lease ran out is refused even when nobody claimed the key again:
- * it has lost the lease). Every claim a process holds is renewed in one statement, so that its
- * renewals take one turn in a busy pool, not one each (`PostgresIdempotencyStore.renew`).
+ * Extend the token's live processing claim so that it ends $3 milliseconds from now, under the
+ * fence of `completeSql` (an owner whose lease ran out is refused even when nobody claimed the
+ * key again: it has lost the lease).
  *
- * $1 keys, $2 owner tokens, $3 leases (ms): arrays, one element per claim. Returns the key and
- * token of each claim renewed (a refused one is missing).
+ * $1 key, $2 owner token, $3 lease (ms). Affects 1 row when renewed, 0 when refused.
  */
 export const renewSql = (table: string) => `
 UPDATE ${table} AS r
-   SET "expires_at" = ${msFromNow('c.lease_ms')}
-  FROM unnest($1::text[], $2::text[], $3::float8[]) AS c("key", "token", lease_ms)
- WHERE r."key" = c."key" AND r."token" = c."token" AND r."state" = 'processing' AND ${LEASE_RUNNING}
-RETURNING r."key", r."token"`;
+   SET "expires_at" = ${msFromNow('$3')}
+ WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
+
+/**
+ * `renewSql` for many claims in one statement, so that the renewals a process has due take one
+ * turn in a busy pool, not one each (`PostgresIdempotencyStore.renew`). A row another
+ * transaction holds locked is skipped, not waited for: waiting, one locked row held every other
+ * claim's renewal past its lease (an adversarial helper: a report's `SELECT ... FOR UPDATE` of
+ * one key, 1 to 7 other keys ran twice); a claim this does not renew goes again alone, by
+ * `renewSql`, which waits for its own row only.
+ *
+ * $1 keys, $2 owner tokens, $3 leases (ms): arrays, one element per claim. Returns the `n` (from
+ * 1, by array position) of each claim renewed.
+ */
+export const renewManySql = (table: string) => `
+WITH c AS (
+  SELECT * FROM unnest($1::text[], $2::text[], $3::float8[]) WITH ORDINALITY AS c("key", "token", lease_ms, n)
+), held AS (
+  SELECT r."key", c.lease_ms, c.n
+    FROM ${table} AS r
+    JOIN c ON r."key" = c."key" AND r."token" = c."token"
+   WHERE r."state" = 'processing' AND ${LEASE_RUNNING}
+     FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE ${table} AS r
+   SET "expires_at" = ${msFromNow('h.lease_ms')}
+  FROM held AS h
+ WHERE r."key" = h."key"
+RETURNING h.n`;
 
 /**
  * Delete a live COMPLETED record, never a processing claim: the state is part of the DELETE's

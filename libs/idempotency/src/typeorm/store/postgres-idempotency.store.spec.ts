@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
 import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
-import type { Pool } from 'pg';
+import pg, { type Pool } from 'pg';
 import { DataSource, type Logger as TypeOrmLogger } from 'typeorm';
 import { DATABASE_URL } from '../../../../../test/support/services.js';
 import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
@@ -176,13 +176,36 @@ describe('PostgresIdempotencyStore', () => {
       store.renew(keys[4]!, 't', 60_000),
     ]);
     expect(renewed).toEqual([true, true, false, false, false]);
-    expect(statements.statements.length - before).toBe(1);
+    // One statement for all, then one each for the three it did not renew (refused, or locked).
+    expect(statements.statements.length - before).toBe(4);
     const leftMs = async (key: string) =>
       Number((await rows(`SELECT extract(epoch FROM expires_at - now()) * 1000 AS ms FROM "${schema}".idempotency_records WHERE key = $1`, [key]))[0].ms);
     expect(await leftMs(keys[0]!)).toBeGreaterThan(29_000);
     expect(await leftMs(keys[0]!)).toBeLessThanOrEqual(30_000);
     expect(await leftMs(keys[1]!)).toBeGreaterThan(89_000);
     expect(await leftMs(keys[2]!)).toBeLessThanOrEqual(1_000);
+  });
+
+  it('renews the other claims at once while another transaction holds one of their rows locked; that one once the lock goes', async () => {
+    // A report's or an operator's SELECT ... FOR UPDATE on one key held the statement of many,
+    // and every claim in it lost its lease (an adversarial helper: 1 to 7 other keys ran twice).
+    const keys = Array.from({ length: 4 }, (_, i) => `renew-locked:${i}:${randomUUID()}`);
+    for (const key of keys) await store.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 });
+    const locker = new pg.Client({ connectionString: DATABASE_URL });
+    await locker.connect();
+    try {
+      await locker.query('BEGIN');
+      await locker.query(`SELECT 1 FROM "${schema}".idempotency_records WHERE key = $1 FOR UPDATE`, [keys[0]]);
+      const settled: string[] = [];
+      const renewals = keys.map((key) => store.renew(key, 't', 90_000).then((renewed) => (settled.push(key), renewed)));
+      const others = await Promise.all(renewals.slice(1));
+      expect(others).toEqual([true, true, true]);
+      expect(settled).not.toContain(keys[0]);
+      await locker.query('COMMIT');
+      expect(await renewals[0]).toBe(true);
+    } finally {
+      await locker.end();
+    }
   });
 
   it('completes an expired claim after its lease only while it is still that token\'s: not once taken over, forgotten or released', async () => {

@@ -11,7 +11,7 @@ import {
   type UnreplayableReason,
 } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
-import { claimSql, completeAfterLeaseSql, completeSql, forgetSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
+import { claimSql, completeAfterLeaseSql, completeSql, forgetSql, getSql, releaseSql, renewManySql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
 import { ExpiredRowsPurge, keptClaimsMs } from '../postgres/purge.js';
 import { claimUntilAnswered, positiveMs, postgresSchemaOf, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
@@ -111,7 +111,7 @@ interface PendingRenewal {
  */
 export class PostgresIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
-  private readonly sql: Record<'claim' | 'complete' | 'completeAfterLease' | 'release' | 'renew' | 'forget' | 'get', string>;
+  private readonly sql: Record<'claim' | 'complete' | 'completeAfterLease' | 'release' | 'renew' | 'renewMany' | 'forget' | 'get', string>;
   private readonly run: RunStatement;
   /** For the statements of a held claim (renew, save, release): ahead of the pool's other waiters. */
   private readonly runHeld: RunStatement;
@@ -144,6 +144,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       completeAfterLease: completeAfterLeaseSql(table),
       release: releaseSql(table),
       renew: renewSql(table),
+      renewMany: renewManySql(table),
       forget: forgetSql(table),
       get: getSql(table),
     };
@@ -222,6 +223,18 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     });
   }
 
+  /**
+   * A claim the statement of many did not renew: refused (its lease ran out, the key was taken
+   * or deleted), or its row locked by another transaction (skipped). Renewed alone, waiting for
+   * its own row's lock only.
+   */
+  private renewAlone(renewal: PendingRenewal): void {
+    this.runHeld(this.sql.renew, [renewal.key, renewal.token, renewal.leaseMs]).then(
+      ({ affected }) => renewal.resolve(affected === 1),
+      (error: unknown) => renewal.reject(error),
+    );
+  }
+
   /** Sends the renewals due when the statement gets its connection; those due later wait for the next one. */
   private sendRenewals(): void {
     this.renewalsWaiting = true;
@@ -236,10 +249,11 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       sent = take();
       return [sent.map((renewal) => renewal.key), sent.map((renewal) => renewal.token), sent.map((renewal) => renewal.leaseMs)];
     };
-    this.runHeld(this.sql.renew, params).then(
+    this.runHeld(this.sql.renewMany, params).then(
       ({ records }) => {
-        const renewed = new Set((records as { key: string; token: string }[]).map((row) => `${row.token}\n${row.key}`));
-        for (const renewal of sent!) renewal.resolve(renewed.has(`${renewal.token}\n${renewal.key}`));
+        // By position: a key PostgreSQL sends back may not be the string sent (a lone surrogate comes back as U+FFFD).
+        const renewed = new Set((records as { n: string | number }[]).map((row) => Number(row.n)));
+        sent!.forEach((renewal, i) => (renewed.has(i + 1) ? renewal.resolve(true) : this.renewAlone(renewal)));
       },
       // Failed before it went out (no connection in time): the renewals waiting for it fail with it.
       (error: unknown) => {
