@@ -179,6 +179,18 @@ function sayIfKeyReadsElsewhere(
   isHttpRoute: boolean,
   isMessageHandler: boolean,
 ): void {
+  if ('header' in key && isMessageHandler) {
+    // A class-level @NoRepeatSubmit() guards every message handler: without a key expression each
+    // read the key header, which no message carries, and every message was refused, every event
+    // dropped, with no word at start-up (an adversarial helper: 20 of 20 events, on TCP).
+    logger.warn(
+      `${name} is a message handler keyed by the idempotency key header (no idempotentKey), which no message carries: every ` +
+        'message is refused as keyless (and dropped, for an event; runs unguarded under required: false; is keyed by its content ' +
+        "under useRequestFingerprint). Give it idempotentKey: '#data.<field>' (per method, when a class-level @NoRepeatSubmit " +
+        'serves HTTP routes too), or @SkipIdempotency().',
+    );
+    return;
+  }
   if (!('path' in key)) return;
   const { root, expression } = key.path;
   if (isMessageHandler && !isHttpRoute && root !== 'data') {
