@@ -8,6 +8,7 @@ import { IDEMPOTENCY_ENTITIES } from '../entities.js';
 import { IDEMPOTENCY_MIGRATIONS } from '../migrations.js';
 import { PostgresIdempotencyStore } from '../store/postgres-idempotency.store.js';
 import { recordKey } from '../store/record-key.js';
+import { uniqueViolationOf } from '../helpers/unique-violation.js';
 import { IdempotentTransactions } from './idempotent-transactions.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
@@ -269,6 +270,30 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     expect(await payments(key)).toBe(0);
     expect(await transactions.run({ key }, pay(key))).toMatchObject({ status: 'ran' });
     expect(await payments(key)).toBe(1);
+  });
+
+  it("throws a constraint the COMMIT checks (deferred) as the database's error, as the work's own: nothing saved, the retry runs", async () => {
+    // Wrapped as an IdempotencyStoreError, a business conflict read as an outage (an app maps
+    // those to 503), and uniqueViolationOf() found nothing in it (an adversarial helper).
+    const table = `"${schema}".tickets`;
+    await sql(`CREATE TABLE IF NOT EXISTS ${table} (seat text NOT NULL, CONSTRAINT uq_tickets_seat UNIQUE (seat) DEFERRABLE INITIALLY DEFERRED)`);
+    const key = `deferred:${randomUUID()}`;
+    const seat = randomUUID();
+    const failure = await transactions
+      .run({ key }, async (manager) => {
+        await manager.query(`INSERT INTO ${table} (seat) VALUES ($1), ($1)`, [seat]);
+        return { statusCode: 201, body: { seat } };
+      })
+      .then(
+        () => undefined,
+        (error: unknown) => error,
+      );
+    expect(failure).not.toBeInstanceOf(IdempotencyStoreError);
+    expect(uniqueViolationOf(failure)).toMatchObject({ constraint: 'uq_tickets_seat' });
+    expect(await record(key)).toBeUndefined();
+    expect(await transactions.run({ key }, async (manager) => (await manager.query(`INSERT INTO ${table} (seat) VALUES ($1)`, [seat]), { body: { seat } }))).toMatchObject({
+      status: 'ran',
+    });
   });
 
   it('gives one key to one of 50 concurrent duplicates over a pool of 20: one effect, the others replay', async () => {

@@ -186,7 +186,7 @@ export class IdempotentTransactions {
         throw new IdempotencyStoreError(`The claim of ${JSON.stringify(input.key)} was lost inside its transaction`);
       }
       // A COMMIT whose answer is lost throws: the caller does not know; its retry replays or runs.
-      await database('COMMIT', () => runner.commitTransaction());
+      await commit(runner);
       return { status: 'ran', statusCode, body: (text === undefined ? undefined : JSON.parse(text)) as T };
     } catch (error) {
       // The original error matters, not a failed rollback's (the connection may be gone).
@@ -259,6 +259,23 @@ function answerOf(row: ClaimRow, fingerprint: string, key: string): Claim {
 }
 
 /** Runs one transaction command of TypeORM's runner; a failure is the database's: `IdempotencyStoreError`. */
+/**
+ * Commits the run's transaction. A constraint the COMMIT checks (`DEFERRABLE INITIALLY DEFERRED`)
+ * or a serialization failure there is the work's failure: everything rolled back, thrown as the
+ * database gave it, as the work's own errors are. Wrapped as a store error, a business conflict
+ * read as an outage (an app maps those to 503), and `uniqueViolationOf()` found nothing in it
+ * (an adversarial helper). Anything else (the answer lost with the connection) is a store error.
+ */
+async function commit(runner: QueryRunner): Promise<void> {
+  try {
+    await runner.commitTransaction();
+  } catch (error) {
+    const state = sqlStateOf(error);
+    if (typeof state === 'string' && (state.startsWith('23') || state.startsWith('40'))) throw error;
+    throw new IdempotencyStoreError(`PostgreSQL COMMIT failed: ${(error as Error).message}`, { cause: error });
+  }
+}
+
 async function database(command: string, call: () => Promise<void>): Promise<void> {
   try {
     await call();
