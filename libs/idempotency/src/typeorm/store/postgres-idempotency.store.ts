@@ -255,7 +255,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
         const renewed = new Set((records as { n: string | number }[]).map((row) => Number(row.n)));
         sent!.forEach((renewal, i) => (renewed.has(i + 1) ? renewal.resolve(true) : this.renewAlone(renewal)));
       },
-      // Failed before it went out (no connection in time): the renewals waiting for it fail with it.
+      // The renewals it carried fail with it; failed before it went out (no connection in time), those waiting for it.
       (error: unknown) => {
         for (const renewal of sent ?? take()) renewal.reject(error);
       },
