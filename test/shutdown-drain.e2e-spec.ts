@@ -205,7 +205,7 @@ describe('shutdownWaitSeconds: the longest the drain waits', () => {
 
   it('is refused when it is not a positive number of seconds', async () => {
     await expect(makeApp('express', [JobsController], { ...options, shutdownWaitSeconds: 0 })).rejects.toThrow(
-      'IdempotencyModule: shutdownWaitSeconds must be a positive number of seconds (got 0)',
+      'IdempotencyModule: shutdownWaitSeconds must be a positive number of seconds, at most 2,147,483 (got 0)',
     );
   });
 });

@@ -136,9 +136,34 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
   return Object.freeze(resolved);
 }
 
+/**
+ * The longest duration the guard times with a timer, in seconds: Node's longest (2^31 - 1 ms,
+ * 24.8 days). A longer one fires at once (a `TimeoutOverflowWarning`): a 30-day lease aborted
+ * every run's `@LeaseSignal()` within a millisecond (an adversarial helper).
+ */
+export const MAX_TIMED_SECONDS = 2_147_483;
+/**
+ * The longest retention, in seconds: 100 years. Redis refused every save of a retention past its
+ * integers (`1e16` s: each duplicate ran again once the lease ended: an adversarial helper), and
+ * PostgreSQL's timestamps end too.
+ */
+export const MAX_EXPIRE_SECONDS = 100 * 365 * 24 * 3600;
+
+/** The most each of the seconds options may be (see `MAX_TIMED_SECONDS`, `MAX_EXPIRE_SECONDS`). */
+const MAX_SECONDS: Record<string, number> = {
+  expireSeconds: MAX_EXPIRE_SECONDS,
+  leaseSeconds: MAX_TIMED_SECONDS,
+  maxHoldSeconds: MAX_TIMED_SECONDS,
+  shutdownWaitSeconds: MAX_TIMED_SECONDS,
+};
+
 export function assertPositive(name: string, value: number | undefined, where = 'IdempotencyModule'): void {
-  if (value !== undefined && !(Number.isFinite(value) && value > 0)) {
-    throw new IdempotencyConfigError(`${where}: ${name} must be a positive number of seconds (got ${value})`);
+  if (value === undefined) return;
+  const max = MAX_SECONDS[name] ?? Number.MAX_VALUE;
+  if (!(typeof value === 'number' && Number.isFinite(value) && value > 0 && value <= max)) {
+    throw new IdempotencyConfigError(
+      `${where}: ${name} must be a positive number of seconds, at most ${max.toLocaleString('en')} (got ${shown(value)})`,
+    );
   }
 }
 
@@ -178,6 +203,8 @@ export function assertShared(
 
 /** A value as an error message shows it: JSON where it has one (a BigInt has none). */
 export function shown(value: unknown): string {
+  // JSON writes NaN and Infinity as null.
+  if (typeof value === 'number') return String(value);
   try {
     return JSON.stringify(value) ?? typeof value;
   } catch {

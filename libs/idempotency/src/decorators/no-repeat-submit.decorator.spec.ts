@@ -86,6 +86,13 @@ describe('@NoRepeatSubmit()', () => {
     // A trailing space from a .env file: the header never matched, and every call ran unguarded.
     ['keyHeader', { keyHeader: 'Idempotency-Key ' }, /keyHeader must be a header name/],
     ['keyHeader', { keyHeader: 5 }, /keyHeader must be a header name/],
+    // Longer than Node's longest timer (24.8 days), a lease's timers fired at once: every run's
+    // @LeaseSignal() aborted within a millisecond; past Redis's integers, every save was refused,
+    // and each duplicate ran again once the lease ended (an adversarial helper).
+    ['leaseSeconds', { leaseSeconds: 30 * 86_400 }, /leaseSeconds must be a positive number of seconds, at most 2,147,483 \(got 2592000\)/],
+    ['maxHoldSeconds', { maxHoldSeconds: 315_360_000 }, /maxHoldSeconds must be a positive number of seconds, at most 2,147,483/],
+    ['expireSeconds', { expireSeconds: 1e16 }, /expireSeconds must be a positive number of seconds, at most 3,153,600,000/],
+    ['expireSeconds', { expireSeconds: '60' }, /expireSeconds must be a positive number of seconds, .*\(got "60"\)/],
   ])('refuses %s given as %p, on a method and on the module', (_name, options, message) => {
     const define = () => decoratedWith(options);
     expect(define).toThrow(IdempotencyConfigError);
@@ -97,6 +104,7 @@ describe('@NoRepeatSubmit()', () => {
     ['useRequestFingerprint', { useRequestFingerprint: 'true' }, /useRequestFingerprint must be true or false/],
     ['waitForResultMs', { waitForResultMs: '5000' }, /waitForResultMs must be a number of milliseconds, 0 or more/],
     ['waitForResultMs', { waitForResultMs: -1 }, /waitForResultMs must be a number of milliseconds, 0 or more/],
+    ['waitForResultMs', { waitForResultMs: 2 ** 31 }, /waitForResultMs must be a number of milliseconds, 0 or more, at most 2,147,483,000/],
     ['skipIf', { skipIf: 'true' }, /skipIf must be a function/],
     ['methods', { methods: 'POST' }, /methods must be a list of HTTP methods/],
   ])('refuses %s given as %p on a method', (_name, options, message) => {

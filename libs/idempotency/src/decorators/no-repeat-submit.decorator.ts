@@ -1,6 +1,6 @@
 import { RequestMethod, SetMetadata, UseInterceptors, applyDecorators } from '@nestjs/common';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
-import { assertBoolean, assertBytes, assertErrorFormat, assertFunction, assertPositive, assertSaveStatuses, assertShared, shown } from '../idempotency.config.js';
+import { assertBoolean, assertBytes, assertErrorFormat, assertFunction, assertPositive, assertSaveStatuses, assertShared, MAX_TIMED_SECONDS, shown } from '../idempotency.config.js';
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import type { NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { NoRepeatSubmitInterceptor } from '../interceptors/no-repeat-submit.interceptor.js';
@@ -46,8 +46,10 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
       throw new IdempotencyConfigError(`${where}: methods must be a list of HTTP methods, e.g. ['POST'] (got ${shown(options.methods)})`);
     }
     const { waitForResultMs } = options as { waitForResultMs?: unknown };
-    if (waitForResultMs !== undefined && !(typeof waitForResultMs === 'number' && waitForResultMs >= 0 && Number.isFinite(waitForResultMs))) {
-      throw new IdempotencyConfigError(`${where}: waitForResultMs must be a number of milliseconds, 0 or more (got ${shown(waitForResultMs)})`);
+    if (waitForResultMs !== undefined && !(typeof waitForResultMs === 'number' && waitForResultMs >= 0 && waitForResultMs <= MAX_TIMED_SECONDS * 1000)) {
+      throw new IdempotencyConfigError(
+        `${where}: waitForResultMs must be a number of milliseconds, 0 or more, at most ${(MAX_TIMED_SECONDS * 1000).toLocaleString('en')} (got ${shown(waitForResultMs)})`,
+      );
     }
     const unknown = options.methods?.filter((method) => typeof RequestMethod[method as keyof typeof RequestMethod] !== 'number');
     if (unknown?.length) throw new IdempotencyConfigError(`${where}: methods holds unknown HTTP methods (${unknown.join(', ')})`);
