@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { Controller, Post } from '@nestjs/common';
+import { applyDecorators, Controller, Post } from '@nestjs/common';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { resolveOptions } from '../idempotency.config.js';
 import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
@@ -17,6 +17,37 @@ function decoratedWith(options: Record<string, unknown>) {
 }
 
 describe('@NoRepeatSubmit()', () => {
+  // The outer one's metadata replaced the inner one's whole, in silence: a custom decorator's
+  // key expression was lost under an outer @NoRepeatSubmit({ required: false }), and every copy
+  // ran (an adversarial helper: 10 of 10).
+  it('refuses two on one method (one through a decorator of your own) and two on one class', () => {
+    const CreateOrder = () => applyDecorators(Post(), NoRepeatSubmit({ idempotentKey: '#body.orderNo' }));
+    expect(() => {
+      class OrdersController {
+        @NoRepeatSubmit({ required: false })
+        @CreateOrder()
+        create() {}
+      }
+      return OrdersController;
+    }).toThrow(/OrdersController\.create has two @NoRepeatSubmit\(\) decorators/);
+    expect(() => {
+      @NoRepeatSubmit({ expireSeconds: 60 })
+      @NoRepeatSubmit()
+      class InvoicesController {}
+      return InvoicesController;
+    }).toThrow(/InvoicesController has two @NoRepeatSubmit\(\) decorators/);
+    // One on a base method and one on the subclass's override: each its own method.
+    class Base {
+      @NoRepeatSubmit()
+      create() {}
+    }
+    class Sub extends Base {
+      @NoRepeatSubmit({ expireSeconds: 60 })
+      override create() {}
+    }
+    expect(Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, Sub.prototype.create)).toMatchObject({ options: { expireSeconds: 60 } });
+  });
+
   it('records the parsed key path on the method', () => {
     class OrdersController {
       @NoRepeatSubmit({ idempotentKey: '#body.order.no', expireSeconds: 60 })

@@ -60,6 +60,16 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
         : idempotentKey === undefined
           ? { header: true }
           : { path: parseKeyExpression(idempotentKey, where) };
+    // Two on one method (or one class): the outer one's metadata replaced the inner one's whole,
+    // with no word, and a custom decorator's key expression was lost (an adversarial helper: a
+    // route keyed by #body.orderNo ran every copy under an outer @NoRepeatSubmit({ required: false })).
+    const decorated = propertyKey === undefined ? target : descriptor?.value;
+    if (decorated && Reflect.getOwnMetadata(NO_REPEAT_SUBMIT_METADATA, decorated as object) !== undefined) {
+      throw new IdempotencyConfigError(
+        `${where} has two @NoRepeatSubmit() decorators (one may come from a decorator of your own, through applyDecorators): ` +
+          'the outer one would replace the inner one whole. Give it one, with all its options.',
+      );
+    }
     const metadata: NoRepeatSubmitMetadata = { options, key, where };
     const decorate = applyDecorators(
       SetMetadata(NO_REPEAT_SUBMIT_METADATA, metadata),

@@ -2,7 +2,7 @@ import { Logger, type NestInterceptor, type OnApplicationBootstrap, type Type } 
 import { APP_INTERCEPTOR, type ModulesContainer } from '@nestjs/core';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
-import { NO_REPEAT_SUBMIT_METADATA } from '../idempotency.constants.js';
+import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import { describeKeyPath } from '../keys/key-expression.js';
 import { watchRouteMethod } from './handler-start.js';
 import { markMountedTwice } from './route-paths.js';
@@ -70,7 +70,21 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
         const isHttpRoute = Reflect.hasMetadata(PATH_METADATA, declared);
         const isMessageHandler = Reflect.hasMetadata(PATTERN_METADATA, declared);
         const guarded = isHttpRoute || isMessageHandler ? guardedRouteMetadata(controller, declared) : undefined;
-        if (!guarded) continue;
+        if (!guarded) {
+          // The usual Nest idiom guarded nothing, in silence (an adversarial helper: 10 of 10 copies ran).
+          // Not where a class-level @NoRepeatSubmit() leaves reads unguarded, nor a route skipped on purpose.
+          const byHand = (item: unknown) => isGuardClass(item) && item !== NoRepeatSubmitInterceptor;
+          const classGuarded = Reflect.getMetadata(NO_REPEAT_SUBMIT_METADATA, controller) !== undefined;
+          const named = interceptorsOf(declared).find(byHand) ?? (classGuarded ? undefined : classInterceptors.find(byHand));
+          if (named && (isHttpRoute || isMessageHandler) && !Reflect.getMetadata(SKIP_IDEMPOTENCY_METADATA, declared)) {
+            logger.warn(
+              `${controller.name}.${method} names ${(named as Type).name} in @UseInterceptors() but has no @NoRepeatSubmit(): ` +
+                'it is not guarded. The guard runs where @NoRepeatSubmit() is (on the method or its controller), with no ' +
+                '@UseInterceptors() of its own.',
+            );
+          }
+          continue;
+        }
         sayIfKeyReadsElsewhere(logger, `${controller.name}.${method}`, guarded.key, isHttpRoute, isMessageHandler);
         const subclass = [...classInterceptors, ...interceptorsOf(declared)].find(isGuardSubclass);
         if (subclass) {

@@ -61,7 +61,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
   intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
     const route = this.routeOf(ctx);
-    if (!route || route.skipIf?.(ctx) || this.unguardedMethod(ctx, route)) return next.handle();
+    if (!route || skips(route, ctx) || this.unguardedMethod(ctx, route)) return next.handle();
     // The claim happens once the caller subscribes, and a caller gone before the run starts (an
     // outer timeout during the claim) gets the key released: the handler never ran.
     return new Observable<unknown>((subscriber) => {
@@ -293,4 +293,19 @@ function isThenable<T>(value: T | PromiseLike<T>): value is PromiseLike<T> {
 function hasSession(req: HttpRequest): boolean {
   const session = (req as { session?: unknown }).session;
   return typeof session === 'object' && session !== null;
+}
+
+/**
+ * Whether `skipIf` says this call runs unguarded. A promise or an Observable is the developer's
+ * mistake, said loudly (a 500 Nest logs), as for a key function: always truthy, an async
+ * `skipIf` left every call unguarded, in silence (an adversarial helper: 11 runs of one key).
+ */
+function skips(route: GuardedRoute, ctx: ExecutionContext): boolean {
+  if (!route.skipIf) return false;
+  const answer = route.skipIf(ctx) as unknown;
+  const later = answer as { then?: unknown; subscribe?: unknown } | null;
+  if (typeof later?.then === 'function' || typeof later?.subscribe === 'function') {
+    throw new TypeError(`${route.handler}: skipIf returned a promise or an Observable; it must return true or false itself`);
+  }
+  return Boolean(answer);
 }
