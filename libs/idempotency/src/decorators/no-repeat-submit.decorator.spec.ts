@@ -20,6 +20,14 @@ describe('@NoRepeatSubmit()', () => {
   // The outer one's metadata replaced the inner one's whole, in silence: a custom decorator's
   // key expression was lost under an outer @NoRepeatSubmit({ required: false }), and every copy
   // ran (an adversarial helper: 10 of 10).
+  it.each([[[]], [['POST', 'HEAD']]])('refuses methods %p on a controller: it would guard no route, or one never guarded', (methods) => {
+    expect(() => {
+      @NoRepeatSubmit({ methods: methods as NoRepeatSubmitOptions['methods'] })
+      class ReportsController {}
+      return ReportsController;
+    }).toThrow(/ReportsController: methods must name the request methods to guard, HEAD not among them/);
+  });
+
   it('refuses two on one method (one through a decorator of your own) and two on one class', () => {
     const CreateOrder = () => applyDecorators(Post(), NoRepeatSubmit({ idempotentKey: '#body.orderNo' }));
     expect(() => {
@@ -138,6 +146,8 @@ describe('@NoRepeatSubmit()', () => {
     ['waitForResultMs', { waitForResultMs: 2 ** 31 }, /waitForResultMs must be a number of milliseconds, 0 or more, at most 2,147,483,000/],
     ['skipIf', { skipIf: 'true' }, /skipIf must be a function/],
     ['methods', { methods: 'POST' }, /methods must be a list of HTTP methods/],
+    // It did nothing there, in silence (an adversarial helper).
+    ['methods', { methods: ['GET'] }, /methods applies to a controller's routes/],
   ])('refuses %s given as %p on a method', (_name, options, message) => {
     const define = () => decoratedWith(options);
     expect(define).toThrow(message);

@@ -53,6 +53,14 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     }
     const unknown = options.methods?.filter((method) => typeof RequestMethod[method as keyof typeof RequestMethod] !== 'number');
     if (unknown?.length) throw new IdempotencyConfigError(`${where}: methods holds unknown HTTP methods (${unknown.join(', ')})`);
+    // Each of these did nothing, in silence (an adversarial helper): a method's decorator guards
+    // its route whatever its method; an empty list guarded no route of the controller; HEAD is never guarded.
+    if (options.methods !== undefined && propertyKey !== undefined) {
+      throw new IdempotencyConfigError(`${where}: methods applies to a controller's routes; on a method, @NoRepeatSubmit() guards its route whatever its method`);
+    }
+    if (options.methods?.length === 0 || options.methods?.includes('HEAD' as never)) {
+      throw new IdempotencyConfigError(`${where}: methods must name the request methods to guard, HEAD not among them (a HEAD request is never guarded)`);
+    }
     const { idempotentKey } = options;
     const key: NoRepeatSubmitMetadata['key'] =
       typeof idempotentKey === 'function'
