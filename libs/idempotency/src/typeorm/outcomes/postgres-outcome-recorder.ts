@@ -20,9 +20,11 @@ import { pinRepositories, refuseRoutedRepositories } from '../helpers/routed-rep
 import { ExpiredRowsPurge } from '../postgres/purge.js';
 import {
   claimUntilAnswered,
+  MAX_RETENTION_MS,
   mustRunAgain,
   postgresSchemaOf,
   positiveMs,
+  purgeIntervalMs,
   sqlStateOf,
   statementRunner,
   tryingAgain,
@@ -87,7 +89,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
   ) {
     const schema = postgresSchemaOf('PostgresOutcomeRecorder', dataSource);
     this.leaseMs = positiveMs('PostgresOutcomeRecorder', 'leaseMs', options.leaseMs ?? DEFAULT_LEASE_MS);
-    this.retentionMs = positiveMs('PostgresOutcomeRecorder', 'retentionMs', options.retentionMs ?? DEFAULT_RETENTION_MS);
+    this.retentionMs = positiveMs('PostgresOutcomeRecorder', 'retentionMs', options.retentionMs ?? DEFAULT_RETENTION_MS, MAX_RETENTION_MS);
     this.run = statementRunner(dataSource);
     const table = qualifiedTable(options.tableName ?? entityTable(dataSource.options, IDEMPOTENCY_OUTCOMES_TABLE), schema);
     this.sql = {
@@ -102,7 +104,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
       table,
       idColumn: 'id',
       batchSize: options.purgeBatchSize,
-      intervalMs: options.purgeIntervalMs,
+      intervalMs: purgeIntervalMs('PostgresOutcomeRecorder', options.purgeIntervalMs),
       logger: this.logger,
       what: 'outcome records',
     });

@@ -429,11 +429,25 @@ export function sqlStateOf(error: unknown): unknown {
 }
 
 /** `value`, a positive number of milliseconds, or an `IdempotencyConfigError` naming `owner` and `name`. */
-export function positiveMs(owner: string, name: string, value: number): number {
-  if (!Number.isFinite(value) || value <= 0) {
-    throw new IdempotencyConfigError(`${owner}: ${name} must be a positive number of milliseconds, got ${value}`);
+export function positiveMs(owner: string, name: string, value: number, max = MAX_TIMER_MS): number {
+  if (!(typeof value === 'number' && Number.isFinite(value) && value > 0 && value <= max)) {
+    throw new IdempotencyConfigError(`${owner}: ${name} must be a positive number of milliseconds, at most ${max.toLocaleString('en')}, got ${String(value)}`);
   }
   return value;
+}
+
+/**
+ * The longest duration timed with a timer, in milliseconds (Node's longest): a longer
+ * `statementTimeoutMs` failed every statement at once (an outage: fail-open routes ran every
+ * copy), a longer `purgeIntervalMs` purged every millisecond (an adversarial helper).
+ */
+export const MAX_TIMER_MS = 2_147_483_647;
+/** The longest retention, in milliseconds: 100 years (PostgreSQL's timestamps end). */
+export const MAX_RETENTION_MS = 100 * 365 * 24 * 3600 * 1000;
+
+/** `purgeIntervalMs` as given: undefined or 0 (no timed purge), else a timer's milliseconds. */
+export function purgeIntervalMs(owner: string, value: number | undefined): number | undefined {
+  return value === undefined || value === 0 ? value : positiveMs(owner, 'purgeIntervalMs', value);
 }
 
 /**

@@ -578,4 +578,15 @@ describe('PostgresIdempotencyStore', () => {
       expect(() => new PostgresIdempotencyStore(dataSource, { statementTimeoutMs })).toThrow(/statementTimeoutMs/);
     }
   });
+
+  // Past Node's longest timer a timer fires at once: 30 days of statementTimeoutMs failed every
+  // statement in ~2 ms (fail-open routes ran every copy), of purgeIntervalMs purged every
+  // millisecond (an adversarial helper).
+  it("refuses a statementTimeoutMs or purgeIntervalMs past Node's longest timer, and a negative purgeIntervalMs", () => {
+    expect(() => new PostgresIdempotencyStore(dataSource, { statementTimeoutMs: 30 * 86_400_000 })).toThrow(/statementTimeoutMs .*at most 2,147,483,647/);
+    for (const purgeIntervalMs of [30 * 86_400_000, -5, Number.NaN]) {
+      expect(() => new PostgresIdempotencyStore(dataSource, { purgeIntervalMs })).toThrow(/purgeIntervalMs/);
+    }
+    expect(() => new PostgresIdempotencyStore(dataSource, { purgeIntervalMs: 0 })).not.toThrow();
+  });
 });

@@ -14,7 +14,7 @@ import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
 import { claimSql, completeAfterLeaseSql, completeSql, forgetSql, getSql, releaseSql, renewManySql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
 import { ExpiredRowsPurge, keptClaimsMs } from '../postgres/purge.js';
-import { claimUntilAnswered, positiveMs, postgresSchemaOf, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { claimUntilAnswered, positiveMs, postgresSchemaOf, purgeIntervalMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { entityTable, qualifiedTable } from '../postgres/table-name.js';
 
 export interface PostgresIdempotencyStoreOptions {
@@ -153,7 +153,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       table,
       idColumn: 'key',
       batchSize: options.purgeBatchSize,
-      intervalMs: options.purgeIntervalMs,
+      intervalMs: purgeIntervalMs('PostgresIdempotencyStore', options.purgeIntervalMs),
       keepExpiredClaimsMs: keptClaimsMs('PostgresIdempotencyStore', options.keepExpiredClaimsMs),
       logger: this.logger,
       what: 'idempotency records',

@@ -21,7 +21,7 @@ import { recordKey } from '../store/record-key.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { pinRepositories, refuseRoutedRepositories } from '../helpers/routed-repositories.js';
 import { ExpiredRowsPurge, keptClaimsMs } from '../postgres/purge.js';
-import { claimUntilAnswered, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
+import { claimUntilAnswered, MAX_RETENTION_MS, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { entityTable, qualifiedTable } from '../postgres/table-name.js';
 import type { IdempotentAnswer, IdempotentRunInput, IdempotentRunResult } from './idempotent-run.js';
 import { boundWaitSql, claimSql, completeSql, restoreWaitSql } from './idempotent-transactions.sql.js';
@@ -133,7 +133,7 @@ export class IdempotentTransactions {
     options: IdempotentTransactionsOptions = {},
   ) {
     const schema = postgresSchemaOf('IdempotentTransactions', dataSource);
-    this.retentionMs = positiveMs('IdempotentTransactions', 'retentionMs', options.retentionMs ?? IDEMPOTENCY_DEFAULTS.expireSeconds * 1000);
+    this.retentionMs = positiveMs('IdempotentTransactions', 'retentionMs', options.retentionMs ?? IDEMPOTENCY_DEFAULTS.expireSeconds * 1000, MAX_RETENTION_MS);
     // lock_timeout counts whole milliseconds, and 0 would mean no bound at all.
     this.lockTimeoutMs = Math.ceil(positiveMs('IdempotentTransactions', 'lockTimeoutMs', options.lockTimeoutMs ?? DEFAULT_LOCK_TIMEOUT_MS));
     this.statement = statementRunner(dataSource);
