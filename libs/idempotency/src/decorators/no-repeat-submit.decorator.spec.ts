@@ -44,6 +44,14 @@ describe('@NoRepeatSubmit()', () => {
       class InvoicesController {}
       return InvoicesController;
     }).toThrow(/InvoicesController has two @NoRepeatSubmit\(\) decorators/);
+    // The same options again lose nothing (a shared method decorated once per subclass, a helper called twice).
+    class Shared {
+      create() {}
+    }
+    const again = () =>
+      Reflect.decorate([NoRepeatSubmit({ idempotentKey: '#body.no', methods: undefined })], Shared.prototype, 'create', Object.getOwnPropertyDescriptor(Shared.prototype, 'create'));
+    again();
+    expect(again).not.toThrow();
     // One on a base method and one on the subclass's override: each its own method.
     class Base {
       @NoRepeatSubmit()

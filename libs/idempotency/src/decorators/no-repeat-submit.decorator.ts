@@ -71,8 +71,11 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     // Two on one method (or one class): the outer one's metadata replaced the inner one's whole,
     // with no word, and a custom decorator's key expression was lost (an adversarial helper: a
     // route keyed by #body.orderNo ran every copy under an outer @NoRepeatSubmit({ required: false })).
+    // The same options again (code that decorates a shared method once per subclass, a helper
+    // called twice) lose nothing: allowed (a reviewing helper).
     const decorated = propertyKey === undefined ? target : descriptor?.value;
-    if (decorated && Reflect.getOwnMetadata(NO_REPEAT_SUBMIT_METADATA, decorated as object) !== undefined) {
+    const before = decorated ? (Reflect.getOwnMetadata(NO_REPEAT_SUBMIT_METADATA, decorated as object) as NoRepeatSubmitMetadata | undefined) : undefined;
+    if (before && !sameOptions(before.options, options)) {
       throw new IdempotencyConfigError(
         `${where} has two @NoRepeatSubmit() decorators (one may come from a decorator of your own, through applyDecorators): ` +
           'the outer one would replace the inner one whole. Give it one, with all its options.',
@@ -87,4 +90,15 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     decorate(target, propertyKey!, descriptor!);
     rememberDecoratedPlace({ target, propertyKey, descriptor, metadata });
   };
+}
+
+/** Whether two decorators' options say the same: each option the same value (lists by their items). */
+function sameOptions(a: NoRepeatSubmitOptions, b: NoRepeatSubmitOptions): boolean {
+  const names = new Set([...Object.keys(a), ...Object.keys(b)]) as Set<keyof NoRepeatSubmitOptions>;
+  for (const name of names) {
+    const [x, y] = [a[name], b[name]];
+    if (x === y) continue;
+    if (!(Array.isArray(x) && Array.isArray(y) && x.length === y.length && x.every((item, i) => item === y[i]))) return false;
+  }
+  return true;
 }

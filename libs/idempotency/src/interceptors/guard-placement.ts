@@ -85,7 +85,7 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
           }
           continue;
         }
-        sayIfKeyReadsElsewhere(logger, `${controller.name}.${method}`, guarded.key, isHttpRoute, isMessageHandler);
+        sayIfKeyReadsElsewhere(logger, `${controller.name}.${method}`, guarded, isHttpRoute, isMessageHandler);
         const subclass = [...classInterceptors, ...interceptorsOf(declared)].find(isGuardSubclass);
         if (subclass) {
           throw new IdempotencyConfigError(
@@ -189,11 +189,12 @@ function refuseIfGuarded(type: Type): void {
 function sayIfKeyReadsElsewhere(
   logger: Logger,
   name: string,
-  key: NoRepeatSubmitMetadata['key'],
+  { key, options }: NoRepeatSubmitMetadata,
   isHttpRoute: boolean,
   isMessageHandler: boolean,
 ): void {
-  if ('header' in key && isMessageHandler) {
+  // Keyed by its content (useRequestFingerprint), a message without a key is guarded (a reviewing helper).
+  if ('header' in key && isMessageHandler && !options.useRequestFingerprint) {
     // A class-level @NoRepeatSubmit() guards every message handler: without a key expression each
     // read the key header, which no message carries, and every message was refused, every event
     // dropped, with no word at start-up (an adversarial helper: 20 of 20 events, on TCP).
