@@ -55,11 +55,16 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
 export function checkedKey(value: unknown, route: GuardedRoute, giver: () => string): string | undefined {
   // A promise or an Observable is the developer's mistake, not the client's: said loudly (a 500
   // Nest logs), never a 400 that blames the client.
-  const later = value as { then?: unknown; subscribe?: unknown } | null;
-  if (typeof later?.then === 'function' || typeof later?.subscribe === 'function') {
+  if (answersLater(value)) {
     throw new TypeError(`${route.handler}: ${giver()} returned a promise or an Observable; it must return the key itself`);
   }
   return validKey(keyText(value, () => `the value ${giver()} read`));
+}
+
+/** A promise or an Observable: what app code gave where it must answer at once (a key function, `skipIf`). */
+export function answersLater(value: unknown): boolean {
+  const later = value as { then?: unknown; subscribe?: unknown } | null;
+  return typeof later?.then === 'function' || typeof later?.subscribe === 'function';
 }
 
 function validKey(clientKey: string | undefined): string | undefined {

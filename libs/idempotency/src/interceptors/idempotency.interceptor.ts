@@ -21,7 +21,7 @@ import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
 import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import { IdempotencyStore } from '../stores/idempotency-store.js';
 import { ClaimAnswers, type Guarded } from './claim-answer.js';
-import { checkedKey, readClientKey } from './client-key.js';
+import { answersLater, checkedKey, readClientKey } from './client-key.js';
 import { StoreCalls } from './store-calls.js';
 import type { GuardExchange } from './exchange.js';
 import { HttpExchange } from './http-exchange.js';
@@ -303,8 +303,7 @@ function hasSession(req: HttpRequest): boolean {
 function skips(route: GuardedRoute, ctx: ExecutionContext): boolean {
   if (!route.skipIf) return false;
   const answer = route.skipIf(ctx) as unknown;
-  const later = answer as { then?: unknown; subscribe?: unknown } | null;
-  if (typeof later?.then === 'function' || typeof later?.subscribe === 'function') {
+  if (answersLater(answer)) {
     throw new TypeError(`${route.handler}: skipIf returned a promise or an Observable; it must return true or false itself`);
   }
   return Boolean(answer);
