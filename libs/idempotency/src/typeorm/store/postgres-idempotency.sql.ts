@@ -87,43 +87,45 @@ DELETE FROM ${table} AS r
  WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
 
 /**
- * Extend the token's live processing claim so that it ends $3 milliseconds from now, under the
- * fence of `completeSql` (an owner whose lease ran out is refused even when nobody claimed the
- * key again: it has lost the lease).
+ * Extend the token's live processing claims, many in one statement, so that the renewals a
+ * process has due take one turn in a busy pool, not one each (`PostgresIdempotencyStore.renew`).
+ * Each claim must end $3 milliseconds from now, under the fence of `completeSql` (an owner whose
+ * lease ran out is refused even when nobody claimed the key again: it has lost the lease).
  *
- * $1 key, $2 owner token, $3 lease (ms). Affects 1 row when renewed, 0 when refused.
+ * A row another transaction holds locked is skipped, not waited for, and reported as such: the
+ * store tries it again in a later statement, holding no connection meanwhile. Waiting, one
+ * locked row held every other claim's renewal past its lease (a report's `SELECT ... FOR
+ * UPDATE` of one key, 1 to 7 other keys ran twice); waiting on a connection of its own, as many
+ * locked rows as the pool has connections held every renewal and every claim (2 on a pool of 2,
+ * keys ran up to 5 times).
+ *
+ * $1 keys, $2 owner tokens, $3 leases (ms): arrays, one element per claim. Returns one row per
+ * claim the token still holds: its `n` (from 1, by array position) and `renewed` (false: its row
+ * was locked). A claim with no row is refused.
  */
 export const renewSql = (table: string) => `
-UPDATE ${table} AS r
-   SET "expires_at" = ${msFromNow('$3')}
- WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
-
-/**
- * `renewSql` for many claims in one statement, so that the renewals a process has due take one
- * turn in a busy pool, not one each (`PostgresIdempotencyStore.renew`). A row another
- * transaction holds locked is skipped, not waited for: waiting, one locked row held every other
- * claim's renewal past its lease (an adversarial helper: a report's `SELECT ... FOR UPDATE` of
- * one key, 1 to 7 other keys ran twice); a claim this does not renew goes again alone, by
- * `renewSql`, which waits for its own row only.
- *
- * $1 keys, $2 owner tokens, $3 leases (ms): arrays, one element per claim. Returns the `n` (from
- * 1, by array position) of each claim renewed.
- */
-export const renewManySql = (table: string) => `
 WITH c AS (
   SELECT * FROM unnest($1::text[], $2::text[], $3::float8[]) WITH ORDINALITY AS c("key", "token", lease_ms, n)
+), live AS (
+  SELECT c.n
+    FROM ${table} AS r
+    JOIN c ON r."key" = c."key" AND r."token" = c."token"
+   WHERE r."state" = 'processing' AND ${LEASE_RUNNING}
 ), held AS (
   SELECT r."key", c.lease_ms, c.n
     FROM ${table} AS r
     JOIN c ON r."key" = c."key" AND r."token" = c."token"
    WHERE r."state" = 'processing' AND ${LEASE_RUNNING}
      FOR UPDATE OF r SKIP LOCKED
+), renewed AS (
+  UPDATE ${table} AS r
+     SET "expires_at" = ${msFromNow('h.lease_ms')}
+    FROM held AS h
+   WHERE r."key" = h."key"
+  RETURNING h.n
 )
-UPDATE ${table} AS r
-   SET "expires_at" = ${msFromNow('h.lease_ms')}
-  FROM held AS h
- WHERE r."key" = h."key"
-RETURNING h.n`;
+SELECT l.n, EXISTS (SELECT 1 FROM renewed AS u WHERE u.n = l.n) AS renewed
+  FROM live AS l`;
 
 /**
  * Delete a live COMPLETED record, never a processing claim: the state is part of the DELETE's

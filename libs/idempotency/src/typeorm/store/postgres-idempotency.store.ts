@@ -11,7 +11,7 @@ import {
   type UnreplayableReason,
 } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
-import { claimSql, completeAfterLeaseSql, completeSql, forgetSql, getSql, releaseSql, renewManySql, renewSql } from './postgres-idempotency.sql.js';
+import { claimSql, completeAfterLeaseSql, completeSql, forgetSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
 import { ExpiredRowsPurge, keptClaimsMs } from '../postgres/purge.js';
 import { claimUntilAnswered, positiveMs, postgresSchemaOf, purgeIntervalMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
@@ -91,11 +91,17 @@ interface RecordRow extends Omit<ClaimRow, 'acquired' | 'remaining_ms'> {
   ttl_ms: number;
 }
 
+/** A renewal whose row was locked goes again this long after (ms), doubling each time up to `LOCKED_RETRY_MAX_MS`. */
+const LOCKED_RETRY_MS = 10;
+const LOCKED_RETRY_MAX_MS = 250;
+
 /** A renewal waiting to go out with the others due (`PostgresIdempotencyStore.renew`). */
 interface PendingRenewal {
   key: string;
   token: string;
   leaseMs: number;
+  /** Statements that found its row locked by another transaction. */
+  locked: number;
   resolve(renewed: boolean): void;
   reject(error: unknown): void;
 }
@@ -111,7 +117,7 @@ interface PendingRenewal {
  */
 export class PostgresIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
-  private readonly sql: Record<'claim' | 'complete' | 'completeAfterLease' | 'release' | 'renew' | 'renewMany' | 'forget' | 'get', string>;
+  private readonly sql: Record<'claim' | 'complete' | 'completeAfterLease' | 'release' | 'renew' | 'forget' | 'get', string>;
   private readonly run: RunStatement;
   /** For the statements of a held claim (renew, save, release): ahead of the pool's other waiters. */
   private readonly runHeld: RunStatement;
@@ -144,7 +150,6 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       completeAfterLease: completeAfterLeaseSql(table),
       release: releaseSql(table),
       renew: renewSql(table),
-      renewMany: renewManySql(table),
       forget: forgetSql(table),
       get: getSql(table),
     };
@@ -218,21 +223,9 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
 
   renew(key: string, token: string, leaseMs: number): Promise<boolean> {
     return new Promise((resolve, reject) => {
-      this.renewals.push({ key: recordKey(key), token, leaseMs, resolve, reject });
+      this.renewals.push({ key: recordKey(key), token, leaseMs, locked: 0, resolve, reject });
       if (!this.renewalsWaiting) this.sendRenewals();
     });
-  }
-
-  /**
-   * A claim the statement of many did not renew: refused (its lease ran out, the key was taken
-   * or deleted), or its row locked by another transaction (skipped). Renewed alone, waiting for
-   * its own row's lock only.
-   */
-  private renewAlone(renewal: PendingRenewal): void {
-    this.runHeld(this.sql.renew, [renewal.key, renewal.token, renewal.leaseMs]).then(
-      ({ affected }) => renewal.resolve(affected === 1),
-      (error: unknown) => renewal.reject(error),
-    );
   }
 
   /** Sends the renewals due when the statement gets its connection; those due later wait for the next one. */
@@ -249,17 +242,34 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       sent = take();
       return [sent.map((renewal) => renewal.key), sent.map((renewal) => renewal.token), sent.map((renewal) => renewal.leaseMs)];
     };
-    this.runHeld(this.sql.renewMany, params).then(
+    this.runHeld(this.sql.renew, params).then(
       ({ records }) => {
         // By position: a key PostgreSQL sends back may not be the string sent (a lone surrogate comes back as U+FFFD).
-        const renewed = new Set((records as { n: string | number }[]).map((row) => Number(row.n)));
-        sent!.forEach((renewal, i) => (renewed.has(i + 1) ? renewal.resolve(true) : this.renewAlone(renewal)));
+        const held = new Map((records as { n: string | number; renewed: boolean }[]).map((row) => [Number(row.n), row.renewed]));
+        sent!.forEach((renewal, i) => {
+          const renewed = held.get(i + 1);
+          if (renewed === false) this.renewLater(renewal);
+          else renewal.resolve(renewed === true);
+        });
       },
       // The renewals it carried fail with it; failed before it went out (no connection in time), those waiting for it.
       (error: unknown) => {
         for (const renewal of sent ?? take()) renewal.reject(error);
       },
     );
+  }
+
+  /**
+   * A claim whose row another transaction held locked goes again in a later statement, soon and
+   * then backing off, until its row is free or its lease has run out (the statement refuses it).
+   */
+  private renewLater(renewal: PendingRenewal): void {
+    const delayMs = Math.min(LOCKED_RETRY_MS * 2 ** renewal.locked, LOCKED_RETRY_MAX_MS);
+    renewal.locked++;
+    setTimeout(() => {
+      this.renewals.push(renewal);
+      if (!this.renewalsWaiting) this.sendRenewals();
+    }, delayMs).unref();
   }
 
   override forget(key: string): Promise<ForgetResult> {
