@@ -74,7 +74,7 @@ describe('a wrapped @Res() handler (express)', () => {
     const first = await send(app.url, '/hooks', { key });
     const again = await send(app.url, '/hooks', { key });
     expect(first.status).toBe(202);
-    // Observed: 409 IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE ("answered before its handler finished"):
+    // Observed: 409 IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE (the reason `not_delivered`):
     // the route is not seen as an @Res() route, so the handler's own end() is taken as someone else's.
     expect({ runs: webhookRuns, status: again.status, replayed: replayed(again) }).toEqual({ runs: 1, status: 202, replayed: true });
   });

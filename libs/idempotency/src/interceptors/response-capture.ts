@@ -1,6 +1,6 @@
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { withoutRefusalHeaders } from './refusal-headers.js';
-import { hookResponse, showReports, type ResponseHook, type Through } from './response-hooks.js';
+import { headersSentError, hookResponse, showReports, type ResponseHook, type Through } from './response-hooks.js';
 
 /** The answer as it left for the first client. */
 export interface CapturedResponse {
@@ -125,6 +125,8 @@ export class ResponseCapture implements ResponseHook {
   }
 
   writeHead(res: ServerResponse, args: Args): ServerResponse {
+    // A head after held bytes: Node would have sent one already, and refuses another.
+    if (this.reported?.headersSent) throw headersSentError('write');
     const headers = args.find((arg) => typeof arg === 'object' && arg !== null);
     if (headers) this.head = Array.isArray(headers) ? headersOfArray(headers) : (headers as OutgoingHttpHeaders);
     // The coding of the bytes seen here is the one the app gave them when it sent the head, read
@@ -143,6 +145,11 @@ export class ResponseCapture implements ResponseHook {
   end(res: ServerResponse, args: Args): ServerResponse {
     this.onEnd(args);
     return res;
+  }
+
+  /** An answer that was not the handler's went out while it ran (a timeout middleware's). */
+  get answeredElsewhere(): boolean {
+    return this.mode === 'foreign';
   }
 
   /**

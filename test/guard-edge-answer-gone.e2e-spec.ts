@@ -1,0 +1,205 @@
+// A handler that touches its response after the answer has gone out, on Express, where Node
+// refuses it (`ERR_HTTP_HEADERS_SENT`):
+// - an outer timeout (an app-wide `timeout()` interceptor, or a timeout middleware) answered
+//   first, and the handler, done with its work, then sets a header through
+//   `@Res({ passthrough: true })`. The throw reached the guard as a failed handler, which released
+//   the key: every timed-out retry ran the handler again (an adversarial helper: 10 of 10 keys ran
+//   4 times in 4 attempts). The handler ran to its answer: it is recorded as never delivered;
+// - a handler that answers twice (`res.send(a)` then `res.json(b)`, or a passthrough handler that
+//   sends and also returns a value): without the guard Node refuses the second answer's headers
+//   and the first goes out whole. The guard held the first answer's bytes and let the second's
+//   headers through, so the first client got one answer's bytes under the other's
+//   `Content-Length` (a stalled or unparsable response; an adversarial helper, 5 of 5).
+import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import {
+  Controller,
+  Post,
+  RequestTimeoutException,
+  Res,
+  type CallHandler,
+  type ExecutionContext,
+  type NestInterceptor,
+} from '@nestjs/common';
+import { APP_INTERCEPTOR } from '@nestjs/core';
+import { randomUUID } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { catchError, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
+import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { REDIS_URL } from './support/services.js';
+import { codeOf, makeApp, replayed, send, until, type EdgeApp, type RawAnswer } from './support/edge-app.js';
+
+type ExpressRes = ServerResponse & {
+  header(name: string, value: string): void;
+  send(body: unknown): void;
+  json(body: unknown): void;
+  redirect(url: string): void;
+  status(code: number): ExpressRes;
+};
+
+/** The Nest docs' timeout interceptor. */
+class TimeoutInterceptor implements NestInterceptor {
+  intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle().pipe(
+      timeout(200),
+      catchError((error: unknown) => throwError(() => (error instanceof TimeoutError ? new RequestTimeoutException() : error))),
+    );
+  }
+}
+
+function requestTimeout(ms: number) {
+  return (req: IncomingMessage, res: ExpressRes, next: () => void) => {
+    if (!req.url?.startsWith('/late/middleware')) return next();
+    const timer = setTimeout(() => {
+      if (!res.headersSent) res.status(503).json({ error: 'request timed out' });
+    }, ms);
+    res.on('close', () => clearTimeout(timer));
+    next();
+  };
+}
+
+const runs = new Map<string, number>();
+const ran = (name: string) => {
+  runs.set(name, (runs.get(name) ?? 0) + 1);
+  return runs.get(name)!;
+};
+/** The late handlers wait here until the test has read the timeout's answer (20 s at most). */
+let gate: Promise<void> = Promise.resolve();
+let open: () => void = () => undefined;
+const closeGate = () => {
+  gate = new Promise<void>((resolve) => {
+    open = resolve;
+    setTimeout(resolve, 20_000).unref();
+  });
+};
+/** What the second answer's call did, per route. */
+const refused = new Map<string, string>();
+
+@Controller('late')
+class LateController {
+  @Post('interceptor')
+  @NoRepeatSubmit()
+  async interceptor(@Res({ passthrough: true }) res: ExpressRes) {
+    await gate;
+    const n = ran('interceptor');
+    res.header('location', `/orders/${n}`); // throws: the 408 has gone out
+    return { order: n };
+  }
+
+  @Post('middleware')
+  @NoRepeatSubmit()
+  async middleware(@Res({ passthrough: true }) res: ExpressRes) {
+    await gate;
+    const n = ran('middleware');
+    res.header('location', `/orders/${n}`); // throws: the 503 has gone out
+    return { order: n };
+  }
+}
+
+@Controller('twice')
+class TwiceController {
+  @Post('send-json')
+  @NoRepeatSubmit()
+  sendJson(@Res() res: ExpressRes) {
+    this.unguardedSendJson(res, 'send-json');
+  }
+
+  @Post('unguarded-send-json')
+  unguardedSendJson(@Res() res: ExpressRes, name = 'unguarded-send-json') {
+    res.send(`first body ${ran(name)}`);
+    try {
+      res.json({ second: 'a body longer than the first' });
+    } catch (error) {
+      refused.set(name, (error as { code?: string }).code ?? String(error));
+    }
+  }
+
+  @Post('send-return')
+  @NoRepeatSubmit()
+  sendReturn(@Res({ passthrough: true }) res: ExpressRes) {
+    res.send(`sent by res ${ran('send-return')}`);
+    return { returned: true };
+  }
+
+  @Post('redirect-return')
+  @NoRepeatSubmit()
+  redirectReturn(@Res({ passthrough: true }) res: ExpressRes) {
+    ran('redirect-return');
+    res.redirect('/elsewhere');
+    return { returned: true };
+  }
+}
+
+/** The answer arrived whole: no error, and as many bytes as its Content-Length says. */
+const whole = (answer: RawAnswer) => ({ error: answer.error, length: Number(answer.headers['content-length']), bytes: answer.body.length });
+
+describe.each(['memory', 'redis'] as const)('an Express handler that touches its response after its answer went out (%s store)', (store) => {
+  let a: EdgeApp;
+  beforeAll(async () => {
+    const options = store === 'redis' ? { store: { redis: REDIS_URL }, keyPrefix: `answer-gone-${randomUUID()}` } : {};
+    a = await makeApp('express', [LateController, TwiceController], options, {
+      providers: [{ provide: APP_INTERCEPTOR, useClass: TimeoutInterceptor }],
+      setup: (app) => void app.use(requestTimeout(200)),
+    });
+  });
+  afterAll(async () => {
+    open();
+    await a?.close();
+  });
+
+  it.each([
+    ['interceptor', 408],
+    ['middleware', 503],
+  ])('records a handler that set a header after an outer timeout (%s) answered as run, never delivered: retries do not run it again', async (name, status) => {
+    const before = runs.get(name) ?? 0;
+    const key = randomUUID();
+    closeGate();
+    const first = await send(a.url, `/late/${name}`, { key, body: { amount: 5 } });
+    open();
+    await until(() => runs.get(name) === before + 1, 5000, 'the handler to finish');
+    // Until the run's outcome has landed (in progress meanwhile), then twice more.
+    const retries: RawAnswer[] = [];
+    await until(async () => {
+      const retry = await send(a.url, `/late/${name}`, { key, body: { amount: 5 } });
+      if (codeOf(retry) !== 'IDEMPOTENCY_IN_PROGRESS') retries.push(retry);
+      return retries.length > 0;
+    }, 5000);
+    for (let i = 0; i < 2; i++) retries.push(await send(a.url, `/late/${name}`, { key, body: { amount: 5 } }));
+    expect(first.status).toBe(status);
+    expect(retries.map((r) => [r.status, codeOf(r)])).toEqual(Array(3).fill([409, 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE']));
+    expect(runs.get(name)).toBe(before + 1);
+  });
+
+  it('(control, no guard) a second answer is refused by Node, and the first goes out whole', async () => {
+    const answer = await send(a.url, '/twice/unguarded-send-json');
+    expect(whole(answer)).toEqual({ error: undefined, length: answer.body.length, bytes: answer.body.length });
+    expect(answer.text).toMatch(/^first body \d+$/);
+    expect(refused.get('unguarded-send-json')).toBe('ERR_HTTP_HEADERS_SENT');
+  });
+
+  it('sends the first of two answers whole, refuses the second as Node does, and replays the first', async () => {
+    const key = randomUUID();
+    const first = await send(a.url, '/twice/send-json', { key });
+    const again = await send(a.url, '/twice/send-json', { key });
+    expect({ status: first.status, ...whole(first), text: first.text }).toEqual({
+      status: 201,
+      error: undefined,
+      length: first.body.length,
+      bytes: first.body.length,
+      text: expect.stringMatching(/^first body \d+$/),
+    });
+    expect(refused.get('send-json')).toBe('ERR_HTTP_HEADERS_SENT');
+    expect({ status: again.status, text: again.text, replayed: replayed(again) }).toEqual({ status: 201, text: first.text, replayed: true });
+  });
+
+  it.each([
+    ['send-return', 201, /^sent by res \d+$/],
+    ['redirect-return', 302, /Redirecting to \/elsewhere/],
+  ])('sends a passthrough handler\'s own answer whole when it also returns a value (%s), and replays it', async (name, status, text) => {
+    const key = randomUUID();
+    const first = await send(a.url, `/twice/${name}`, { key });
+    const again = await send(a.url, `/twice/${name}`, { key });
+    expect({ status: first.status, ...whole(first) }).toEqual({ status, error: undefined, length: first.body.length, bytes: first.body.length });
+    expect(first.text).toMatch(text);
+    expect({ status: again.status, text: again.text, replayed: replayed(again) }).toEqual({ status, text: first.text, replayed: true });
+  });
+});
