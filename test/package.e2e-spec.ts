@@ -103,6 +103,18 @@ describe('the packed nestjs-idempotency, installed in a fresh app outside the mo
     });
   });
 
+  it("types the client error's documented `cause` under a classic Nest tsconfig's ES2021 library", async () => {
+    // ES2021's Error has no `cause`: the declarations must say it themselves (an adversarial helper: TS2339).
+    await writeFile(
+      join(app, 'cause.ts'),
+      "import { IdempotentRequestError } from 'nestjs-idempotency-client';\n" +
+        'export const causeOf = (error: IdempotentRequestError): unknown => [error.cause, error.key, error.attempts];\n',
+    );
+    const tsc = join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc');
+    const options = ['--ignoreConfig', '--noEmit', '--strict', '--skipLibCheck', '--target', 'ES2021', '--lib', 'ES2021', '--module', 'nodenext', '--moduleResolution', 'nodenext'];
+    await expect(node([tsc, ...options, 'cause.ts']).then(() => 'compiled', (error: { stdout: string }) => error.stdout)).resolves.toBe('compiled');
+  });
+
   it.each([LIB.name, CLIENT.name] as unknown as string[])('%s passes `npm publish --dry-run` with no warning but "not logged in"', async (name) => {
     // npm warns here about each field it would auto-correct (`npm pkg fix`), a bad `bin` or `repository`, a missing file.
     const { stderr } = await exec('npm', ['publish', '--dry-run'], { cwd: join(PACKAGES, name), env: npmEnv() });

@@ -16,4 +16,11 @@ export class IdempotentRequestError extends Error {
   ) {
     super(message, options);
   }
+
+  /**
+   * The last attempt's failure (a network error, a `TimeoutError`). Declared here so that apps
+   * compiled for targets before ES2022 (a classic Nest tsconfig, ES2021), whose `Error` has no
+   * `cause`, can read it.
+   */
+  declare readonly cause?: unknown;
 }
