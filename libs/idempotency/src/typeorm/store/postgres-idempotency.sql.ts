@@ -1,4 +1,4 @@
-import { heldBy, LEASE_RUNNING, msFromNow, REMAINING_MS } from '../postgres/lease-sql.js';
+import { heldBy, LEASE_RUNNING, msFromClock, msFromNow, REMAINING_MS } from '../postgres/lease-sql.js';
 
 /**
  * The statements of `PostgresIdempotencyStore`, one per operation, each a single round trip.
@@ -87,17 +87,37 @@ DELETE FROM ${table} AS r
  WHERE ${heldBy('key', 'processing')} AND ${LEASE_RUNNING}`;
 
 /**
+ * Extend the token's live processing claim whose row another transaction holds locked
+ * (`renewSql` skipped it): this one waits for the lock, in the row's queue, so that a lock taken
+ * again and again for short spells cannot keep it out (skipping and trying again later, every
+ * renewal of claims whose rows a loop locked 300 ms in every 350 was skipped until their leases
+ * ran out, and keys ran up to 3 times: an adversarial helper). The wait is bounded by
+ * `lock_timeout`, set for this statement's transaction only before the row is locked: the time
+ * left on the lease (at least 1 ms: 0 would mean no bound), or $4 ms when that is shorter. The
+ * lease is read on the database's clock as it is when the lock is granted (`clock_timestamp()`,
+ * not the statement's start: a renewal that waited past the lease's end would be granted).
+ *
+ * $1 key, $2 owner token, $3 lease (ms), $4 longest wait (ms). Affects 1 row when renewed, 0 when
+ * refused; fails with `lock_not_available` (55P03) when the wait ran out.
+ */
+export const renewLockedSql = (table: string) => `
+UPDATE ${table} AS r
+   SET "expires_at" = ${msFromClock('$3')}
+ WHERE ${heldBy('key', 'processing')} AND r."expires_at" > clock_timestamp()
+   AND set_config('lock_timeout',
+         GREATEST(LEAST(ceil(extract(epoch FROM r."expires_at" - clock_timestamp()) * 1000), $4::float8), 1)::bigint || 'ms',
+         true) IS NOT NULL`;
+
+/**
  * Extend the token's live processing claims, many in one statement, so that the renewals a
  * process has due take one turn in a busy pool, not one each (`PostgresIdempotencyStore.renew`).
  * Each claim must end $3 milliseconds from now, under the fence of `completeSql` (an owner whose
  * lease ran out is refused even when nobody claimed the key again: it has lost the lease).
  *
  * A row another transaction holds locked is skipped, not waited for, and reported as such: the
- * store tries it again in a later statement, holding no connection meanwhile. Waiting, one
+ * store renews it by `renewLockedSql`, or in a later statement of this one. Waiting here, one
  * locked row held every other claim's renewal past its lease (a report's `SELECT ... FOR
- * UPDATE` of one key, 1 to 7 other keys ran twice); waiting on a connection of its own, as many
- * locked rows as the pool has connections held every renewal and every claim (2 on a pool of 2,
- * keys ran up to 5 times).
+ * UPDATE` of one key, 1 to 7 other keys ran twice).
  *
  * $1 keys, $2 owner tokens, $3 leases (ms): arrays, one element per claim. Returns one row per
  * claim the token still holds: its `n` (from 1, by array position) and `renewed` (false: its row

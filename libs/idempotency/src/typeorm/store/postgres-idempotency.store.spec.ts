@@ -244,6 +244,45 @@ describe('PostgresIdempotencyStore', () => {
     }
   });
 
+  it('keeps renewing claims whose rows another transaction locks again and again for short spells', async () => {
+    // Skipped and tried again later, every renewal met the row locked (300 ms in every 350) until
+    // the lease ran out (an adversarial helper: keys ran up to 3 times). Waiting in the row's
+    // queue, each gets the lock when its holder ends.
+    const small = new DataSource({ type: 'postgres', url: DATABASE_URL, schema, entities: IDEMPOTENCY_ENTITIES, extra: { max: 2 } });
+    await small.initialize();
+    const locker = new pg.Client({ connectionString: DATABASE_URL });
+    await locker.connect();
+    let locking = true;
+    try {
+      const smallStore = new PostgresIdempotencyStore(small);
+      const keys = Array.from({ length: 4 }, (_, i) => `renew-relocked:${i}:${randomUUID()}`);
+      for (const key of keys) await smallStore.claim({ key, token: 't', fingerprint: '', leaseMs: 1_000 });
+      const locks = (async () => {
+        while (locking) {
+          await locker.query('BEGIN');
+          await locker.query(`SELECT 1 FROM "${schema}".idempotency_records WHERE key = ANY($1) FOR UPDATE`, [keys]);
+          await sleep(300);
+          await locker.query('COMMIT');
+          await sleep(50);
+        }
+      })();
+      const refused: string[] = [];
+      for (let turn = 0; turn < 12; turn++) {
+        const started = Date.now();
+        const renewed = await Promise.all(keys.map((key) => smallStore.renew(key, 't', 1_000)));
+        renewed.forEach((held, i) => held || refused.push(`${keys[i]} at turn ${turn}`));
+        await sleep(Math.max(333 - (Date.now() - started), 0));
+      }
+      locking = false;
+      await locks;
+      expect(refused).toEqual([]);
+    } finally {
+      locking = false;
+      await locker.end().catch(() => undefined);
+      await small.destroy();
+    }
+  });
+
   it('refuses the renewal of a claim whose row stayed locked until its lease ran out', async () => {
     const key = `renew-locked-out:${randomUUID()}`;
     await store.claim({ key, token: 't', fingerprint: '', leaseMs: 600 });

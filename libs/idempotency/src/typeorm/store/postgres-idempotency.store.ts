@@ -11,7 +11,7 @@ import {
   type UnreplayableReason,
 } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
-import { claimSql, completeAfterLeaseSql, completeSql, forgetSql, getSql, releaseSql, renewSql } from './postgres-idempotency.sql.js';
+import { claimSql, completeAfterLeaseSql, completeSql, forgetSql, getSql, releaseSql, renewLockedSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
 import { ExpiredRowsPurge, keptClaimsMs } from '../postgres/purge.js';
 import { claimUntilAnswered, positiveMs, postgresSchemaOf, purgeIntervalMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
@@ -94,6 +94,8 @@ interface RecordRow extends Omit<ClaimRow, 'acquired' | 'remaining_ms'> {
 /** A renewal whose row was locked goes again this long after (ms), doubling each time up to `LOCKED_RETRY_MAX_MS`. */
 const LOCKED_RETRY_MS = 10;
 const LOCKED_RETRY_MAX_MS = 250;
+/** PostgreSQL `lock_not_available`: `lock_timeout` ran out. */
+const LOCK_NOT_AVAILABLE = '55P03';
 
 /** A renewal waiting to go out with the others due (`PostgresIdempotencyStore.renew`). */
 interface PendingRenewal {
@@ -117,7 +119,7 @@ interface PendingRenewal {
  */
 export class PostgresIdempotencyStore extends IdempotencyStore implements OnModuleInit, OnApplicationShutdown {
   private readonly logger = new Logger(PostgresIdempotencyStore.name);
-  private readonly sql: Record<'claim' | 'complete' | 'completeAfterLease' | 'release' | 'renew' | 'forget' | 'get', string>;
+  private readonly sql: Record<'claim' | 'complete' | 'completeAfterLease' | 'release' | 'renew' | 'renewLocked' | 'forget' | 'get', string>;
   private readonly run: RunStatement;
   /** For the statements of a held claim (renew, save, release): ahead of the pool's other waiters. */
   private readonly runHeld: RunStatement;
@@ -150,6 +152,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       completeAfterLease: completeAfterLeaseSql(table),
       release: releaseSql(table),
       renew: renewSql(table),
+      renewLocked: renewLockedSql(table),
       forget: forgetSql(table),
       get: getSql(table),
     };
@@ -259,17 +262,60 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     );
   }
 
+  /** Renewals waiting for their row's lock (`renewLockedSql`), each on a connection. */
+  private lockWaits = 0;
+  /** Locked renewals to go again in a later statement of many, with the timers that send them. */
+  private readonly lockedLater = new Map<PendingRenewal, NodeJS.Timeout>();
+
   /**
-   * A claim whose row another transaction held locked goes again in a later statement, soon and
-   * then backing off, until its row is free or its lease has run out (the statement refuses it).
+   * A claim whose row another transaction holds locked. Skipped once, it goes again in the next
+   * statements of many, soon (a duplicate's claim locks a held row for an instant). Skipped again,
+   * it waits for the lock in the row's queue (`renewLockedSql`), on a connection of its own: at
+   * most half the pool's connections wait so (at least one), so that as many locked rows as the
+   * pool has connections never hold every renewal and every claim (2 rows locked for long on a
+   * pool of 2: keys ran up to 5 times; an adversarial helper). Past those, it goes again in the
+   * statements of many, backing off. Once a wait gets its lock (the lock's holder ended), the
+   * other locked renewals go at once.
    */
   private renewLater(renewal: PendingRenewal): void {
-    const delayMs = Math.min(LOCKED_RETRY_MS * 2 ** renewal.locked, LOCKED_RETRY_MAX_MS);
     renewal.locked++;
-    setTimeout(() => {
+    if (renewal.locked > 1 && this.lockWaits < this.lockWaitSlots()) return this.waitForLock(renewal);
+    const delayMs = Math.min(LOCKED_RETRY_MS * 2 ** (renewal.locked - 1), LOCKED_RETRY_MAX_MS);
+    const timer = setTimeout(() => this.sendLockedLater([renewal]), delayMs);
+    timer.unref();
+    this.lockedLater.set(renewal, timer);
+  }
+
+  private sendLockedLater(sent: PendingRenewal[]): void {
+    for (const renewal of sent) {
+      clearTimeout(this.lockedLater.get(renewal));
+      this.lockedLater.delete(renewal);
       this.renewals.push(renewal);
-      if (!this.renewalsWaiting) this.sendRenewals();
-    }, delayMs).unref();
+    }
+    if (sent.length > 0 && !this.renewalsWaiting) this.sendRenewals();
+  }
+
+  private waitForLock(renewal: PendingRenewal): void {
+    this.lockWaits++;
+    // Bounded well inside the statement's own bound, which would end the server process.
+    this.runHeld(this.sql.renewLocked, [renewal.key, renewal.token, renewal.leaseMs, Math.floor(this.timeoutMs / 2)]).then(
+      ({ affected }) => {
+        this.lockWaits--;
+        renewal.resolve(affected === 1);
+        this.sendLockedLater([...this.lockedLater.keys()]);
+      },
+      (error: unknown) => {
+        this.lockWaits--;
+        if (sqlStateOf((error as Error).cause) === LOCK_NOT_AVAILABLE) this.renewLater(renewal);
+        else renewal.reject(error);
+      },
+    );
+  }
+
+  /** Half the pool's connections, at least one. */
+  private lockWaitSlots(): number {
+    const max = (this.dataSource.driver as unknown as { master?: { options?: { max?: number } } }).master?.options?.max ?? 10;
+    return Math.max(1, Math.floor(max / 2));
   }
 
   override forget(key: string): Promise<ForgetResult> {
