@@ -115,12 +115,15 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     throw new IdempotencyConfigError(`IdempotencyModule: memoryMaxEntries must be a whole number, 1 or more (got ${shown(memoryMaxEntries)})`);
   }
   resolveLocalCache(options.localCache);
-  if ('interceptor' in options) {
-    // forRoot() takes it off the options; a forRootAsync() factory cannot give it (Nest builds
-    // the module's providers before any factory runs).
-    throw new IdempotencyConfigError(
-      'IdempotencyModule: interceptor goes beside useFactory / useClass in forRootAsync({ interceptor, useFactory }), not in the options they return',
-    );
+  for (const extra of ['interceptor', 'isGlobal'] as const) {
+    // forRoot() takes them off the options; a forRootAsync() factory cannot give them (Nest
+    // builds the module, global or not, and its providers before any factory runs): isGlobal
+    // there was ignored without a word (an adversarial helper).
+    if (extra in options) {
+      throw new IdempotencyConfigError(
+        `IdempotencyModule: ${extra} goes beside useFactory / useClass in forRootAsync({ ${extra}, useFactory }), not in the options they return`,
+      );
+    }
   }
   if (resolved.anonymous !== 'client-key' && resolved.anonymous !== 'address') {
     throw new IdempotencyConfigError(`IdempotencyModule: anonymous must be 'client-key' or 'address' (got '${String(resolved.anonymous)}')`);

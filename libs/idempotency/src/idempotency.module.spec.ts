@@ -1,9 +1,10 @@
 import { afterEach, describe, expect, it, jest } from '@jest/globals';
-import { Injectable, Logger, Module } from '@nestjs/common';
+import { Controller, Injectable, Logger, Module, Post } from '@nestjs/common';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import { REDIS_URL } from '../../../test/support/services.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency.config.js';
+import { NoRepeatSubmit } from './decorators/no-repeat-submit.decorator.js';
 import { IdempotencyModule } from './idempotency.module.js';
 import { IdempotencyStore } from './stores/idempotency-store.js';
 import { MemoryIdempotencyStore } from './stores/memory/memory-idempotency.store.js';
@@ -87,6 +88,33 @@ describe('IdempotencyModule', () => {
     await moduleRef.close();
     await ended;
     expect(store.client.status).toBe('end');
+  });
+
+  it('refuses isGlobal in the options a forRootAsync() factory returns (it was ignored), and takes it beside the factory', async () => {
+    const factory = () => ({ store: new MemoryIdempotencyStore(), isGlobal: false }) as object;
+    await expect(Test.createTestingModule({ imports: [IdempotencyModule.forRootAsync({ useFactory: factory })] }).compile()).rejects.toThrow(
+      /isGlobal goes beside useFactory/,
+    );
+    const beside = await Test.createTestingModule({
+      imports: [IdempotencyModule.forRootAsync({ isGlobal: false, useFactory: () => ({ store: new MemoryIdempotencyStore() }) })],
+    }).compile();
+    await beside.close();
+    const inForRoot = await Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore(), isGlobal: false })] }).compile();
+    await inForRoot.close();
+  });
+
+  it('names the missing IdempotencyModule when a guarded controller is in an app without it', async () => {
+    @Controller('orders')
+    class OrdersController {
+      @Post()
+      @NoRepeatSubmit()
+      create() {
+        return {};
+      }
+    }
+    await expect(Test.createTestingModule({ controllers: [OrdersController] }).compile()).rejects.toThrow(
+      /does not see IdempotencyModule: import IdempotencyModule\.forRoot/,
+    );
   });
 
   it.each([undefined, null, ''])('refuses an empty store.redis (%p) at start-up, instead of connecting to localhost', async (redis) => {

@@ -61,7 +61,7 @@ export const keyMissing = (source: string, format?: ErrorFormat) =>
   );
 
 /** What a caller with an unusable key is told, over HTTP and RPC alike. */
-export const keyInvalidMessage = (reason: string) => `The idempotency key is invalid (${reason}): use 1 to 255 printable characters.`;
+export const keyInvalidMessage = (reason: string) => `The idempotency key is invalid (${reason}): send one key, of 1 to 255 printable characters.`;
 
 export const keyInvalid = (reason: string, format?: ErrorFormat) =>
   new IdempotencyHttpException(IdempotencyErrorCode.KEY_INVALID, HttpStatus.BAD_REQUEST, 'Bad Request', keyInvalidMessage(reason), undefined, format);

@@ -1,5 +1,6 @@
-import { Injectable, type CallHandler, type ExecutionContext, type NestInterceptor } from '@nestjs/common';
+import { Injectable, Optional, type CallHandler, type ExecutionContext, type NestInterceptor } from '@nestjs/common';
 import type { Observable } from 'rxjs';
+import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 
 /**
@@ -12,7 +13,15 @@ import { IdempotencyInterceptor } from './idempotency.interceptor.js';
  */
 @Injectable()
 export class NoRepeatSubmitInterceptor implements NestInterceptor {
-  constructor(private readonly guard: IdempotencyInterceptor) {}
+  constructor(@Optional() private readonly guard: IdempotencyInterceptor) {
+    // Nest's own error named only an unresolved dependency at index [0] (an adversarial helper).
+    if (!guard) {
+      throw new IdempotencyConfigError(
+        '@NoRepeatSubmit() is used in a module that does not see IdempotencyModule: import IdempotencyModule.forRoot({...}) ' +
+          '(or forRootAsync) in the root module (it is global by default), or, with isGlobal: false, in the module of the guarded controller',
+      );
+    }
+  }
 
   intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
     return this.guard.intercept(ctx, next);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { Controller, Get, HttpCode, Post } from '@nestjs/common';
+import { Controller, Get, Headers, HttpCode, Post } from '@nestjs/common';
 import {
   ApiConflictResponse,
   ApiCreatedResponse,
@@ -227,6 +227,21 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
     expect(keyHeaders('/orders/fingerprinted')).toEqual([expect.objectContaining({ required: false })]);
     expect(keyHeaders('/orders/confirm')).toEqual([]);
     expect(keyHeaders('/orders/own-header')).toEqual([expect.objectContaining({ description: 'Our own words' })]);
+  });
+
+  it('documents the key header once where the handler also reads it with @Headers() under another case', async () => {
+    // Swagger documents @Headers('idempotency-key') itself, under that exact name: the key header was listed twice (an adversarial helper).
+    @Controller('reads-key')
+    class ReadsKeyController {
+      @Post()
+      @NoRepeatSubmit()
+      create(@Headers('idempotency-key') key: string) {
+        return { key };
+      }
+    }
+    const document = await openApiDocument(ReadsKeyController);
+    const keyHeaders = (document.paths['/reads-key'].post!.parameters ?? []).filter((p: any) => p.in === 'header' && /^idempotency-key$/i.test(p.name));
+    expect(keyHeaders).toEqual([expect.objectContaining({ name: 'idempotency-key', required: true, schema: expect.objectContaining({ maxLength: 255 }) })]);
   });
 
   // A shutting-down instance refuses every guarded call 503 (Retry-After: 1), so that its client

@@ -190,12 +190,26 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   const documentedByUser = [...(Reflect.getMetadata(API_PARAMETERS, handler) ?? []), ...(Reflect.getMetadata(API_HEADERS, prototype.constructor) ?? [])].some(isKeyHeader);
   if ('header' in keyFrom && !documentedByUser) {
     swagger.ApiHeader({
-      name: keyHeader,
+      // Under the name the handler's own @Headers() reads it by, which Swagger documents too: one parameter, not two.
+      name: headerParameterName(prototype, key, keyHeader) ?? keyHeader,
       required: (options.required ?? defaults?.required ?? true) && !options.useRequestFingerprint,
       description: `One unique value per operation, reused on retries (1-${MAX_KEY_LENGTH} printable characters; "key" or key). A repeat gets the first answer again with ${REPLAYED_HEADER}: true.`,
       schema: { type: 'string', minLength: 1, maxLength: MAX_KEY_LENGTH },
     })(prototype, key, descriptor!);
   }
+}
+
+/** `@nestjs/common`'s ROUTE_ARGS_METADATA and RouteParamtypes.HEADERS (stable since Nest 5). */
+const ROUTE_ARGS_METADATA = '__routeArguments__';
+const HEADERS_ARG = 6;
+
+/** The name a `@Headers(name)` parameter of the handler reads header `header` by (any case), if one does. */
+function headerParameterName(prototype: object, key: string | symbol, header: string): string | undefined {
+  const args = (Reflect.getMetadata(ROUTE_ARGS_METADATA, prototype.constructor, key) ?? {}) as Record<string, { data?: unknown }>;
+  for (const [slot, arg] of Object.entries(args)) {
+    if (Number(slot.split(':')[0]) === HEADERS_ARG && typeof arg.data === 'string' && arg.data.toLowerCase() === header.toLowerCase()) return arg.data;
+  }
+  return undefined;
 }
 
 /**

@@ -73,7 +73,12 @@ export function describeStoreContract(
       h = await makeHarness();
       key = `contract:${randomUUID()}`;
     });
-    afterEach(async () => h.close?.());
+    afterEach(async () => {
+      // A harness that failed to build leaves none to close (the real error is the factory's).
+      const built = h as StoreHarness | undefined;
+      h = undefined as unknown as StoreHarness;
+      await built?.close?.();
+    });
 
     it('gives a free key to the first claim and reports it in progress to the next', async () => {
       expect(await claim('t1')).toEqual({ status: 'acquired', token: 't1' });
