@@ -4,7 +4,11 @@
 //   first, and the handler, done with its work, then sets a header through
 //   `@Res({ passthrough: true })`. The throw reached the guard as a failed handler, which released
 //   the key: every timed-out retry ran the handler again (an adversarial helper: 10 of 10 keys ran
-//   4 times in 4 attempts). The handler ran to its answer: it is recorded as never delivered;
+//   4 times in 4 attempts). Once another answer went out while the handler ran, its late header
+//   changes are dropped (as Fastify's reply.header() drops them), not thrown: it succeeds, and is
+//   recorded as never delivered. Telling such throws apart by their error code was tried and
+//   dropped: a handler that failed for real and rolled back, with one of those codes, kept its
+//   key (every retry 409, the write never made), and one that wrapped the error ran twice;
 // - a handler that answers twice (`res.send(a)` then `res.json(b)`, or a passthrough handler that
 //   sends and also returns a value): without the guard Node refuses the second answer's headers
 //   and the first goes out whole. The guard held the first answer's bytes and let the second's
@@ -12,6 +16,7 @@
 //   `Content-Length` (a stalled or unparsable response; an adversarial helper, 5 of 5).
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import {
+  Body,
   Controller,
   Post,
   RequestTimeoutException,
@@ -90,8 +95,32 @@ class LateController {
   async middleware(@Res({ passthrough: true }) res: ExpressRes) {
     await gate;
     const n = ran('middleware');
-    res.header('location', `/orders/${n}`); // throws: the 503 has gone out
+    res.header('location', `/orders/${n}`); // threw: the 503 has gone out
     return { order: n };
+  }
+
+  /** Sets a cookie after its work, and wraps what that throws (a handler's own error). */
+  @Post('wrapped')
+  @NoRepeatSubmit()
+  async wrapped(@Res({ passthrough: true }) res: ExpressRes & { cookie(name: string, value: string): void }) {
+    await gate;
+    const n = ran('wrapped');
+    try {
+      res.cookie('order', String(n));
+    } catch (error) {
+      throw new Error('could not finish the order response', { cause: error });
+    }
+    return { order: n };
+  }
+
+  /** Fails for real after the timeout answered, its work undone, with a code Node gives a stream written after its end. */
+  @Post('fails')
+  @NoRepeatSubmit()
+  async fails(@Body() body: { fail?: boolean }) {
+    await gate;
+    ran('fails');
+    if (body.fail) throw Object.assign(new Error('the export stream was ended'), { code: 'ERR_STREAM_WRITE_AFTER_END' });
+    return { done: true };
   }
 }
 
@@ -149,6 +178,7 @@ describe.each(['memory', 'redis'] as const)('an Express handler that touches its
   it.each([
     ['interceptor', 408],
     ['middleware', 503],
+    ['wrapped', 408],
   ])('records a handler that set a header after an outer timeout (%s) answered as run, never delivered: retries do not run it again', async (name, status) => {
     const before = runs.get(name) ?? 0;
     const key = randomUUID();
@@ -167,6 +197,23 @@ describe.each(['memory', 'redis'] as const)('an Express handler that touches its
     expect(first.status).toBe(status);
     expect(retries.map((r) => [r.status, codeOf(r)])).toEqual(Array(3).fill([409, 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE']));
     expect(runs.get(name)).toBe(before + 1);
+  });
+
+  it('releases the key of a handler that failed after an outer timeout answered, whatever its error code: the retry runs', async () => {
+    const before = runs.get('fails') ?? 0;
+    const key = randomUUID();
+    closeGate();
+    const first = await send(a.url, '/late/fails', { key, body: { fail: true } });
+    open();
+    await until(() => runs.get('fails') === before + 1, 5000, 'the handler to finish');
+    let retry: RawAnswer | undefined;
+    await until(async () => {
+      retry = await send(a.url, '/late/fails', { key, body: { fail: true } });
+      return codeOf(retry) !== 'IDEMPOTENCY_IN_PROGRESS';
+    }, 5000);
+    expect(first.status).toBe(408);
+    expect({ status: retry!.status, code: codeOf(retry!) }).toEqual({ status: 500, code: undefined });
+    expect(runs.get('fails')).toBe(before + 2);
   });
 
   it('(control, no guard) a second answer is refused by Node, and the first goes out whole', async () => {

@@ -9,10 +9,10 @@ export interface HeldRunHooks {
    */
   succeeded(value: unknown, cut: boolean): Promise<void>;
   /**
-   * The handler failed before any value with `error`, which is sent on once this settles. `cut`
-   * as for `succeeded`: the client never gets the answer to this error.
+   * The handler failed before any value; its error is sent on once this settles. `cut` as for
+   * `succeeded`: the client never gets the answer to this error.
    */
-  failed(cut: boolean, error: unknown): Promise<void>;
+  failed(cut: boolean): Promise<void>;
   /**
    * The handler failed after its first value (a stream that errors late), while its subscriber
    * is still there (one that took the value and left answered with it); its error is sent on
@@ -54,7 +54,7 @@ export function runHeld(handler: Observable<unknown>, hooks: HeldRunHooks, keepA
         clearTimeout(keepAlive);
         const ready =
           state === 'running'
-            ? ((state = 'failed'), hooks.failed(cut, error))
+            ? ((state = 'failed'), hooks.failed(cut))
             : hooks.failedAfterValue
               ? // After the value went on: a subscriber that took it and left (an outer take(1))
                 // answered with it, and never gets this error.

@@ -25,7 +25,6 @@ import { httpFingerprintInput } from './http-fingerprint.js';
 import type { HttpRequest, HttpResponse } from './http-request.js';
 import { clearRefusalHeaders, setRefusalHeaders } from './refusal-headers.js';
 import { ResponseCapture, type CapturedResponse } from './response-capture.js';
-import { foundAnswerGone } from './response-hooks.js';
 import { replayInto, sendNow } from './response-replay.js';
 import { matchedRoutePath } from './route-paths.js';
 import type { GuardedRoute } from './route-options.js';
@@ -164,14 +163,7 @@ export class HttpExchange implements GuardExchange {
           if (value instanceof StreamableFile) value.getStream().once('error', () => (fileFailed = true));
           capture.succeed();
         },
-        failed: async (cut, error) => {
-          // The handler ran to its answer, and found the response given by another (an outer
-          // timeout's): as a success cut off. Released, every timed-out retry ran it again (an
-          // adversarial helper: a passthrough handler setting a header after its work).
-          if (foundAnswerGone(error) && (cut || capture.answeredElsewhere)) {
-            if (cut) return claim.save(toSaved(undefined, this.raw.statusCode));
-            return capture.succeed();
-          }
+        failed: async (cut) => {
           if (watched?.began() && !cut) return answerFailure();
           await claim.release();
           capture.passThrough();
@@ -183,7 +175,7 @@ export class HttpExchange implements GuardExchange {
           await claim.release();
           capture.passThrough();
         },
-        cut: () => capture.passThrough(),
+        cut: () => capture.cutOff(),
       },
       claim.holdMs,
     );

@@ -1,6 +1,6 @@
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { withoutRefusalHeaders } from './refusal-headers.js';
-import { headersSentError, hookResponse, showReports, type ResponseHook, type Through } from './response-hooks.js';
+import { dropLateHeaders, headersSentError, hookResponse, showReports, type ResponseHook, type Through } from './response-hooks.js';
 
 /** The answer as it left for the first client. */
 export interface CapturedResponse {
@@ -147,11 +147,6 @@ export class ResponseCapture implements ResponseHook {
     return res;
   }
 
-  /** An answer that was not the handler's went out while it ran (a timeout middleware's). */
-  get answeredElsewhere(): boolean {
-    return this.mode === 'foreign';
-  }
-
   /**
    * The answer (now or to come) is the handler's, and is saved before it ends: the handler
    * succeeded, or (`saveStatuses`) failed in its method, and the answer is what the app's
@@ -163,6 +158,16 @@ export class ResponseCapture implements ResponseHook {
       void this.save(undefined);
     }
     if (this.mode === 'pending') this.mode = 'save';
+  }
+
+  /**
+   * The run was cut off from the client (an outer timeout, a client that left) while the handler
+   * runs: the answer that goes out is not the handler's, and the handler's header changes after
+   * it are dropped (`dropLateHeaders`).
+   */
+  cutOff(): void {
+    this.passThrough();
+    dropLateHeaders(this.raw);
   }
 
   /**
@@ -207,6 +212,7 @@ export class ResponseCapture implements ResponseHook {
     // While the handler runs, Nest has not sent its answer (it waits for the handler's value):
     // an end() then is the handler's own on `@Res()` routes, and someone else's otherwise.
     if (this.mode === 'pending') this.mode = this.handlerAnswers ? 'save' : 'foreign';
+    if (this.mode === 'foreign') dropLateHeaders(this.raw);
     this.finish(args);
   }
 

@@ -127,6 +127,33 @@ describe('hookResponse', () => {
     expect(got.body).toBe('plain');
   });
 
+  it("calls Node's setHeader as it is at each call, patched after the first hooked response (an APM agent)", async () => {
+    // A prototype made for an app with a one-off parent, so that patching its setHeader touches no other test.
+    const parent = Object.create(ServerResponse.prototype) as { setHeader: ServerResponse['setHeader'] };
+    await serve((res) => {
+      Object.setPrototypeOf(res, parent);
+      const hook = shouting([]);
+      hook.through = hookResponse(res, hook);
+      res.end('x');
+    });
+    await closeServer();
+    const patched: string[] = [];
+    const original = ServerResponse.prototype.setHeader;
+    parent.setHeader = function (this: ServerResponse, name: string, value: number | string | readonly string[]) {
+      patched.push(name);
+      return original.call(this, name, value);
+    };
+    const got = await serve((res) => {
+      Object.setPrototypeOf(res, parent);
+      const hook = shouting([]);
+      hook.through = hookResponse(res, hook);
+      res.setHeader('x-traced', '1');
+      res.end('y');
+    });
+    expect(got.body).toBe('Y');
+    expect(patched).toEqual(['x-traced']);
+  });
+
   it("stands in front of a response's own methods (a compression middleware's), and of an earlier hook", async () => {
     for (const swap of [false, true]) {
       for (const middleware of [true, false]) {

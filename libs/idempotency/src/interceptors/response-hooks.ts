@@ -103,17 +103,19 @@ type HeaderMethods = Pick<ServerResponse, 'setHeader' | 'removeHeader'> & { appe
  * far as the app can tell. Let through, a second answer's headers went with the first answer's
  * bytes (Express's `res.send(a)` then `res.json(b)`: the first client got `a` under `b`'s
  * `Content-Length`, a stalled or unparsable answer; an adversarial helper), where Node refuses
- * them and the first answer goes out whole.
+ * them and the first answer goes out whole. `inherited`: `from` is a prototype, whose methods
+ * are read at each call; otherwise `from`'s methods are taken as they are now.
  */
-function headerMethods(from: HeaderMethods, hookOf: (response: ServerResponse) => ResponseHook | undefined): PropertyDescriptorMap {
+function headerMethods(from: HeaderMethods, hookOf: (response: ServerResponse) => ResponseHook | undefined, inherited = false): PropertyDescriptorMap {
   const refusing = (name: keyof HeaderMethods, verb: string): PropertyDescriptor => {
-    const method = from[name] as (...args: Args) => unknown;
+    const own = from[name] as (...args: Args) => unknown;
     return {
       configurable: true,
       writable: true,
       value(this: ServerResponse, ...args: Args) {
         if (hookOf(this)?.reported?.headersSent) throw headersSentError(verb);
-        return method.apply(this, args);
+        // A prototype's method is looked up at each call: an APM agent may patch Node's later.
+        return (inherited ? (from[name] as (...a: Args) => unknown) : own).apply(this, args);
       },
     };
   };
@@ -127,15 +129,39 @@ export function headersSentError(verb: string): Error {
   return Object.assign(new Error(`Cannot ${verb} headers after they are sent to the client`), { code: 'ERR_HTTP_HEADERS_SENT' });
 }
 
-/**
- * Errors of a response written to after its answer went out: Node's (a head changed, a write
- * after `end()`) and Fastify's (`reply.send()` twice).
- */
-const ANSWER_GONE = new Set(['ERR_HTTP_HEADERS_SENT', 'ERR_STREAM_WRITE_AFTER_END', 'FST_ERR_REP_ALREADY_SENT']);
+/** Set on a response whose late header changes are dropped (`dropLateHeaders`). */
+const DROPS_LATE_HEADERS = Symbol('nestjs-idempotency.dropsLateHeaders');
 
-/** Whether `error` is a response's refusal of a write after its answer went out. */
-export function foundAnswerGone(error: unknown): boolean {
-  return ANSWER_GONE.has((error as { code?: unknown } | null)?.code as string);
+/**
+ * From now on, once the response's head has gone out, its `setHeader`, `appendHeader` and
+ * `removeHeader` do nothing instead of throwing Node's `ERR_HTTP_HEADERS_SENT`, as Fastify's
+ * `reply.header()` does: another answer went out while the handler ran (an outer timeout's), and
+ * a header the handler sets after its work (`@Res({ passthrough: true })`, a cookie) can reach
+ * nobody. Thrown, it failed a handler that had done its work, the key was released, and every
+ * timed-out retry ran it again (an adversarial helper: 10 of 10 keys ran 4 times). Telling
+ * such errors apart by their code instead kept the key of handlers that failed for real with
+ * one of those codes, and missed a handler that wrapped the error. Before the head goes out
+ * (the other answer's own headers), they are Node's.
+ */
+export function dropLateHeaders(raw: ServerResponse): void {
+  if (Object.hasOwn(raw, DROPS_LATE_HEADERS)) return;
+  const dropping = (name: 'setHeader' | 'appendHeader' | 'removeHeader'): PropertyDescriptor | undefined => {
+    const method = (raw as unknown as Record<string, unknown>)[name];
+    if (typeof method !== 'function') return undefined;
+    return {
+      configurable: true,
+      writable: true,
+      value(this: ServerResponse, ...args: Args) {
+        return this.headersSent ? (name === 'removeHeader' ? undefined : this) : method.apply(this, args);
+      },
+    };
+  };
+  const methods: PropertyDescriptorMap = { [DROPS_LATE_HEADERS]: { value: true } };
+  for (const name of ['setHeader', 'appendHeader', 'removeHeader'] as const) {
+    const descriptor = dropping(name);
+    if (descriptor) methods[name] = descriptor;
+  }
+  Object.defineProperties(raw, methods);
 }
 
 /**
@@ -206,7 +232,7 @@ function derivedFrom(parent: object): object {
         return hook ? hook.end(this, args) : (inherited.end as (...a: Args) => ServerResponse).apply(this, args);
       },
     },
-    ...headerMethods(parent as HeaderMethods, (response) => (response as Hooked)[HOOK]),
+    ...headerMethods(parent as HeaderMethods, (response) => (response as Hooked)[HOOK], true),
     headersSent: {
       configurable: true,
       get(this: Hooked): boolean {
