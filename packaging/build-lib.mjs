@@ -4,8 +4,8 @@
 // libs/<lib>/tsconfig.build.json into dist/packages/<name>/dist, copies the manifest and README,
 // checks the package (see check-package.mjs), and with --pack writes dist/packages/<name>-<version>.tgz.
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
-import { join, relative } from 'node:path';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { basename, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { checkPackage } from './check-package.mjs';
 
@@ -17,6 +17,22 @@ const args = process.argv.slice(2);
 const pack = args.includes('--pack');
 const named = args.filter((arg) => !arg.startsWith('--'));
 const libs = named.length > 0 ? named : readdirSync(join(ROOT, 'libs')).filter((lib) => existsSync(join(ROOT, 'libs', lib, 'package.json')));
+
+/**
+ * The README as published: its links to the repository's other files lead nowhere from the
+ * package (npm and an installed node_modules hold this file alone). A link to another package's
+ * README goes to that package's npm page; one to any other file becomes its path in the repository.
+ */
+function publishedReadme(text) {
+  return text.replace(/\[([^\]]+)\]\((\.\.\/[^)\s]+)\)/g, (_link, label, target) => {
+    const [path] = target.split('#');
+    const lib = /^\.\.\/([^/]+)\/README\.md$/.exec(path);
+    const name = lib && existsSync(join(ROOT, 'libs', lib[1], 'package.json')) && JSON.parse(readFileSync(join(ROOT, 'libs', lib[1], 'package.json'), 'utf8')).name;
+    if (name) return `[${label}](https://www.npmjs.com/package/${name})`;
+    const file = relative(ROOT, join(ROOT, 'libs', 'x', path));
+    return label.replaceAll('`', '') === basename(file) ? `\`${file}\`` : `${label} (\`${file}\`)`;
+  });
+}
 
 let failed = false;
 for (const lib of libs) {
@@ -31,9 +47,10 @@ for (const lib of libs) {
     stdio: 'inherit',
   });
   copyFileSync(join(libDir, 'package.json'), join(stage, 'package.json'));
-  for (const file of ['README.md', 'LICENSE', 'CHANGELOG.md']) {
+  for (const file of ['LICENSE', 'CHANGELOG.md']) {
     if (existsSync(join(libDir, file))) copyFileSync(join(libDir, file), join(stage, file));
   }
+  if (existsSync(join(libDir, 'README.md'))) writeFileSync(join(stage, 'README.md'), publishedReadme(readFileSync(join(libDir, 'README.md'), 'utf8')));
 
   const problems = checkPackage(stage);
   if (problems.length > 0) {

@@ -79,6 +79,13 @@ describe('the packed nestjs-idempotency, installed in a fresh app outside the mo
     }
   });
 
+  it("links from its README only to what a reader of the package can reach: no link into the repository's files", async () => {
+    for (const name of [LIB.name, CLIENT.name] as unknown as string[]) {
+      const readme = readFileSync(join(app, 'node_modules', name, 'README.md'), 'utf8');
+      expect({ name, relativeLinks: readme.match(/\]\((?!https?:|#)[^)]*\)/g) ?? [] }).toEqual({ name, relativeLinks: [] });
+    }
+  });
+
   it('imports the main entry with every optional peer missing', async () => {
     const { stdout } = await node(
       ['--import', './hide-optional-peers.mjs', '--input-type=module', '-e', "const m = await import('nestjs-idempotency'); console.log(typeof m.IdempotencyModule)"],
