@@ -2,6 +2,7 @@ import type { FindOptionsWhere, ObjectLiteral, QueryDeepPartialEntity, Repositor
 import type { ColumnMetadata } from 'typeorm/metadata/ColumnMetadata.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { findOnPrimary } from './find-on-primary.js';
+import { inCallersTransaction } from './routed-repositories.js';
 
 /** A state change `transition` applies only from the states it names. */
 export interface TransitionSpec<T> {
@@ -51,9 +52,10 @@ export type TransitionResult<T> =
  * snapshot cannot see the winner's row, so the error is not mapped.
  */
 export async function transition<T extends ObjectLiteral>(
-  repo: Repository<T>,
+  given: Repository<T>,
   spec: TransitionSpec<T>,
 ): Promise<TransitionResult<T>> {
+  const repo = inCallersTransaction(given);
   const statusProperty = spec.statusProperty ?? 'status';
   const versionProperty = spec.versionProperty ?? 'version';
   if (spec.from.length === 0) throw new RangeError('transition: `from` names no state');

@@ -14,6 +14,7 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { IdempotencyConfigError, IdempotencyError } from '../../index.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { findOnPrimary } from './find-on-primary.js';
+import { inCallersTransaction } from './routed-repositories.js';
 import { uniqueViolationOf, type UniqueViolation } from './unique-violation.js';
 
 /** What `insertOnce` did: inserted the row, or found the one a unique constraint protects. */
@@ -49,10 +50,11 @@ export type InsertOnceResult<T> =
  *   says which constraint refused the row, for tables with more than one unique key.
  */
 export async function insertOnce<T extends ObjectLiteral>(
-  repo: Repository<T>,
+  given: Repository<T>,
   values: DeepPartial<T>,
   findExisting: (violation: UniqueViolation) => FindOptionsWhere<T> | FindOptionsWhere<T>[],
 ): Promise<InsertOnceResult<T>> {
+  const repo = inCallersTransaction(given);
   coverNewConnections(repo.manager.connection);
   watchTransactions(repo.manager.connection);
   const entity = repo.create(values);

@@ -23,6 +23,8 @@ import { IDEMPOTENCY_OUTCOME_MIGRATIONS } from '../outcomes/idempotency-outcomes
 import { PostgresOutcomeRecorder } from '../outcomes/postgres-outcome-recorder.js';
 import { IdempotentTransactions } from '../transactional/idempotent-transactions.js';
 import { consumeOnce } from './consume-once.js';
+import { insertOnce } from './insert-once.js';
+import { transition } from './conditional-transition.js';
 import { ConsumeLogEntry } from './consume-log.entity.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
@@ -34,6 +36,19 @@ class LedgerLine {
 
   @Column({ name: 'op', type: 'text' })
   op!: string;
+}
+
+/** An order by its unique number, as insertOnce is used. */
+@Entity({ name: 'numbered_orders' })
+class NumberedOrder {
+  @PrimaryGeneratedColumn()
+  id!: number;
+
+  @Column({ name: 'order_no', type: 'text', unique: true })
+  orderNo!: string;
+
+  @Column({ type: 'text', default: 'NEW' })
+  status!: string;
 }
 
 /** The outer transaction rolls back after the call returned (a later step of the method failed). */
@@ -65,12 +80,13 @@ describe('under typeorm-transactional', () => {
   beforeAll(async () => {
     initializeTransactionalContext({ storageDriver: StorageDriver.ASYNC_LOCAL_STORAGE });
     dataSource = await openSchemaDataSource(schema, {
-      entities: [...IDEMPOTENCY_ENTITIES, ...IDEMPOTENCY_OUTCOME_ENTITIES, LedgerLine],
+      entities: [...IDEMPOTENCY_ENTITIES, ...IDEMPOTENCY_OUTCOME_ENTITIES, LedgerLine, NumberedOrder],
       migrations: [...IDEMPOTENCY_MIGRATIONS, ...IDEMPOTENCY_OUTCOME_MIGRATIONS],
       migrationsRun: true,
       extra: { max: 10 },
     });
     await dataSource.query(`CREATE TABLE "${schema}".ledger_lines (id serial PRIMARY KEY, op text NOT NULL)`);
+    await dataSource.query(`CREATE TABLE "${schema}".numbered_orders (id serial PRIMARY KEY, order_no text NOT NULL UNIQUE, status text NOT NULL DEFAULT 'NEW')`);
     addTransactionalDataSource(dataSource);
   });
   afterAll(async () => {
@@ -189,6 +205,88 @@ describe('under typeorm-transactional', () => {
 
   // TypeORM asks the manager for a repository at every save of an entity with an id; each ask
   // wrapped the cached repository's extend once more (a reviewer: out of stack past ~10,000).
+  // The same sibling, beside insertOnce in a @Transactional() method: its savepoint went to the
+  // method's transaction and its INSERT, asked of the repository again, to the sibling's, which
+  // rolled it back: `created: true`, no row (an adversarial helper: up to 9 of 9 orders lost).
+  it('keeps insertOnce in the transaction it was called in while a sibling @Transactional() runs beside it and fails', async () => {
+    const orderNo = randomUUID();
+    let began!: () => void;
+    let inserted!: () => void;
+    const siblingBegan = new Promise<void>((resolve) => (began = resolve));
+    const insertDone = new Promise<void>((resolve) => (inserted = resolve));
+    const sibling = () =>
+      runInTransaction(
+        async () => {
+          began();
+          await insertDone;
+          throw new LaterStepFailed();
+        },
+        { propagation: Propagation.REQUIRES_NEW },
+      ).catch(() => undefined);
+    let siblingDone: Promise<unknown> = Promise.resolve();
+    const created = await runInTransaction(async () => {
+      // The sibling begins once insertOnce's savepoint is in place (its timing in the helper's runs).
+      const runner = dataSource.getRepository(NumberedOrder).manager.queryRunner!;
+      const query = runner.query;
+      runner.query = async function (this: unknown, ...args: Parameters<typeof query>) {
+        const result = await query.apply(runner, args);
+        if (/^SAVEPOINT idempotency_insert_once/.test(String(args[0]))) {
+          siblingDone = sibling();
+          await siblingBegan;
+        }
+        return result;
+      } as typeof query;
+      try {
+        return (await insertOnce(dataSource.getRepository(NumberedOrder), { orderNo }, () => ({ orderNo }))).created;
+      } finally {
+        inserted();
+        runner.query = query;
+        await siblingDone;
+      }
+    });
+    expect(created).toBe(true);
+    // Observed before: 0 rows.
+    expect(await dataSource.getRepository(NumberedOrder).countBy({ orderNo })).toBe(1);
+  });
+
+  it('keeps transition in the transaction it was called in while a sibling @Transactional() runs beside it', async () => {
+    const orderNo = randomUUID();
+    let began!: () => void;
+    let answered!: () => void;
+    const siblingBegan = new Promise<void>((resolve) => (began = resolve));
+    const transitionDone = new Promise<void>((resolve) => (answered = resolve));
+    let siblingDone: Promise<unknown> = Promise.resolve();
+    const result = await runInTransaction(async () => {
+      await dataSource.getRepository(NumberedOrder).insert({ orderNo });
+      const runner = dataSource.getRepository(NumberedOrder).manager.queryRunner!;
+      const query = runner.query;
+      // The sibling begins once the UPDATE (which changes nothing: the order is not PAID) has answered.
+      runner.query = async function (this: unknown, ...args: Parameters<typeof query>) {
+        const answer = await query.apply(runner, args);
+        if (/^UPDATE/.test(String(args[0]))) {
+          siblingDone = runInTransaction(
+            async () => {
+              began();
+              await transitionDone;
+            },
+            { propagation: Propagation.REQUIRES_NEW },
+          );
+          await siblingBegan;
+        }
+        return answer;
+      } as typeof query;
+      try {
+        return await transition(dataSource.getRepository(NumberedOrder), { where: { orderNo }, from: ['PAID'], to: 'SHIPPED', versionProperty: false });
+      } finally {
+        answered();
+        runner.query = query;
+        await siblingDone;
+      }
+    });
+    // Observed before: not_found (the row read in the sibling's transaction, where the order is not yet).
+    expect(result).toMatchObject({ changed: false, reason: 'not_allowed' });
+  });
+
   it("pins a repository once, however often work asks the manager for it", async () => {
     const message = { consumer: 'billing', messageId: randomUUID() };
     const result = await consumeOnce(dataSource, message, async (manager) => {

@@ -71,3 +71,16 @@ function pin<R extends Repository<ObjectLiteral>>(repository: R, manager: Entity
   });
   return repository;
 }
+
+/**
+ * `repo` with the manager it answers now, for a whole call of `insertOnce` or `transition`:
+ * typeorm-transactional decides at each read of `repository.manager` which transaction it writes
+ * in, and with its AsyncLocalStorage driver a sibling `@Transactional()` beside the call changes
+ * that mid-call. `insertOnce`'s savepoint went to the caller's transaction and its INSERT to the
+ * sibling's, which rolled it back: `created: true` and no row (an adversarial helper: up to 9 of
+ * 9 orders lost); `transition`'s read after its UPDATE would see another transaction. The
+ * caller's repository itself is left as it is (its custom methods and properties come through).
+ */
+export function inCallersTransaction<T extends ObjectLiteral>(repo: Repository<T>): Repository<T> {
+  return Object.create(repo, { manager: { value: repo.manager, enumerable: true } }) as Repository<T>;
+}
