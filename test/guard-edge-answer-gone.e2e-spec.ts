@@ -113,6 +113,26 @@ class LateController {
     return { order: n };
   }
 
+  /** Fails for real after a timeout middleware answered, having set a header (a passthrough route). */
+  @Post('middleware-fails')
+  @NoRepeatSubmit()
+  async middlewareFails(@Res({ passthrough: true }) res: ExpressRes) {
+    await gate;
+    ran('middleware-fails');
+    res.header('x-after', '1');
+    throw new Error('the payment was declined');
+  }
+
+  /** Gives up, its work undone, when it finds its answer gone (a passthrough route). */
+  @Post('middleware-gives-up')
+  @NoRepeatSubmit()
+  async middlewareGivesUp(@Res({ passthrough: true }) res: ExpressRes) {
+    await gate;
+    ran('middleware-gives-up');
+    if (res.headersSent) throw new Error('the answer went out: rolled back');
+    return { done: true };
+  }
+
   /** Fails for real after the timeout answered, its work undone, with a code Node gives a stream written after its end. */
   @Post('fails')
   @NoRepeatSubmit()
@@ -199,6 +219,27 @@ describe.each(['memory', 'redis'] as const)('an Express handler that touches its
     expect(runs.get(name)).toBe(before + 1);
   });
 
+  // On a passthrough route the middleware's 503 was taken for the handler's own answer and saved
+  // (5xx, not replayable): a handler that then failed kept its key, every retry 409 for the
+  // key's retention (an adversarial helper, both adapters).
+  it.each(['middleware-fails', 'middleware-gives-up'])(
+    'releases the key of a passthrough handler that fails after a timeout middleware answered (%s): the retry runs',
+    async (name) => {
+      const before = runs.get(name) ?? 0;
+      const key = randomUUID();
+      closeGate();
+      const first = await send(a.url, `/late/${name}`, { key, body: { amount: 5 } });
+      open();
+      await until(() => runs.get(name) === before + 1, 5000, 'the handler to finish');
+      await until(async () => {
+        const retry = await send(a.url, `/late/${name}`, { key, body: { amount: 5 } });
+        return codeOf(retry) !== 'IDEMPOTENCY_IN_PROGRESS';
+      }, 5000);
+      expect(first.status).toBe(503);
+      expect(runs.get(name)).toBe(before + 2);
+    },
+  );
+
   it('releases the key of a handler that failed after an outer timeout answered, whatever its error code: the retry runs', async () => {
     const before = runs.get('fails') ?? 0;
     const key = randomUUID();
@@ -248,5 +289,66 @@ describe.each(['memory', 'redis'] as const)('an Express handler that touches its
     expect({ status: first.status, ...whole(first) }).toEqual({ status, error: undefined, length: first.body.length, bytes: first.body.length });
     expect(first.text).toMatch(text);
     expect({ status: again.status, text: again.text, replayed: replayed(again) }).toEqual({ status, text: first.text, replayed: true });
+  });
+});
+
+type FastifyReplyLike = { sent: boolean; code(status: number): FastifyReplyLike; header(name: string, value: string): FastifyReplyLike; send(body: unknown): void };
+
+@Controller('late')
+class FastifyLateController {
+  @Post('middleware-fails')
+  @NoRepeatSubmit()
+  async middlewareFails(@Res({ passthrough: true }) reply: FastifyReplyLike) {
+    await gate;
+    ran('fastify-middleware-fails');
+    reply.header('x-after', '1');
+    throw new Error('the payment was declined');
+  }
+
+  @Post('middleware-gives-up')
+  @NoRepeatSubmit()
+  async middlewareGivesUp(@Res({ passthrough: true }) reply: FastifyReplyLike) {
+    await gate;
+    ran('fastify-middleware-gives-up');
+    if (reply.sent) throw new Error('the answer went out: rolled back');
+    return { done: true };
+  }
+}
+
+describe('a Fastify passthrough handler that fails after a timeout hook answered', () => {
+  let a: EdgeApp;
+  beforeAll(async () => {
+    a = await makeApp('fastify', [FastifyLateController], {}, {
+      setup: (app) => {
+        const fastify = app.getHttpAdapter().getInstance() as {
+          addHook(name: 'onRequest', hook: (req: { url: string }, reply: FastifyReplyLike, done: () => void) => void): void;
+        };
+        fastify.addHook('onRequest', (req, reply, done) => {
+          if (req.url.startsWith('/late/')) {
+            setTimeout(() => {
+              if (!reply.sent) reply.code(503).header('retry-after', '2').send({ error: 'request timed out' });
+            }, 200).unref();
+          }
+          done();
+        });
+      },
+    });
+  });
+  afterAll(async () => {
+    open();
+    await a?.close();
+  });
+
+  it.each(['middleware-fails', 'middleware-gives-up'])('releases its key (%s): the retry runs', async (route) => {
+    const name = `fastify-${route}`;
+    const before = runs.get(name) ?? 0;
+    const key = randomUUID();
+    closeGate();
+    const first = await send(a.url, `/late/${route}`, { key, body: { amount: 5 } });
+    open();
+    await until(() => runs.get(name) === before + 1, 5000, 'the handler to finish');
+    await until(async () => codeOf(await send(a.url, `/late/${route}`, { key, body: { amount: 5 } })) !== 'IDEMPOTENCY_IN_PROGRESS', 5000);
+    expect(first.status).toBe(503);
+    expect(runs.get(name)).toBe(before + 2);
   });
 });

@@ -142,7 +142,7 @@ export class HttpExchange implements GuardExchange {
     const capture: ResponseCapture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, holdsResponse, (sent) =>
       failedInMethod ? this.settleFailure(claim, sent) : claim.save(this.savedOf(sent, capture, fileFailed)),
     );
-    const watched = savesStatus ? watchHandler(next) : undefined;
+    const watched = savesStatus ? capture.owning(() => watchHandler(next)) : undefined;
     /** The app's answer to the method's error is the one to save, by its status (`settleFailure`). */
     const answerFailure = () => {
       failedInMethod = true;
@@ -154,7 +154,7 @@ export class HttpExchange implements GuardExchange {
       capture.succeed();
     };
     return runHeld(
-      watched ? watched.handled : next.handle(),
+      watched ? watched.handled : capture.owning(() => next.handle()),
       {
         succeeded: async (value, cut) => {
           // Cut off first: the client got another answer (the capture let it through).

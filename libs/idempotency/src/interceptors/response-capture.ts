@@ -1,3 +1,4 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { withoutRefusalHeaders } from './refusal-headers.js';
 import { dropLateHeaders, headersSentError, hookResponse, showReports, type ResponseHook, type Through } from './response-hooks.js';
@@ -66,6 +67,9 @@ const NOT_KEPT_AS_TEXT = /[\p{Cs}\0]/u;
 function bodyOfText(text: string): Buffer | string {
   return NOT_KEPT_AS_TEXT.test(text) ? Buffer.from(text, 'utf8') : text;
 }
+
+/** The capture whose handler's run this is (`ResponseCapture.owning`). */
+const handlerRuns = new AsyncLocalStorage<ResponseCapture>();
 
 const callbackOf = (args: Args) => args.find((arg) => typeof arg === 'function') as ((error?: Error) => void) | undefined;
 const withoutCallback = (args: Args) => args.filter((arg) => typeof arg !== 'function');
@@ -161,6 +165,18 @@ export class ResponseCapture implements ResponseHook {
   }
 
   /**
+   * Starts the handler (calls `start`, which asks Nest for it: Nest runs the handler in the async
+   * context of that call) so that, on a route whose handler answers itself (`@Res()`), an `end()`
+   * from its run is known as its own, and one from elsewhere (a timeout middleware's timer, set
+   * before the handler ran) is not: taken for the handler's, a middleware's 503 was saved, and a
+   * handler that then failed kept its key, every retry refused for the key's retention (an
+   * adversarial helper, both adapters).
+   */
+  owning<T>(start: () => T): T {
+    return this.handlerAnswers ? handlerRuns.run(this, start) : start();
+  }
+
+  /**
    * The run was cut off from the client (an outer timeout, a client that left) while the handler
    * runs: the answer that goes out is not the handler's, and the handler's header changes after
    * it are dropped (`dropLateHeaders`).
@@ -210,8 +226,9 @@ export class ResponseCapture implements ResponseHook {
     this.state = 'ending';
     if (typeof args[0] !== 'function') this.record(args[0], args[1]);
     // While the handler runs, Nest has not sent its answer (it waits for the handler's value):
-    // an end() then is the handler's own on `@Res()` routes, and someone else's otherwise.
-    if (this.mode === 'pending') this.mode = this.handlerAnswers ? 'save' : 'foreign';
+    // an end() then is the handler's own on `@Res()` routes when it comes from its run
+    // (`owning`), and someone else's otherwise.
+    if (this.mode === 'pending') this.mode = this.handlerAnswers && handlerRuns.getStore() === this ? 'save' : 'foreign';
     if (this.mode === 'foreign') dropLateHeaders(this.raw);
     this.finish(args);
   }

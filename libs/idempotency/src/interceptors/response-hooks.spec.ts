@@ -235,13 +235,16 @@ describe('ResponseCapture on a prototype-swapped response (Express)', () => {
     let saved: string | undefined;
     const got = await serve((res) => {
       Object.setPrototypeOf(res, appResponse);
-      new ResponseCapture(res, ['content-type'], 1 << 20, true, async (sent) => {
+      const capture = new ResponseCapture(res, ['content-type'], 1 << 20, true, async (sent) => {
         saved = sent?.body?.toString();
       });
-      res.write('prefix-');
-      Object.setPrototypeOf(res, legacyResponse);
-      res.statusCode = 201;
-      res.end('body');
+      // As the handler's own run (the guard starts it so): its end() is its answer.
+      capture.owning(() => {
+        res.write('prefix-');
+        Object.setPrototypeOf(res, legacyResponse);
+        res.statusCode = 201;
+        res.end('body');
+      });
     });
     expect(got).toEqual({ status: 201, body: 'prefix-body' });
     expect(saved).toBe('prefix-body');
