@@ -79,12 +79,30 @@ export async function createDemoApp(options: DemoAppOptions): Promise<INestAppli
 /** The Redis transport for message handlers (`OrdersRpcController`), when a URL is given. */
 function connectRpc(app: INestApplication, url: string | undefined): void {
   if (!url) return;
-  const { hostname, port } = new URL(url);
   // inheritAppConfig: the app's global guard, validation pipe and exception filter apply to messages too.
-  app.connectMicroservice<MicroserviceOptions>(
-    { transport: Transport.REDIS, options: { host: hostname, port: Number(port || 6379) } },
-    { inheritAppConfig: true },
-  );
+  app.connectMicroservice<MicroserviceOptions>({ transport: Transport.REDIS, options: rpcRedisOptions(url) }, { inheritAppConfig: true });
+}
+
+/**
+ * The transport's connection, from the whole URL the store uses: its user, password, database
+ * and TLS too (with the host and the port only, a Redis that asks for a password stopped the
+ * demo at start-up: NOAUTH). Nest's Redis transport gives up on its connection at the first drop
+ * unless told to retry: after a one-second restart of Redis the message pattern answered nothing
+ * again (an adversarial helper). It retries every second, for as long as the app runs.
+ */
+function rpcRedisOptions(url: string) {
+  const parsed = new URL(url);
+  const db = Number(parsed.pathname.slice(1) || 0);
+  return {
+    host: parsed.hostname.replace(/^\[(.*)\]$/, '$1'),
+    port: Number(parsed.port || 6379),
+    ...(parsed.username && { username: decodeURIComponent(parsed.username) }),
+    ...(parsed.password && { password: decodeURIComponent(parsed.password) }),
+    ...(db > 0 && { db }),
+    ...(parsed.protocol === 'rediss:' && { tls: {} }),
+    retryAttempts: Number.MAX_SAFE_INTEGER,
+    retryDelay: 1000,
+  };
 }
 
 /**
