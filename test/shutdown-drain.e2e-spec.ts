@@ -109,6 +109,8 @@ describe('app.close() while a guarded handler runs whose caller got a 408 (modul
       code: 'IDEMPOTENCY_STORE_UNAVAILABLE',
       retryAfter: '1',
     });
+    // Said as it is: the store is fine (it said "the idempotency store is unavailable": an adversarial helper).
+    expect(JSON.parse(during.text).message).toMatch(/^This instance is shutting down/);
     await closed;
     expect(runs.get('1500')!.started).toBe(before.started + 1);
     expect((await send(other.url, '/jobs/slow', { key })).status).toBe(408);

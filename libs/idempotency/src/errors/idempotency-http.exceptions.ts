@@ -86,12 +86,19 @@ export const keyReused = (format?: ErrorFormat) =>
     format,
   );
 
-export const storeUnavailable = (retryAfterSeconds: number, format?: ErrorFormat) =>
+/**
+ * 503: the store failed, or (`shuttingDown`) this instance is going away while the store is fine
+ * (said as such: "the store is unavailable" sent operators after a healthy Redis, an adversarial
+ * helper). One code either way: the client does the same.
+ */
+export const storeUnavailable = (retryAfterSeconds: number, format?: ErrorFormat, shuttingDown?: boolean) =>
   new IdempotencyHttpException(
     IdempotencyErrorCode.STORE_UNAVAILABLE,
     HttpStatus.SERVICE_UNAVAILABLE,
     'Service Unavailable',
-    `The idempotency store is unavailable, so this operation was not started: retry after ${retryAfterSeconds} s with the same key.`,
+    shuttingDown
+      ? `This instance is shutting down, so this operation was not started here: retry after ${retryAfterSeconds} s with the same key.`
+      : `The idempotency store is unavailable, so this operation was not started: retry after ${retryAfterSeconds} s with the same key.`,
     retryAfterSeconds,
     format,
   );

@@ -127,7 +127,7 @@ export class ClaimAnswers {
       this.counters.count('shuttingDown', route.handler);
       events?.emit('shutting_down', {});
     };
-    return { result: answered(refused, () => exchange.refuse({ reason: 'store_unavailable' })) };
+    return { result: answered(refused, () => exchange.refuse({ reason: 'store_unavailable', shuttingDown: true })) };
   }
 
   /** The store failed the claim: 503 for a fail-closed route, else the handler runs unguarded. */

@@ -11,7 +11,8 @@ export type GuardRefusal =
   | { reason: 'key_missing'; source: string }
   | { reason: 'in_progress'; retryAfterMs: number }
   | { reason: 'key_reused' }
-  | { reason: 'store_unavailable' };
+  /** `shuttingDown`: the store is fine, this instance is going away (the client goes to another). */
+  | { reason: 'store_unavailable'; shuttingDown?: true };
 
 /**
  * A claim the guard holds (or may hold: a claim that failed may still land) for one run, proven

@@ -335,6 +335,6 @@ function toHttpException(refusal: GuardRefusal, route: GuardedRoute): Idempotenc
     case 'key_reused':
       return keyReused(format);
     case 'store_unavailable':
-      return storeUnavailable(1, format);
+      return storeUnavailable(1, format, refusal.shuttingDown);
   }
 }

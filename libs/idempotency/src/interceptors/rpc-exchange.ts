@@ -234,7 +234,10 @@ function toRpcError(refusal: GuardRefusal): { code: string; message: string; ret
     case 'key_reused':
       return { code: IdempotencyErrorCode.KEY_REUSED, message: 'This key was already used with another payload.' };
     case 'store_unavailable':
-      return { code: IdempotencyErrorCode.STORE_UNAVAILABLE, message: 'The idempotency store is unavailable.' };
+      return {
+        code: IdempotencyErrorCode.STORE_UNAVAILABLE,
+        message: refusal.shuttingDown ? 'This instance is shutting down: send the message again.' : 'The idempotency store is unavailable.',
+      };
   }
 }
 
