@@ -27,6 +27,7 @@ import {
 } from '@nestjs/common';
 import { APP_INTERCEPTOR } from '@nestjs/core';
 import { randomUUID } from 'node:crypto';
+import { EventEmitter } from 'node:events';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { catchError, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
@@ -178,6 +179,29 @@ class TwiceController {
   }
 }
 
+/** Made before any request, as a shared client's or a queue's events are: its callbacks run outside any request's async context. */
+const bus = new EventEmitter();
+setInterval(() => bus.emit('tick'), 10).unref();
+
+@Controller('callback')
+class CallbackController {
+  /** A @Res() handler that answers from such a callback. */
+  @Post('answers')
+  @NoRepeatSubmit()
+  async answers(@Res() res: ExpressRes) {
+    const n = ran('callback-answers');
+    await new Promise<void>((done) => bus.once('tick', () => (res.status(201).json({ order: n }), done())));
+  }
+
+  /** The same, failing after its answer went out (an audit write that fails). */
+  @Post('answers-then-fails')
+  @NoRepeatSubmit()
+  async answersThenFails(@Res() res: ExpressRes) {
+    const n = ran('callback-fails');
+    await new Promise<void>((_done, fail) => bus.once('tick', () => (res.status(201).json({ order: n }), fail(new Error('audit failed')))));
+  }
+}
+
 /** The answer arrived whole: no error, and as many bytes as its Content-Length says. */
 const whole = (answer: RawAnswer) => ({ error: answer.error, length: Number(answer.headers['content-length']), bytes: answer.body.length });
 
@@ -185,7 +209,7 @@ describe.each(['memory', 'redis'] as const)('an Express handler that touches its
   let a: EdgeApp;
   beforeAll(async () => {
     const options = store === 'redis' ? { store: { redis: REDIS_URL }, keyPrefix: `answer-gone-${randomUUID()}` } : {};
-    a = await makeApp('express', [LateController, TwiceController], options, {
+    a = await makeApp('express', [LateController, TwiceController, CallbackController], options, {
       providers: [{ provide: APP_INTERCEPTOR, useClass: TimeoutInterceptor }],
       setup: (app) => void app.use(requestTimeout(200)),
     });
@@ -255,6 +279,24 @@ describe.each(['memory', 'redis'] as const)('an Express handler that touches its
     expect(first.status).toBe(408);
     expect({ status: retry!.status, code: codeOf(retry!) }).toEqual({ status: 500, code: undefined });
     expect(runs.get('fails')).toBe(before + 2);
+  });
+
+  // Taken for another's answer (the callback runs outside the handler's async context), the first
+  // answer was refused to every duplicate (409, not replayable), and a handler that then failed
+  // released its key: every retry ran it again (an adversarial helper, both adapters). On a route
+  // whose handler sends its own answer (@Res() without passthrough), every answer while it runs is its own.
+  it.each([
+    ['answers', 'callback-answers'],
+    ['answers-then-fails', 'callback-fails'],
+  ])('replays what a @Res() handler sent from a callback outside its run (%s), and runs it once', async (route, name) => {
+    const before = runs.get(name) ?? 0;
+    const key = randomUUID();
+    const first = await send(a.url, `/callback/${route}`, { key });
+    const again: RawAnswer[] = [];
+    for (let i = 0; i < 3; i++) again.push(await send(a.url, `/callback/${route}`, { key }));
+    expect(first.status).toBe(201);
+    expect(again.map((answer) => [answer.status, answer.text, replayed(answer)])).toEqual(Array(3).fill([201, first.text, true]));
+    expect(runs.get(name)).toBe(before + 1);
   });
 
   it('(control, no guard) a second answer is refused by Node, and the first goes out whole', async () => {

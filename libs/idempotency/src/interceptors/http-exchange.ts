@@ -139,7 +139,8 @@ export class HttpExchange implements GuardExchange {
     let failedInMethod = false;
     let fileFailed = false;
     clearRefusalHeaders(this.res, this.raw);
-    const capture: ResponseCapture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, holdsResponse, (sent) =>
+    const answers = !holdsResponse ? 'nest' : this.route.sendsOwnResponse ? 'handler' : 'run';
+    const capture: ResponseCapture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, answers, (sent) =>
       failedInMethod ? this.settleFailure(claim, sent) : claim.save(this.savedOf(sent, capture, fileFailed)),
     );
     const watched = savesStatus ? capture.owning(() => watchHandler(next)) : undefined;

@@ -91,7 +91,7 @@ describe('a refusal\'s headers (Retry-After, the problem details type)', () => {
     let saved: CapturedResponse | undefined;
     const got = await answered((res) => {
       setRefusalHeaders(res, res, adapter, 409, REFUSAL);
-      const capture = new ResponseCapture(res, ['content-type', 'retry-after'], 1024, false, async (sent) => {
+      const capture = new ResponseCapture(res, ['content-type', 'retry-after'], 1024, 'nest', async (sent) => {
         saved = sent;
       });
       capture.succeed();

@@ -68,6 +68,16 @@ function bodyOfText(text: string): Buffer | string {
   return NOT_KEPT_AS_TEXT.test(text) ? Buffer.from(text, 'utf8') : text;
 }
 
+/**
+ * Who answers while the handler runs: `'handler'` (`@Res()`: it sends its own answer, every
+ * `end()` while it runs is its; from callbacks of emitters made before the request too, which run
+ * outside its async context: taken for another's, their answers were refused to duplicates, and
+ * a handler that failed after answering ran again on every retry, an adversarial helper), `'run'`
+ * (`@Res({ passthrough: true })`: Nest sends its value, and an `end()` while it runs is its own
+ * only from its run, see `owning`), `'nest'` (no `@Res()`: any `end()` while it runs is another's).
+ */
+export type HandlerAnswers = 'handler' | 'run' | 'nest';
+
 /** The capture whose handler's run this is (`ResponseCapture.owning`). */
 const handlerRuns = new AsyncLocalStorage<ResponseCapture>();
 
@@ -119,12 +129,12 @@ export class ResponseCapture implements ResponseHook {
     private readonly raw: ServerResponse,
     headerNames: readonly string[],
     private readonly maxBytes: number,
-    private readonly handlerAnswers: boolean,
+    private readonly answers: HandlerAnswers,
     private readonly save: SaveCaptured,
   ) {
     this.names = capturedNames(headerNames);
     // A handler that answers itself may hand the response to code that swaps its prototype.
-    this.through = hookResponse(raw, this, handlerAnswers);
+    this.through = hookResponse(raw, this, answers !== 'nest');
     raw.once('close', () => this.onClose());
   }
 
@@ -166,14 +176,14 @@ export class ResponseCapture implements ResponseHook {
 
   /**
    * Starts the handler (calls `start`, which asks Nest for it: Nest runs the handler in the async
-   * context of that call) so that, on a route whose handler answers itself (`@Res()`), an `end()`
-   * from its run is known as its own, and one from elsewhere (a timeout middleware's timer, set
-   * before the handler ran) is not: taken for the handler's, a middleware's 503 was saved, and a
-   * handler that then failed kept its key, every retry refused for the key's retention (an
-   * adversarial helper, both adapters).
+   * context of that call) so that, on a passthrough route (`answers: 'run'`), an `end()` from its
+   * run is known as its own, and one from elsewhere (a timeout middleware's timer, set before the
+   * handler ran) is not: taken for the handler's, a middleware's 503 was saved, and a handler that
+   * then failed kept its key, every retry refused for the key's retention (an adversarial helper,
+   * both adapters).
    */
   owning<T>(start: () => T): T {
-    return this.handlerAnswers ? handlerRuns.run(this, start) : start();
+    return this.answers === 'run' ? handlerRuns.run(this, start) : start();
   }
 
   /**
@@ -226,9 +236,9 @@ export class ResponseCapture implements ResponseHook {
     this.state = 'ending';
     if (typeof args[0] !== 'function') this.record(args[0], args[1]);
     // While the handler runs, Nest has not sent its answer (it waits for the handler's value):
-    // an end() then is the handler's own on `@Res()` routes when it comes from its run
-    // (`owning`), and someone else's otherwise.
-    if (this.mode === 'pending') this.mode = this.handlerAnswers && handlerRuns.getStore() === this ? 'save' : 'foreign';
+    // an end() then is the handler's own on `@Res()` routes, on passthrough ones when it comes
+    // from its run (`owning`), and someone else's otherwise.
+    if (this.mode === 'pending') this.mode = this.answers === 'handler' || (this.answers === 'run' && handlerRuns.getStore() === this) ? 'save' : 'foreign';
     if (this.mode === 'foreign') dropLateHeaders(this.raw);
     this.finish(args);
   }
