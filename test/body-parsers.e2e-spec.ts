@@ -298,7 +298,12 @@ describe('body parsers without rawBody (express)', () => {
     expect(cafe.status).toBe(201);
     const other = await post('order: cafè');
     // Before the fix: 201 replayed. Both decode to "order: caf\uFFFD" and the string's UTF-8 was hashed; with rawBody: 422.
-    expect({ status: other.status, replayed: other.headers['idempotent-replayed'] }).toEqual({ status: 422, replayed: undefined });
+    // Neither can be matched to the other: refused, not replayed, and not told to take a new key.
+    expect({ status: other.status, code: other.body.code, replayed: other.headers['idempotent-replayed'] }).toEqual({
+      status: 400,
+      code: 'IDEMPOTENCY_PAYLOAD_UNSUPPORTED',
+      replayed: undefined,
+    });
   });
 
   it('multer disk storage: a file on disk is hashed from disk (same file replays, another is 422)', async () => {
@@ -370,14 +375,17 @@ describe('body parsers without rawBody (express)', () => {
     expect([again.status, again.text]).toEqual([200, read.text]);
   });
 
-  it('text its parser could not decode: a retry under its key is 422 too (its bytes are lost), and a fingerprint-keyed route refuses it', async () => {
+  it('text its parser could not decode: a retry under its key is refused as unmatchable, never "send a new key" (its bytes are lost), and a fingerprint-keyed route refuses it', async () => {
     const key = randomUUID();
     const latin1 = Buffer.from('order: café', 'latin1');
     const post = (path: string, headers: Record<string, string>) =>
       request(app.getHttpServer()).post(path).set(headers).set('content-type', 'text/plain').send(latin1);
     expect((await post('/text', { 'idempotency-key': key })).status).toBe(201);
     const retry = await post('/text', { 'idempotency-key': key });
-    expect([retry.status, retry.body.code]).toEqual([422, 'IDEMPOTENCY_KEY_REUSED']);
+    // It was 422 IDEMPOTENCY_KEY_REUSED ("send a new key for a new operation"): a client that did so
+    // ran the operation again (an adversarial helper: the first answer cut, the retry refused).
+    expect([retry.status, retry.body.code]).toEqual([400, 'IDEMPOTENCY_PAYLOAD_UNSUPPORTED']);
+    expect(retry.body.message).toMatch(/cannot be matched to the call that first used this key, which may have run/);
 
     const before = runs;
     const keyless = await post('/fingerprinted', { 'x-user': `u-${key}` });

@@ -4,8 +4,9 @@ import { rememberLeaseSignal } from '../decorators/lease-signal.decorator.js';
 import type { CallEvents } from '../events/call-events.js';
 import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import { IdempotencyStore, type ClaimInput, type ClaimResult } from '../stores/idempotency-store.js';
+import { isUnmatchable, UNMATCHABLE_RETRY } from '../keys/fingerprint.js';
 import { awaitSettled } from './await-settled.js';
-import type { GuardExchange, HeldClaim } from './exchange.js';
+import type { GuardExchange, GuardRefusal, HeldClaim } from './exchange.js';
 import type { GuardedRoute } from './route-options.js';
 import { StoreCalls } from './store-calls.js';
 
@@ -92,7 +93,11 @@ export class ClaimAnswers {
             this.counters.count('mismatched', route.handler);
             events?.emit('key_reused', {});
           };
-          return { result: answered(refused, () => exchange.refuse({ reason: 'key_reused' })) };
+          // A call whose body's bytes are lost may be the retry of the one that ran: not "reused".
+          const refusal: GuardRefusal = isUnmatchable(input.fingerprint)
+            ? { reason: 'payload_unsupported', problem: UNMATCHABLE_RETRY }
+            : { reason: 'key_reused' };
+          return { result: answered(refused, () => exchange.refuse(refusal)) };
         }
         case 'completed': {
           const { response } = claim;

@@ -16,7 +16,7 @@ import type { IdempotencyTransport } from '../events/idempotency-event.js';
 import { IdempotencyEvents } from '../events/idempotency-events.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
 import type { IdempotencyUserId } from '../idempotency.options.js';
-import { fingerprintRequest, UnmatchableBodyError } from '../keys/fingerprint.js';
+import { fingerprintRequest, UnmatchableBodyError, unmatchableFingerprint } from '../keys/fingerprint.js';
 import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
 import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import { IdempotencyStore } from '../stores/idempotency-store.js';
@@ -145,8 +145,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
       if (!(error instanceof UnmatchableBodyError) || clientKey === undefined) {
         return { result: exchange.refuse({ reason: 'payload_unsupported', problem: error.message }) };
       }
-      // Its bytes are lost: under the client's key it runs once, and matches no other call (422).
-      fingerprint = `unmatchable:${claimToken()}`;
+      // Its bytes are lost: under the client's key it runs once, and matches no other call (see UNMATCHABLE_RETRY).
+      fingerprint = unmatchableFingerprint(claimToken());
     }
     const keySegment = clientKey ?? fingerprint;
     const handler = exchange.keyHandler?.() ?? route.handler;

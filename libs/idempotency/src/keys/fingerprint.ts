@@ -197,6 +197,24 @@ function unreadBody(contentType: string | undefined): IdempotencyError {
   );
 }
 
+/** The fingerprint a call whose body's bytes are lost claims under a client's key: matching no other call. */
+export const unmatchableFingerprint = (token: string) => `${UNMATCHABLE}${token}`;
+const UNMATCHABLE = 'unmatchable:';
+
+/** Whether `fingerprint` is a call's whose body's bytes are lost (`unmatchableFingerprint`). */
+export const isUnmatchable = (fingerprint: string) => fingerprint.startsWith(UNMATCHABLE);
+
+/**
+ * Why a call whose body's bytes are lost is refused where its key was claimed already: it may be
+ * the retry of the call that ran, or another call, and nothing tells which. Answered "key reused:
+ * send a new key for a new operation", a client that followed it ran the operation again (an
+ * adversarial helper: a retry of text holding U+FFFD, after the first answer was cut).
+ */
+export const UNMATCHABLE_RETRY =
+  'its text is not valid in its charset (its parser replaced bytes with U+FFFD), so it cannot be matched to the call that ' +
+  'first used this key, which may have run: read the resource\'s current state rather than send it under a new key; send text ' +
+  'as UTF-8 or name its charset (charset=iso-8859-1)';
+
 /**
  * A body whose bytes are lost: text its parser could not decode (U+FFFD stands for any bytes),
  * without `rawBody`. No other call is known to be the same: a guard may claim such a call under a
