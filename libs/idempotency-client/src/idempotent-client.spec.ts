@@ -38,7 +38,22 @@ const fast: Partial<IdempotentClientOptions> = { backoff: { baseMs: 1, maxMs: 5,
 const client = (fetch: typeof globalThis.fetch, options: Partial<IdempotentClientOptions> = {}) =>
   createIdempotentClient({ baseUrl: 'http://api.test/v1/', fetch, ...fast, ...options });
 
+/** What a signal holds of the signals AbortSignal.any() made from it (Node's own field), 0 where none. */
+const dependantsOf = (signal: AbortSignal) =>
+  Object.getOwnPropertySymbols(signal)
+    .filter((symbol) => String(symbol).includes('DependantSignals'))
+    .reduce((count, symbol) => count + (((signal as unknown as Record<symbol, Set<unknown> | undefined>)[symbol])?.size ?? 0), 0);
+
 describe('createIdempotentClient', () => {
+  it("lets go of each attempt's signal when the caller passes one long-lived signal (a shutdown signal)", async () => {
+    // AbortSignal.any() kept every attempt's signal in the caller's on Node 20 (nodejs/node#55351): the heap grew with every call.
+    const shutdown = new AbortController().signal;
+    const { fetch } = scripted(json(201, { id: 1 }));
+    const api = client(fetch);
+    for (let i = 0; i < 200; i++) await api.post('/orders', { i }, { signal: shutdown });
+    expect(dependantsOf(shutdown)).toBe(0);
+  });
+
   it('sends one generated key on every attempt and reports the replay', async () => {
     const { fetch, calls } = scripted(networkError(), json(503, {}), json(201, { id: 1 }, { 'idempotent-replayed': 'true' }));
     const res = await client(fetch).post('/orders', { amount: 5 });
@@ -219,6 +234,14 @@ describe('createIdempotentClient', () => {
     await expect(client(fetch).post('/p', {}, { key: 'a', headers: { 'Idempotency-Key': 'b' } })).rejects.toThrow(/two keys for one operation/);
   });
 
+  it('takes a header given as undefined for none: a key is generated, never the text "undefined"', async () => {
+    // new Headers() wrote "undefined": every such call shared one key (an adversarial helper).
+    const { fetch, calls } = scripted(json(201, {}));
+    const none = undefined as unknown as string;
+    await client(fetch, { headers: { 'Idempotency-Key': none } }).post('/p', {}, { headers: { 'Idempotency-Key': none, 'x-trace': none } });
+    expect({ key: calls[0]!.headers.get('idempotency-key'), trace: calls[0]!.headers.has('x-trace') }).toEqual({ key: expect.stringMatching(/^[0-9a-f-]{36}$/), trace: false });
+  });
+
   // An adversarial helper (session 20): a proxy that ended the answer by closing the connection
   // cut it, and the half JSON came back as a 201 with a text body.
   it('retries an answer whose JSON was cut (no Content-Length), and gets the whole replay', async () => {
@@ -264,6 +287,7 @@ describe('createIdempotentClient', () => {
     ['a RegExp', { pattern: /a/ }, /RegExp/],
     ['a Promise', { later: Promise.resolve(1) }, /Promise/],
     ['a custom iterable', { items: { *[Symbol.iterator]() {} } }, /iterable/],
+    ['an async iterable', { async *[Symbol.asyncIterator]() {} }, /async iterable/],
     ['a function', { callback: () => 1 }, /function/],
     ['a symbol', { tag: Symbol('x') }, /symbol/],
     ['NaN', { amount: Number.NaN }, /NaN/],

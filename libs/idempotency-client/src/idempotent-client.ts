@@ -132,8 +132,8 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
 
   async function request<T>(method: string, path: string, body?: unknown, opts: IdempotentRequestOptions = {}): Promise<IdempotentResponse<T>> {
     const deadline = Date.now() + timeoutMs;
-    const headers = new Headers(options.headers);
-    new Headers(opts.headers).forEach((value, name) => headers.set(name, value));
+    const headers = headersOf(options.headers);
+    headersOf(opts.headers).forEach((value, name) => headers.set(name, value));
     // A key the caller put in the headers is the operation's: replaced by a new one, a re-send
     // with it ran twice (an adversarial helper).
     const given = keyHeader === false ? null : headers.get(keyHeader);
@@ -159,6 +159,7 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
     for (let attempts = 1; ; attempts++) {
       opts.signal?.throwIfAborted();
       const attemptSignal = AbortSignal.timeout(Math.max(1, Math.min(attemptTimeoutMs, deadline - Date.now())));
+      const signal = opts.signal ? eitherSignal(opts.signal, attemptSignal) : { signal: attemptSignal, release: () => undefined };
       let answer: IdempotentResponse<T> | undefined;
       let failure: unknown;
       try {
@@ -169,7 +170,7 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
           // A redirect is the answer: followed, it carried the key and the body to its Location
           // (another host), and a redirect to itself sent the request 21 times an attempt.
           redirect: 'manual',
-          signal: opts.signal ? AbortSignal.any([opts.signal, attemptSignal]) : attemptSignal,
+          signal: signal.signal,
         });
         // Read inside the attempt: a connection cut mid-body is a network error too.
         const text = await readText(res, maxResponseBytes);
@@ -191,6 +192,8 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
         if (opts.signal?.aborted) throw opts.signal.reason;
         if (error instanceof IdempotentRequestError) throw error;
         failure = error;
+      } finally {
+        signal.release();
       }
 
       const inProgress = answer !== undefined && isInProgress(answer);
@@ -266,6 +269,35 @@ function decodeBody(text: string, headers: Headers): unknown {
  * Waits `ms`, in steps a timer can hold (a `Retry-After` may ask for more), or rejects with the
  * signal's reason as soon as it aborts.
  */
+/**
+ * A signal that aborts when either does, with the reason of the one that did, made for one
+ * attempt and let go after it (`release`). `AbortSignal.any()` on a long-lived signal of the
+ * caller's (a process-wide shutdown signal) kept a reference to every attempt's signal on Node 20
+ * (nodejs/node#55351; an adversarial helper: +6 MB of heap per 100,000 calls).
+ */
+function eitherSignal(caller: AbortSignal, attempt: AbortSignal): { signal: AbortSignal; release(): void } {
+  const controller = new AbortController();
+  const onCaller = () => controller.abort(caller.reason);
+  const onAttempt = () => controller.abort(attempt.reason);
+  const release = () => {
+    caller.removeEventListener('abort', onCaller);
+    attempt.removeEventListener('abort', onAttempt);
+  };
+  if (caller.aborted) onCaller();
+  else if (attempt.aborted) onAttempt();
+  else {
+    caller.addEventListener('abort', onCaller, { once: true });
+    attempt.addEventListener('abort', onAttempt, { once: true });
+  }
+  return { signal: controller.signal, release };
+}
+
+/** `new Headers(init)`, where a plain object's header given as `undefined` is none (`new Headers()` writes "undefined"). */
+function headersOf(init: HeadersLike | undefined): Headers {
+  if (init === undefined || init instanceof Headers || Array.isArray(init)) return new Headers(init);
+  return new Headers(Object.fromEntries(Object.entries(init).filter(([, value]) => value !== undefined)) as HeadersLike);
+}
+
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
   return new Promise((resolve, reject) => {
     if (signal?.aborted) return reject(signal.reason);

@@ -101,6 +101,8 @@ function jsonLoss(value: unknown): string | undefined {
   // does not see: its tag is not "Object". A class instance's or a plain object's is.
   if (Object.prototype.toString.call(value) !== '[object Object]') return `${kind} (JSON would not write it as it is)`;
   if (Symbol.iterator in value) return `${kind} that is iterable (JSON writes its fields, not its items)`;
+  // An async iterable (an async generator, a stream-like object) went as `{}` (an adversarial helper).
+  if (Symbol.asyncIterator in value) return `${kind} that is async iterable (JSON writes its fields, not its items; a stream cannot be sent twice)`;
   // A class that keeps its content behind getters (often over #private fields), with no field of
   // its own: JSON writes only own fields, so `{}` went, silently (an adversarial helper). A DTO
   // with fields and a convenience getter goes by its fields, as before.
