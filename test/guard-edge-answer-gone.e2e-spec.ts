@@ -202,6 +202,31 @@ class CallbackController {
   }
 }
 
+/**
+ * A call whose handler waits at the gate while a timeout answers it, then the handler's end (run
+ * `name` counted once more), then the first retry with its key that is no longer in progress
+ * (the run's outcome has landed).
+ */
+async function timedOutThenRetried(
+  url: string,
+  path: string,
+  name: string,
+  body: unknown,
+): Promise<{ first: RawAnswer; retry: RawAnswer; before: number; key: string }> {
+  const before = runs.get(name) ?? 0;
+  const key = randomUUID();
+  closeGate();
+  const first = await send(url, path, { key, body });
+  open();
+  await until(() => runs.get(name) === before + 1, 5000, 'the handler to finish');
+  let retry!: RawAnswer;
+  await until(async () => {
+    retry = await send(url, path, { key, body });
+    return codeOf(retry) !== 'IDEMPOTENCY_IN_PROGRESS';
+  }, 5000);
+  return { first, retry, before, key };
+}
+
 /** The answer arrived whole: no error, and as many bytes as its Content-Length says. */
 const whole = (answer: RawAnswer) => ({ error: answer.error, length: Number(answer.headers['content-length']), bytes: answer.body.length });
 
@@ -224,19 +249,8 @@ describe.each(['memory', 'redis'] as const)('an Express handler that touches its
     ['middleware', 503],
     ['wrapped', 408],
   ])('records a handler that set a header after an outer timeout (%s) answered as run, never delivered: retries do not run it again', async (name, status) => {
-    const before = runs.get(name) ?? 0;
-    const key = randomUUID();
-    closeGate();
-    const first = await send(a.url, `/late/${name}`, { key, body: { amount: 5 } });
-    open();
-    await until(() => runs.get(name) === before + 1, 5000, 'the handler to finish');
-    // Until the run's outcome has landed (in progress meanwhile), then twice more.
-    const retries: RawAnswer[] = [];
-    await until(async () => {
-      const retry = await send(a.url, `/late/${name}`, { key, body: { amount: 5 } });
-      if (codeOf(retry) !== 'IDEMPOTENCY_IN_PROGRESS') retries.push(retry);
-      return retries.length > 0;
-    }, 5000);
+    const { first, retry, before, key } = await timedOutThenRetried(a.url, `/late/${name}`, name, { amount: 5 });
+    const retries = [retry];
     for (let i = 0; i < 2; i++) retries.push(await send(a.url, `/late/${name}`, { key, body: { amount: 5 } }));
     expect(first.status).toBe(status);
     expect(retries.map((r) => [r.status, codeOf(r)])).toEqual(Array(3).fill([409, 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE']));
@@ -249,35 +263,16 @@ describe.each(['memory', 'redis'] as const)('an Express handler that touches its
   it.each(['middleware-fails', 'middleware-gives-up'])(
     'releases the key of a passthrough handler that fails after a timeout middleware answered (%s): the retry runs',
     async (name) => {
-      const before = runs.get(name) ?? 0;
-      const key = randomUUID();
-      closeGate();
-      const first = await send(a.url, `/late/${name}`, { key, body: { amount: 5 } });
-      open();
-      await until(() => runs.get(name) === before + 1, 5000, 'the handler to finish');
-      await until(async () => {
-        const retry = await send(a.url, `/late/${name}`, { key, body: { amount: 5 } });
-        return codeOf(retry) !== 'IDEMPOTENCY_IN_PROGRESS';
-      }, 5000);
+      const { first, before } = await timedOutThenRetried(a.url, `/late/${name}`, name, { amount: 5 });
       expect(first.status).toBe(503);
       expect(runs.get(name)).toBe(before + 2);
     },
   );
 
   it('releases the key of a handler that failed after an outer timeout answered, whatever its error code: the retry runs', async () => {
-    const before = runs.get('fails') ?? 0;
-    const key = randomUUID();
-    closeGate();
-    const first = await send(a.url, '/late/fails', { key, body: { fail: true } });
-    open();
-    await until(() => runs.get('fails') === before + 1, 5000, 'the handler to finish');
-    let retry: RawAnswer | undefined;
-    await until(async () => {
-      retry = await send(a.url, '/late/fails', { key, body: { fail: true } });
-      return codeOf(retry) !== 'IDEMPOTENCY_IN_PROGRESS';
-    }, 5000);
+    const { first, retry, before } = await timedOutThenRetried(a.url, '/late/fails', 'fails', { fail: true });
     expect(first.status).toBe(408);
-    expect({ status: retry!.status, code: codeOf(retry!) }).toEqual({ status: 500, code: undefined });
+    expect({ status: retry.status, code: codeOf(retry) }).toEqual({ status: 500, code: undefined });
     expect(runs.get('fails')).toBe(before + 2);
   });
 
@@ -383,13 +378,7 @@ describe('a Fastify passthrough handler that fails after a timeout hook answered
 
   it.each(['middleware-fails', 'middleware-gives-up'])('releases its key (%s): the retry runs', async (route) => {
     const name = `fastify-${route}`;
-    const before = runs.get(name) ?? 0;
-    const key = randomUUID();
-    closeGate();
-    const first = await send(a.url, `/late/${route}`, { key, body: { amount: 5 } });
-    open();
-    await until(() => runs.get(name) === before + 1, 5000, 'the handler to finish');
-    await until(async () => codeOf(await send(a.url, `/late/${route}`, { key, body: { amount: 5 } })) !== 'IDEMPOTENCY_IN_PROGRESS', 5000);
+    const { first, before } = await timedOutThenRetried(a.url, `/late/${route}`, name, { amount: 5 });
     expect(first.status).toBe(503);
     expect(runs.get(name)).toBe(before + 2);
   });

@@ -203,47 +203,55 @@ describe('under typeorm-transactional', () => {
     expect(await Promise.all(ops.flatMap((op) => [lines(op), logged(op)]))).toEqual([1, 1, 1, 1]);
   });
 
-  // TypeORM asks the manager for a repository at every save of an entity with an id; each ask
-  // wrapped the cached repository's extend once more (a reviewer: out of stack past ~10,000).
+  /**
+   * Runs `call` in a @Transactional()-style transaction beside a sibling @Transactional()
+   * (REQUIRES_NEW) that begins right after the transaction's statement matching `after` answered,
+   * and fails once `call` is done: the timing of the adversarial helper's runs.
+   */
+  const besideASibling = <T>(after: RegExp, call: () => Promise<T>, before?: () => Promise<unknown>): Promise<T> => {
+    let began!: () => void;
+    let callDone!: () => void;
+    const siblingBegan = new Promise<void>((resolve) => (began = resolve));
+    const called = new Promise<void>((resolve) => (callDone = resolve));
+    let siblingDone: Promise<unknown> = Promise.resolve();
+    return runInTransaction(async () => {
+      await before?.();
+      const runner = dataSource.getRepository(NumberedOrder).manager.queryRunner!;
+      const query = runner.query;
+      runner.query = async function (this: unknown, ...args: Parameters<typeof query>) {
+        const answer = await query.apply(runner, args);
+        if (after.test(String(args[0]))) {
+          siblingDone = runInTransaction(
+            async () => {
+              began();
+              await called;
+              throw new LaterStepFailed();
+            },
+            { propagation: Propagation.REQUIRES_NEW },
+          ).catch(() => undefined);
+          await siblingBegan;
+        }
+        return answer;
+      } as typeof query;
+      try {
+        return await call();
+      } finally {
+        callDone();
+        runner.query = query;
+        await siblingDone;
+      }
+    });
+  };
+
   // The same sibling, beside insertOnce in a @Transactional() method: its savepoint went to the
   // method's transaction and its INSERT, asked of the repository again, to the sibling's, which
   // rolled it back: `created: true`, no row (an adversarial helper: up to 9 of 9 orders lost).
   it('keeps insertOnce in the transaction it was called in while a sibling @Transactional() runs beside it and fails', async () => {
     const orderNo = randomUUID();
-    let began!: () => void;
-    let inserted!: () => void;
-    const siblingBegan = new Promise<void>((resolve) => (began = resolve));
-    const insertDone = new Promise<void>((resolve) => (inserted = resolve));
-    const sibling = () =>
-      runInTransaction(
-        async () => {
-          began();
-          await insertDone;
-          throw new LaterStepFailed();
-        },
-        { propagation: Propagation.REQUIRES_NEW },
-      ).catch(() => undefined);
-    let siblingDone: Promise<unknown> = Promise.resolve();
-    const created = await runInTransaction(async () => {
-      // The sibling begins once insertOnce's savepoint is in place (its timing in the helper's runs).
-      const runner = dataSource.getRepository(NumberedOrder).manager.queryRunner!;
-      const query = runner.query;
-      runner.query = async function (this: unknown, ...args: Parameters<typeof query>) {
-        const result = await query.apply(runner, args);
-        if (/^SAVEPOINT idempotency_insert_once/.test(String(args[0]))) {
-          siblingDone = sibling();
-          await siblingBegan;
-        }
-        return result;
-      } as typeof query;
-      try {
-        return (await insertOnce(dataSource.getRepository(NumberedOrder), { orderNo }, () => ({ orderNo }))).created;
-      } finally {
-        inserted();
-        runner.query = query;
-        await siblingDone;
-      }
-    });
+    // The sibling begins once insertOnce's savepoint is in place.
+    const created = await besideASibling(/^SAVEPOINT idempotency_insert_once/, async () =>
+      (await insertOnce(dataSource.getRepository(NumberedOrder), { orderNo }, () => ({ orderNo }))).created,
+    );
     expect(created).toBe(true);
     // Observed before: 0 rows.
     expect(await dataSource.getRepository(NumberedOrder).countBy({ orderNo })).toBe(1);
@@ -251,42 +259,18 @@ describe('under typeorm-transactional', () => {
 
   it('keeps transition in the transaction it was called in while a sibling @Transactional() runs beside it', async () => {
     const orderNo = randomUUID();
-    let began!: () => void;
-    let answered!: () => void;
-    const siblingBegan = new Promise<void>((resolve) => (began = resolve));
-    const transitionDone = new Promise<void>((resolve) => (answered = resolve));
-    let siblingDone: Promise<unknown> = Promise.resolve();
-    const result = await runInTransaction(async () => {
-      await dataSource.getRepository(NumberedOrder).insert({ orderNo });
-      const runner = dataSource.getRepository(NumberedOrder).manager.queryRunner!;
-      const query = runner.query;
-      // The sibling begins once the UPDATE (which changes nothing: the order is not PAID) has answered.
-      runner.query = async function (this: unknown, ...args: Parameters<typeof query>) {
-        const answer = await query.apply(runner, args);
-        if (/^UPDATE/.test(String(args[0]))) {
-          siblingDone = runInTransaction(
-            async () => {
-              began();
-              await transitionDone;
-            },
-            { propagation: Propagation.REQUIRES_NEW },
-          );
-          await siblingBegan;
-        }
-        return answer;
-      } as typeof query;
-      try {
-        return await transition(dataSource.getRepository(NumberedOrder), { where: { orderNo }, from: ['PAID'], to: 'SHIPPED', versionProperty: false });
-      } finally {
-        answered();
-        runner.query = query;
-        await siblingDone;
-      }
-    });
+    // The sibling begins once the UPDATE (which changes nothing: the order is not PAID) has answered.
+    const result = await besideASibling(
+      /^UPDATE/,
+      () => transition(dataSource.getRepository(NumberedOrder), { where: { orderNo }, from: ['PAID'], to: 'SHIPPED', versionProperty: false }),
+      () => dataSource.getRepository(NumberedOrder).insert({ orderNo }),
+    );
     // Observed before: not_found (the row read in the sibling's transaction, where the order is not yet).
     expect(result).toMatchObject({ changed: false, reason: 'not_allowed' });
   });
 
+  // TypeORM asks the manager for a repository at every save of an entity with an id; each ask
+  // wrapped the cached repository's extend once more (a reviewer: out of stack past ~10,000).
   it("pins a repository once, however often work asks the manager for it", async () => {
     const message = { consumer: 'billing', messageId: randomUUID() };
     const result = await consumeOnce(dataSource, message, async (manager) => {
