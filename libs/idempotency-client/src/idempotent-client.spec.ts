@@ -239,7 +239,10 @@ describe('createIdempotentClient', () => {
     const { fetch, calls } = scripted(json(201, {}));
     const none = undefined as unknown as string;
     await client(fetch, { headers: { 'Idempotency-Key': none } }).post('/p', {}, { headers: { 'Idempotency-Key': none, 'x-trace': none } });
-    expect({ key: calls[0]!.headers.get('idempotency-key'), trace: calls[0]!.headers.has('x-trace') }).toEqual({ key: expect.stringMatching(/^[0-9a-f-]{36}$/), trace: false });
+    await client(fetch, { headers: [['Idempotency-Key', none]] }).post('/p', {}, { headers: [['x-trace', none]] });
+    for (const call of calls) {
+      expect({ key: call.headers.get('idempotency-key'), trace: call.headers.has('x-trace') }).toEqual({ key: expect.stringMatching(/^[0-9a-f-]{36}$/), trace: false });
+    }
   });
 
   // An adversarial helper (session 20): a proxy that ended the answer by closing the connection

@@ -292,9 +292,10 @@ function eitherSignal(caller: AbortSignal, attempt: AbortSignal): { signal: Abor
   return { signal: controller.signal, release };
 }
 
-/** `new Headers(init)`, where a plain object's header given as `undefined` is none (`new Headers()` writes "undefined"). */
+/** `new Headers(init)`, where a header given as `undefined` (in a plain object or a pair) is none (`new Headers()` writes "undefined"). */
 function headersOf(init: HeadersLike | undefined): Headers {
-  if (init === undefined || init instanceof Headers || Array.isArray(init)) return new Headers(init);
+  if (init === undefined || init instanceof Headers) return new Headers(init);
+  if (Array.isArray(init)) return new Headers(init.filter((pair) => pair[1] !== undefined));
   return new Headers(Object.fromEntries(Object.entries(init).filter(([, value]) => value !== undefined)) as HeadersLike);
 }
 

@@ -212,8 +212,8 @@ export const isUnmatchable = (fingerprint: string) => fingerprint.startsWith(UNM
  */
 export const UNMATCHABLE_RETRY =
   'its text is not valid in its charset (its parser replaced bytes with U+FFFD), so it cannot be matched to the call that ' +
-  'first used this key, which may have run: read the resource\'s current state rather than send it under a new key; send text ' +
-  'as UTF-8 or name its charset (charset=iso-8859-1)';
+  'first used this key, which may have run: read the resource\'s current state before sending it again, under this key or another ' +
+  '(text sent as UTF-8 or naming its charset, charset=iso-8859-1, is another payload under this key)';
 
 /**
  * A body whose bytes are lost: text its parser could not decode (U+FFFD stands for any bytes),
