@@ -163,6 +163,26 @@ class TwiceController {
     }
   }
 
+  /** Ends its answer, then sets another status and tries a second answer (a timeout middleware's end() racing the handler's answer). */
+  @Post('status-after-end')
+  @NoRepeatSubmit()
+  statusAfterEnd(@Res() res: ExpressRes) {
+    this.unguardedStatusAfterEnd(res, 'status-after-end');
+  }
+
+  @Post('unguarded-status-after-end')
+  unguardedStatusAfterEnd(@Res() res: ExpressRes, name = 'unguarded-status-after-end') {
+    ran(name);
+    res.statusCode = 503;
+    res.setHeader('content-type', 'application/json');
+    res.end('{"timeout":true}');
+    try {
+      res.status(201).json({ order: 1 });
+    } catch (error) {
+      refused.set(name, (error as { code?: string }).code ?? String(error));
+    }
+  }
+
   @Post('send-return')
   @NoRepeatSubmit()
   sendReturn(@Res({ passthrough: true }) res: ExpressRes) {
@@ -314,6 +334,20 @@ describe.each(['memory', 'redis'] as const)('an Express handler that touches its
     });
     expect(refused.get('send-json')).toBe('ERR_HTTP_HEADERS_SENT');
     expect({ status: again.status, text: again.text, replayed: replayed(again) }).toEqual({ status: 201, text: first.text, replayed: true });
+  });
+
+  // The held end() went out with the status set after it: a 201 carrying the first answer's body
+  // (an adversarial helper: a timeout middleware racing a @Res() handler, up to 13 of 40 keys).
+  it.each(['unguarded-status-after-end', 'status-after-end'])('sends an ended answer with the status it ended with, whatever is set after (%s)', async (route) => {
+    const answer = await send(a.url, `/twice/${route}`, { key: randomUUID() });
+    expect({ status: answer.status, body: answer.text, ...whole(answer) }).toEqual({
+      status: 503,
+      body: '{"timeout":true}',
+      error: undefined,
+      length: answer.body.length,
+      bytes: answer.body.length,
+    });
+    expect(refused.get(route)).toBe('ERR_HTTP_HEADERS_SENT');
   });
 
   it.each([

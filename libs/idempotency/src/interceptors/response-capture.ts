@@ -113,6 +113,8 @@ export class ResponseCapture implements ResponseHook {
   private head: OutgoingHttpHeaders | undefined;
   /** `content-encoding` as the head was sent through the capture (see `writeHead`); undefined until then. */
   private coding: { value: ReturnType<ResponseCapture['headerOf']> } | undefined;
+  /** The status when the capture first held bytes, put back when they go out (`restoreStatus`). */
+  private heldStatus: { code: number; message: string } | undefined;
   /** What the response says of itself (see `report`); undefined until the capture first held bytes. */
   reported: Reported | undefined = undefined;
   private readonly names: readonly string[];
@@ -287,6 +289,7 @@ export class ResponseCapture implements ResponseHook {
   private report(seen: { headersSent?: true; writableEnded?: true }): void {
     const headersSent = seen.headersSent === true;
     const writableEnded = seen.writableEnded === true;
+    if (headersSent) this.heldStatus ??= { code: this.raw.statusCode, message: this.raw.statusMessage };
     if (!this.reported) {
       if (!headersSent && !writableEnded) return;
       this.reported = { headersSent, writableEnded };
@@ -295,6 +298,20 @@ export class ResponseCapture implements ResponseHook {
     }
     this.reported.headersSent = headersSent;
     this.reported.writableEnded = writableEnded;
+    if (!headersSent && this.heldStatus) this.restoreStatus(this.heldStatus);
+  }
+
+  /**
+   * Puts back the status the head had when bytes were first held, unless Node sent a head since:
+   * Node would have sent it then, and a status set after (Express's `res.status(201)` does not
+   * check `headersSent`) went out over another answer's body (an adversarial helper: a timeout
+   * middleware's 503 racing a `@Res()` handler's 201, up to 13 of 40 keys).
+   */
+  private restoreStatus(held: { code: number; message: string }): void {
+    this.heldStatus = undefined;
+    if (this.raw.headersSent) return;
+    this.raw.statusCode = held.code;
+    this.raw.statusMessage = held.message;
   }
 
   private record(chunk: unknown, encoding: unknown): void {

@@ -238,9 +238,9 @@ describe('ResponseCapture on a prototype-swapped response (Express)', () => {
       new ResponseCapture(res, ['content-type'], 1 << 20, 'handler', async (sent) => {
         saved = sent?.body?.toString();
       });
+      res.statusCode = 201; // before the first write, which sends the head
       res.write('prefix-');
       Object.setPrototypeOf(res, legacyResponse);
-      res.statusCode = 201;
       res.end('body');
     });
     expect(got).toEqual({ status: 201, body: 'prefix-body' });
