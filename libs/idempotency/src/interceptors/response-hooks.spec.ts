@@ -207,6 +207,82 @@ describe('hookResponse', () => {
   });
 });
 
+describe('showReports on a response built by its class (Fastify, plain Node)', () => {
+  /** Hooks `res` with its own properties and shows `reported`: what the guard does on Fastify. */
+  const hooked = (res: ServerResponse, reported: { headersSent: boolean; writableEnded: boolean }) => {
+    const hook = Object.assign(shouting([]), { reported });
+    hook.through = hookResponse(res, hook);
+    showReports(res, hook);
+  };
+
+  it('gives every response whose header methods are its prototype\'s the same refusing functions, which call what the prototype has at each call', async () => {
+    const seen: Array<ServerResponse['setHeader']> = [];
+    const refused: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      await serve((res) => {
+        const reported = { headersSent: false, writableEnded: false };
+        hooked(res, reported);
+        seen.push(res.setHeader);
+        res.setHeader('x-first', '1');
+        reported.headersSent = true;
+        try {
+          res.setHeader('x-late', '1');
+        } catch (error) {
+          refused.push((error as { code?: string }).code ?? '');
+        }
+        reported.headersSent = false;
+        res.end('x');
+      });
+      await closeServer();
+    }
+    expect(seen[0]).toBe(seen[1]);
+    expect(seen[0]).not.toBe(ServerResponse.prototype.setHeader);
+    expect(refused).toEqual(['ERR_HTTP_HEADERS_SENT', 'ERR_HTTP_HEADERS_SENT']);
+
+    // An APM agent patching Node's setHeader after those responses: the next one's calls reach it.
+    const patched: string[] = [];
+    const original = ServerResponse.prototype.setHeader;
+    class Traced extends ServerResponse {}
+    Traced.prototype.setHeader = function (this: ServerResponse, name: string, value: number | string | readonly string[]) {
+      patched.push(name);
+      return original.call(this, name, value);
+    };
+    const got = await serve((res) => {
+      hooked(res, { headersSent: false, writableEnded: false });
+      res.setHeader('x-traced', '1');
+      res.end('y');
+    }, Traced);
+    expect(got.body).toBe('Y');
+    expect(patched).toEqual(['x-traced']);
+  });
+
+  it("keeps calling a response's own header method (a middleware's) put on before the guard", async () => {
+    const calls: string[] = [];
+    let refused = '';
+    const got = await serve((res) => {
+      const nodeSetHeader = res.setHeader;
+      res.setHeader = function (this: ServerResponse, name: string, value: number | string | readonly string[]) {
+        calls.push(`middleware.${name}`);
+        return nodeSetHeader.call(this, name, value);
+      } as ServerResponse['setHeader'];
+      const reported = { headersSent: false, writableEnded: false };
+      hooked(res, reported);
+      res.setHeader('x-one', '1');
+      reported.headersSent = true;
+      try {
+        res.setHeader('x-late', '1');
+      } catch (error) {
+        refused = (error as { code?: string }).code ?? '';
+      }
+      reported.headersSent = false;
+      res.end('z');
+    });
+    expect(got.body).toBe('Z');
+    expect(calls).toEqual(['middleware.x-one']);
+    expect(refused).toBe('ERR_HTTP_HEADERS_SENT');
+  });
+});
+
 describe('ResponseCapture on a prototype-swapped response (Express)', () => {
   it('adds one property to it, however much it holds and reports', async () => {
     let keys: (string | symbol)[] = [];
