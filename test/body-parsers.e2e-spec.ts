@@ -306,6 +306,18 @@ describe('body parsers without rawBody (express)', () => {
     });
   });
 
+  it('text decoded from UTF-16 holding a lone surrogate: another surrogate under the key is 422, the same text replays', async () => {
+    const key = randomUUID();
+    const utf16 = (surrogate: number) => Buffer.from(Uint16Array.from([...'to:'].map((c) => c.charCodeAt(0)).concat(surrogate, ...[...' 100'].map((c) => c.charCodeAt(0)))).buffer);
+    const post = (body: Buffer) =>
+      request(app.getHttpServer()).post('/text').set('idempotency-key', key).set('content-type', 'text/plain; charset=utf-16le').send(body);
+    expect((await post(utf16(0xd800))).status).toBe(201);
+    // Before the fix: 201 replayed. Both were hashed as UTF-8, where each lone surrogate is U+FFFD's bytes.
+    const other = await post(utf16(0xdc00));
+    expect({ status: other.status, code: other.body.code }).toEqual({ status: 422, code: 'IDEMPOTENCY_KEY_REUSED' });
+    expect((await post(utf16(0xd800))).headers['idempotent-replayed']).toBe('true');
+  });
+
   it('multer disk storage: a file on disk is hashed from disk (same file replays, another is 422)', async () => {
     const key = randomUUID();
     const upload = (content: string) =>

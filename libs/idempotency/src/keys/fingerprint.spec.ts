@@ -187,6 +187,17 @@ describe('fingerprintRequest without rawBody', () => {
     expect(without('application/json', { a: 'caf\uFFFD' })).toMatch(/^[0-9a-f]{64}$/);
   });
 
+  it('tells apart text holding different lone surrogates (decoded from UTF-16) without rawBody, and keeps UTF-8 text as it was', () => {
+    const utf16 = 'text/plain; charset=utf-16le';
+    expect(without(utf16, 'to:\ud800 amount:100')).not.toBe(without(utf16, 'to:\udc00 amount:100'));
+    expect(without(utf16, 'to:\ud800 amount:100')).not.toBe(without(utf16, 'to:\ud800\ud800 amount:100'));
+    expect(without(utf16, 'to:\ud800 amount:100')).toBe(without(utf16, 'to:\ud800 amount:100'));
+    const units = Buffer.from('a\udfff', 'utf16le');
+    expect(without(utf16, 'a\udfff')).toBe(sha256(`["fp1","POST","/orders",{"ref":"r1"},"utf16",${units.length}]`, units));
+    // A pair is well formed: its UTF-8 bytes, as rawBody holds them.
+    expect(without(utf16, 'a\ud83d\ude00')).toBe(withRaw(utf16, 'a\ud83d\ude00', Buffer.from('a\ud83d\ude00', 'utf8')));
+  });
+
   it('keeps a string under a JSON content type a JSON value', () => {
     expect(without('application/json', 'x')).toBe(sha256('["fp1","POST","/orders",{"ref":"r1"},"json"]"x"'));
   });

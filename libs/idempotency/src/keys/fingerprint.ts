@@ -160,6 +160,16 @@ function bytesOf(input: FingerprintInput): Uint8Array | string | undefined {
   return rawBody && !isJsonText(rawBody) ? rawBody : undefined;
 }
 
+/**
+ * Whether the string holds no lone surrogate (Node 20's `String.prototype.isWellFormed`, ES2024).
+ * UTF-8 has no encoding for one: each becomes the bytes of U+FFFD, so that text a parser decoded
+ * from UTF-16 holding `\ud800` and the same text holding `\udc00` were one body (an adversarial
+ * helper: a different body under the same key was replayed the first one's answer, 20 of 20).
+ */
+function isWellFormed(text: string): boolean {
+  return (text as string & { isWellFormed(): boolean }).isWellFormed();
+}
+
 /** The bytes begin (after JSON whitespace and a UTF-8 byte-order mark) an object or an array. */
 function isJsonText(bytes: Uint8Array): boolean {
   let i = bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf ? 3 : 0;
@@ -268,7 +278,8 @@ function writeRoute(w: CanonicalWriter, { hosts, params, query, queryAsSent }: F
  *   Buffer body (a raw parser) is hashed as its bytes and a string body (a text parser) as its
  *   UTF-8 bytes: for UTF-8 text (no byte-order mark), the very bytes `rawBody` would hold, so
  *   both give one fingerprint; whitespace matters either way. Text a parser decoded from another
- *   charset is hashed as its UTF-8 encoding; text it could not decode (U+FFFD in it) throws
+ *   charset is hashed as its UTF-8 encoding, or as its UTF-16LE code units (kind `"utf16"`)
+ *   where it holds a lone surrogate, which UTF-8 cannot encode; text it could not decode (U+FFFD in it) throws
  *   {@link UnmatchableBodyError} without `rawBody`. Other parsed bodies are hashed as JSON, with `rawBody`
  *   or without, except a form (raw bytes that are not a JSON object or array), which `rawBody`
  *   hashes as its bytes. A body absent altogether (`undefined`, no `rawBody`) differs from a JSON
@@ -276,14 +287,16 @@ function writeRoute(w: CanonicalWriter, { hosts, params, query, queryAsSent }: F
  * - Uploaded `files` count by field, name, type, size and SHA-256, in order.
  *
  * Hashed bytes (UTF-8): the JSON array `["fp1",METHOD,path,query,kind]` (for raw bodies
- * `[...,"raw",byteLength]`; with files, `"files",[[field,name,type,size,sha256],...]` before the
- * kind), then the body: canonical JSON text for kind `"json"`, the raw bytes for `"raw"`, nothing
+ * `[...,"raw",byteLength]`, `[...,"utf16",byteLength]`; with files, `"files",[[field,name,type,size,sha256],...]` before the
+ * kind), then the body: canonical JSON text for kind `"json"`, the raw bytes for `"raw"`, the
+ * UTF-16LE code units for `"utf16"`, nothing
  * for `"none"`. Every string in the array is JSON-quoted and the array ends at its own `]`, so no
  * method, path, query, file or body can move a boundary and collide with another request.
  */
 export function fingerprintRequest(input: FingerprintInput, ignoreFields?: ReadonlySet<string>): string {
   const bytes = bytesOf(input);
   if (bytes === undefined && input.body === undefined && input.hasBody) throw unreadBody(input.contentType);
+  const text16 = typeof bytes === 'string' && !isWellFormed(bytes) ? Buffer.from(bytes, 'utf16le') : undefined;
   const sha256 = new Sha256Sink();
   writeCanonical(sha256, ignoreFields, (w) => {
     w.text('["fp1",');
@@ -297,7 +310,9 @@ export function fingerprintRequest(input: FingerprintInput, ignoreFields?: Reado
       w.text(',"files",');
       w.value(input.files.map((f) => [f.field, f.name, f.type, f.size, f.sha256]));
     }
-    if (bytes !== undefined) {
+    if (text16 !== undefined) {
+      w.text(',"utf16",' + text16.byteLength + ']');
+    } else if (bytes !== undefined) {
       w.text(',"raw",' + (typeof bytes === 'string' ? Buffer.byteLength(bytes, 'utf8') : bytes.byteLength) + ']');
     } else if (input.body === undefined) {
       w.text(',"none"]');
@@ -307,6 +322,7 @@ export function fingerprintRequest(input: FingerprintInput, ignoreFields?: Reado
     }
   });
   // A string hashes as its UTF-8 bytes (`Hash.update` and `crypto.hash` encode it so), uncopied.
-  if (bytes !== undefined) sha256.update(bytes);
+  if (text16 !== undefined) sha256.update(text16);
+  else if (bytes !== undefined) sha256.update(bytes);
   return sha256.hex();
 }
