@@ -364,14 +364,14 @@ describe('consumeOnce (PostgreSQL)', () => {
   // NaN (a failed parse of the id) was logged as "NaN": every such message after the first was
   // dropped as its duplicate (an adversarial helper).
   it('refuses a message without an id, empty, missing or a number that is none, instead of taking every such message for the first', async () => {
-    for (const messageId of ['', undefined, NaN, Infinity, -Infinity]) {
+    for (const messageId of ['', undefined, NaN, Infinity, -Infinity, true, { a: 1 }, null]) {
       let ran = false;
       const message = { consumer: 'billing', messageId: messageId as string };
       const error = await consumeOnce(dataSource, message, async () => {
         ran = true;
       }).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(RangeError);
-      expect((error as Error).message).toMatch(/messageId/);
+      expect((error as Error).message).toMatch(/messageId.*an id is a non-empty string or a finite number/);
       expect(ran).toBe(false);
     }
     expect(await logged('')).toBe(0);

@@ -191,8 +191,9 @@ function loggedMessageId(messageId: unknown): string {
   const id = !nonFinite && (typeof messageId === 'number' || typeof messageId === 'bigint') ? String(messageId) : messageId;
   if (typeof id !== 'string' || id === '') {
     throw new RangeError(
-      `consumeOnce: the message has no id (\`messageId\` is ${typeof id === 'number' ? id : (JSON.stringify(id) ?? String(id))}); every message ` +
-        'without one would be taken for the first and dropped as its duplicate. Pass an id stable across redeliveries.',
+      `consumeOnce: the message has no id (\`messageId\` is ${typeof id === 'number' ? id : (JSON.stringify(id) ?? String(id))}: an id is a ` +
+        'non-empty string or a finite number); every message without one would be taken for the first and dropped as its duplicate. ' +
+        'Pass an id stable across redeliveries.',
     );
   }
   // The driver sends text as UTF-8, where every lone surrogate is U+FFFD: two such ids would be one.
