@@ -68,3 +68,69 @@ describe('renewals on a pool the handlers share (PostgreSQL store, pool of 2)', 
     expect(keys.filter((key) => runsOf.get(key) !== 1).map((key) => runsOf.get(key))).toEqual([]);
   });
 });
+
+// A renewal that waited for a connection counted its lease from when it was asked for, not from
+// when its statement went out (and the database counted it from): the claim was taken for lost
+// one wait before its lease ended in the database, no more renewals went, and a duplicate took
+// the key and ran the handler again (an adversarial helper: a pool of 3 shared with 0.7 s
+// handler transactions, 1 s leases, 15 to 39 of 60 to 140 keys ran twice, and later duplicates
+// got the second run's answer). Here the pool's one connection is kept busy by 0.6 s statements,
+// back to back: each renewal waits for one to end (it goes ahead of the next).
+const slowRuns = new Map<string, number>();
+
+@Controller('slow')
+class SlowController {
+  @Post()
+  @NoRepeatSubmit({ leaseSeconds: 1 })
+  async create(@Headers('idempotency-key') key: string) {
+    slowRuns.set(key, (slowRuns.get(key) ?? 0) + 1);
+    await sleep(3_500);
+    return { created: key, run: randomUUID() };
+  }
+}
+
+describe('a renewal that waits for the connection of a busy pool (PostgreSQL store, pool of 1)', () => {
+  const schema = testSchemaName();
+  let setup: DataSource;
+  let busy: DataSource;
+  let app: EdgeApp;
+
+  beforeAll(async () => {
+    setup = await openSchemaDataSource(schema, { entities: IDEMPOTENCY_ENTITIES, migrations: IDEMPOTENCY_MIGRATIONS, migrationsRun: true, extra: { max: 1 } });
+    busy = new DataSource({ type: 'postgres', url: DATABASE_URL, schema, entities: IDEMPOTENCY_ENTITIES, extra: { max: 1 } });
+    await busy.initialize();
+    app = await makeApp('express', [SlowController], { store: new PostgresIdempotencyStore(busy), keyPrefix: 'renewal-busy-pool' });
+    app.app.useLogger(false);
+  });
+  afterAll(async () => {
+    await app?.close();
+    await busy?.destroy();
+    await dropSchemaDataSource(setup);
+  });
+
+  it('counts each lease from when its renewal went out: a 3.5 s handler on 1 s leases keeps its key, duplicates get 409 then its answer', async () => {
+    let stopped = false;
+    const load = (async () => {
+      while (!stopped) await busy.query('SELECT pg_sleep(0.6)');
+    })();
+    try {
+      const key = randomUUID();
+      const first = send(app.url, '/slow', { key, timeoutMs: 30_000 });
+      const statuses: number[] = [];
+      for (let i = 0; i < 6; i++) {
+        await sleep(500);
+        statuses.push((await send(app.url, '/slow', { key, timeoutMs: 30_000 })).status);
+      }
+      const answer = await first;
+      stopped = true;
+      await load;
+      const again = await send(app.url, '/slow', { key, timeoutMs: 30_000 });
+      expect({ runs: slowRuns.get(key), statuses: [...new Set(statuses)] }).toEqual({ runs: 1, statuses: [409] });
+      expect([again.status, again.headers['idempotent-replayed'], again.text]).toEqual([201, 'true', answer.text]);
+    } finally {
+      stopped = true;
+      await load;
+    }
+  });
+});
+

@@ -2,8 +2,11 @@ import { performance } from 'node:perf_hooks';
 
 /** What a renewal does and reports: the store call, and what each result means to the guard. */
 export interface LeaseRenewalHooks {
-  /** Renews the claim in the store (fenced by its token): false when the token holds it no more. */
-  renew(): Promise<boolean>;
+  /**
+   * Renews the claim in the store (fenced by its token): false when the token holds it no more.
+   * `sent` is called when the renewal goes out to the store's server (`IdempotencyStore.renew`).
+   */
+  renew(sent: () => void): Promise<boolean>;
   renewed(): void;
   /** A renewal failed (the store is down or slow); renewing goes on until the lease ends. */
   failed(error: unknown): void;
@@ -127,9 +130,17 @@ export class LeaseRenewal {
     // Whatever this renewal (or its retries) does, the lease's end decides.
     // A tentative claim has no lease of its own yet: it may land at any time.
     if (failures === 0 && !this.tentative) this.armDeadline();
+    // When the renewal went out: the store's server counts the new lease from then or later.
+    // Counted from when it was asked for, a renewal that waited for a busy pool's connection
+    // took the claim for lost one wait before its lease ended in the store: no more renewals
+    // went, and a duplicate took the key (an adversarial helper: a pool of 3 shared with 0.7 s
+    // handler transactions and 1 s leases, up to 39 of 140 keys ran twice).
+    let sentAt = startedAt;
     let held: boolean;
     try {
-      held = await this.hooks.renew();
+      held = await this.hooks.renew(() => {
+        sentAt = now();
+      });
     } catch (error) {
       if (this.stopped) return;
       this.hooks.failed(error);
@@ -147,7 +158,7 @@ export class LeaseRenewal {
     if (!held && this.tentative) return this.goOn(this.everyMs, 0);
     if (!held) return this.lose('the store refused the renewal: the lease had run out, or the key was deleted');
     this.tentative = false;
-    this.endsAt = Math.max(this.endsAt, startedAt + this.leaseMs);
+    this.endsAt = Math.max(this.endsAt, sentAt + this.leaseMs);
     clearTimeout(this.deadline);
     this.hooks.renewed();
     // A third of a lease after this renewal was sent, not after its answer was read: an answer

@@ -429,8 +429,8 @@ class UncertainRenewalHooks implements LeaseRenewalHooks {
 
   constructor(private readonly hooks: RenewalHooks) {}
 
-  renew(): Promise<boolean> {
-    return this.hooks.renew();
+  renew(sent: () => void): Promise<boolean> {
+    return this.hooks.renew(sent);
   }
 
   renewed(): void {
@@ -459,8 +459,8 @@ class RenewalHooks implements LeaseRenewalHooks {
     private readonly events: CallEvents | undefined,
   ) {}
 
-  renew(): Promise<boolean> {
-    return this.calls.timed('renew', this.events, () => this.calls.store.renew(this.storageKey, this.token, this.route.leaseMs));
+  renew(sent: () => void): Promise<boolean> {
+    return this.calls.timed('renew', this.events, () => this.calls.store.renew(this.storageKey, this.token, this.route.leaseMs, sent));
   }
 
   renewed(): void {

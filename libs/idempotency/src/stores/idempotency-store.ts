@@ -114,8 +114,14 @@ export abstract class IdempotencyStore {
    * Extends the live processing claim that `token` holds so that it ends `leaseMs` from now (by
    * the store's clock). False when the token holds no live processing claim of `key` (it was
    * completed, released, taken over or expired): the caller has lost the lease.
+   *
+   * `sent`, when given, is called when the renewal goes out to the store's server (for a pooled
+   * store: once the pool handed it a connection; called again if it goes out again): the guard
+   * counts the new lease from then. A store that never calls it has its renewals' leases counted
+   * from when the guard asked, which is early by any wait before the call went out: a renewal
+   * that waited for a busy pool then took the claim for lost while the store still held it.
    */
-  abstract renew(key: string, token: string, leaseMs: number): Promise<boolean>;
+  abstract renew(key: string, token: string, leaseMs: number, sent?: () => void): Promise<boolean>;
 
   /**
    * Reads a record without changing it (tooling, tests). Throws `IdempotencyNotARecordError`

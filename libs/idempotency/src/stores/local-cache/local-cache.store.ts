@@ -93,8 +93,8 @@ export class LocalCacheIdempotencyStore extends IdempotencyStore implements Trac
     return this.store.release(key, token);
   }
 
-  renew(key: string, token: string, leaseMs: number): Promise<boolean> {
-    return this.store.renew(key, token, leaseMs);
+  renew(key: string, token: string, leaseMs: number, sent?: () => void): Promise<boolean> {
+    return this.store.renew(key, token, leaseMs, sent);
   }
 
   get(key: string): Promise<StoredRecord | undefined> {

@@ -104,6 +104,8 @@ interface PendingRenewal {
   leaseMs: number;
   /** Statements that found its row locked by another transaction. */
   locked: number;
+  /** Told when a statement carrying it goes out (`IdempotencyStore.renew`). */
+  sent?: () => void;
   resolve(renewed: boolean): void;
   reject(error: unknown): void;
 }
@@ -224,9 +226,9 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   /** A statement waits for a connection, to carry `renewals`. */
   private renewalsWaiting = false;
 
-  renew(key: string, token: string, leaseMs: number): Promise<boolean> {
+  renew(key: string, token: string, leaseMs: number, sent?: () => void): Promise<boolean> {
     return new Promise((resolve, reject) => {
-      this.renewals.push({ key: recordKey(key), token, leaseMs, locked: 0, resolve, reject });
+      this.renewals.push({ key: recordKey(key), token, leaseMs, locked: 0, sent, resolve, reject });
       if (!this.renewalsWaiting) this.sendRenewals();
     });
   }
@@ -243,6 +245,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     };
     const params = () => {
       sent = take();
+      for (const renewal of sent) renewal.sent?.();
       return [sent.map((renewal) => renewal.key), sent.map((renewal) => renewal.token), sent.map((renewal) => renewal.leaseMs)];
     };
     this.runHeld(this.sql.renew, params).then(
@@ -298,7 +301,11 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   private waitForLock(renewal: PendingRenewal): void {
     this.lockWaits++;
     // Bounded well inside the statement's own bound, which would end the server process.
-    this.runHeld(this.sql.renewLocked, [renewal.key, renewal.token, renewal.leaseMs, Math.floor(this.timeoutMs / 2)]).then(
+    const params = () => {
+      renewal.sent?.();
+      return [renewal.key, renewal.token, renewal.leaseMs, Math.floor(this.timeoutMs / 2)];
+    };
+    this.runHeld(this.sql.renewLocked, params).then(
       ({ affected }) => {
         this.lockWaits--;
         renewal.resolve(affected === 1);
