@@ -2,7 +2,7 @@
 // writes, Writable.toWeb(res), pipeline helpers). Held writes must not hold their callbacks, or
 // the handler never ends, the client hangs, and the key frees only when the lease ends.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Post, Res } from '@nestjs/common';
+import { Controller, Headers, Post, Res } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
@@ -42,6 +42,51 @@ class AwaitEndController {
     await new Promise<void>((resolve) => raw.end('receipt\n', () => resolve()));
   }
 }
+
+const runs = new Map<string, number>();
+
+@Controller('z')
+class FlushingController {
+  /**
+   * Hand-written SSE: the head set, a first event written, then flushHeaders() (a no-op in Node
+   * once the head went out). The guard held the head, so Node's flushHeaders() sent it through
+   * writeHead(statusCode), which the capture refused: ERR_HTTP_HEADERS_SENT cut the answer after
+   * its first event, released the key, and every retry ran again (an adversarial helper: 20 of
+   * 20 keys, both adapters).
+   */
+  @Post('events')
+  @NoRepeatSubmit()
+  events(@Res() res: ServerResponse & { raw?: ServerResponse; hijack?: () => void }, @Headers('idempotency-key') key: string) {
+    runs.set(key, (runs.get(key) ?? 0) + 1);
+    const raw = res.raw ?? res;
+    res.hijack?.();
+    raw.setHeader('content-type', 'text/event-stream');
+    raw.write('data: one\n\n');
+    raw.flushHeaders();
+    raw.end('data: two\n\n');
+  }
+}
+
+describe.each<Adapter>(['express', 'fastify'])('a handler calling flushHeaders() after its first write (%s)', (adapter) => {
+  let a: EdgeApp;
+  beforeAll(async () => {
+    a = await makeApp(adapter, [FlushingController]);
+  });
+  afterAll(async () => a?.close());
+
+  it('sends its whole answer, runs once, and its answer replays', async () => {
+    const key = randomUUID();
+    const first = await send(a.url, '/z/events', { key, timeoutMs: 2000 });
+    expect({ status: first.status, body: first.text, error: first.error }).toEqual({ status: 201, body: 'data: one\n\ndata: two\n\n', error: undefined });
+    const second = await send(a.url, '/z/events', { key, timeoutMs: 2000 });
+    expect({ status: second.status, body: second.text, replayed: replayed(second), runs: runs.get(key) }).toEqual({
+      status: 201,
+      body: 'data: one\n\ndata: two\n\n',
+      replayed: true,
+      runs: 1,
+    });
+  });
+});
 
 describe.each<Adapter>(['express', 'fastify'])('a handler awaiting its end() callback (%s)', (adapter) => {
   let a: EdgeApp;

@@ -141,8 +141,15 @@ export class ResponseCapture implements ResponseHook {
   }
 
   writeHead(res: ServerResponse, args: Args): ServerResponse {
-    // A head after held bytes: Node would have sent one already, and refuses another.
-    if (this.reported?.headersSent) throw headersSentError('write');
+    if (this.reported?.headersSent) {
+      // Node's own implicit head (`_implicitHeader()`: `writeHead(statusCode)`), which
+      // `flushHeaders()` sends when Node has sent none: the capture holds one, and once a head is
+      // out flushHeaders() does nothing. Refused, hand-written SSE (write, then flushHeaders())
+      // failed after its first event, and every retry ran again (an adversarial helper).
+      if (args.length === 1 && args[0] === res.statusCode) return res;
+      // A head after held bytes: Node would have sent one already, and refuses another.
+      throw headersSentError('write');
+    }
     const headers = args.find((arg) => typeof arg === 'object' && arg !== null);
     if (headers) this.head = Array.isArray(headers) ? headersOfArray(headers) : (headers as OutgoingHttpHeaders);
     // The coding of the bytes seen here is the one the app gave them when it sent the head, read
