@@ -326,18 +326,53 @@ describe('PostgresOutcomeRecorder', () => {
       expect(await short.claim(input)).toMatchObject({ status: 'acquired', previousState: 'SUCCESS', held: { attempt: 2 } });
     });
 
+    // An adversarial helper: the retention was counted from the start of succeedWith's
+    // transaction (now()), so a work of 2 s under a 3 s retention left a record recognised for
+    // ~1 s, and a repeat 1.2 s after the commit ran the work again (5 of 5 keys).
+    it("counts a succeedWith record's retention from when it was recorded, not from when its work began", async () => {
+      const short = new PostgresOutcomeRecorder(dataSource, { retentionMs: 3000 });
+      const scope = newScope();
+      const input = { scope, requestId: 'r', contentHash: hash('slow') };
+      await short.succeedWith(held(await short.claim(input)), async () => {
+        await sleep(1500);
+        return { statusCode: 201, body: 'done' };
+      });
+      expect((await short.get(scope, { requestId: 'r' }))!.ttlMs).toBeGreaterThan(2500);
+    });
+
+    // An adversarial helper: the purge deleted a PROCESSING record the moment its lease ran out,
+    // so its late owner could no longer record, and a repeat acquired a new record and ran the
+    // work again (10 of 10 keys with a 100 ms purge timer).
+    it("keeps an expired claim for keepExpiredClaimsMs, so that its late owner still records and a repeat replays", async () => {
+      const scope = newScope();
+      const input = { scope, requestId: 'late', contentHash: hash('late') };
+      const late = held(await recorder.claim({ ...input, leaseMs: 100 }));
+      await until(async () => (await rows(`SELECT expires_at <= now() AS over FROM ${table()} WHERE scope = $1`, [scope]))[0].over);
+      await recorder.purgeExpired();
+      expect(await recorder.succeed(late, { statusCode: 201, body: 'late' })).toBe(true);
+      expect(await recorder.claim(input)).toMatchObject({ status: 'success', outcome: { body: 'late' } });
+
+      const other = newScope();
+      await recorder.claim({ scope: other, requestId: 'gone', contentHash: hash('gone'), leaseMs: 100 });
+      await until(async () => (await rows(`SELECT expires_at <= now() AS over FROM ${table()} WHERE scope = $1`, [other]))[0].over);
+      await new PostgresOutcomeRecorder(dataSource, { keepExpiredClaimsMs: 50 }).purgeExpired();
+      await sleep(100);
+      await new PostgresOutcomeRecorder(dataSource, { keepExpiredClaimsMs: 50 }).purgeExpired();
+      expect(await record(other)).toEqual([]);
+    });
+
     it('purges expired records in batches and keeps live ones', async () => {
       const scope = newScope();
       for (let i = 0; i < 5; i++) await recorder.claim({ scope, requestId: `old-${i}`, contentHash: hash(`old-${i}`) });
       await expire(scope);
       await recorder.claim({ scope, requestId: 'live', contentHash: hash('live') });
-      const batched = new PostgresOutcomeRecorder(dataSource, { purgeBatchSize: 2 });
+      const batched = new PostgresOutcomeRecorder(dataSource, { purgeBatchSize: 2, keepExpiredClaimsMs: 0 });
       expect(await batched.purgeExpired()).toBeGreaterThanOrEqual(5);
       expect((await record(scope)).map((r: { request_id: string }) => r.request_id)).toEqual(['live']);
     });
 
     it("purges on an unref'd timer between onModuleInit and onApplicationShutdown", async () => {
-      const timed = new PostgresOutcomeRecorder(dataSource, { purgeIntervalMs: 50 });
+      const timed = new PostgresOutcomeRecorder(dataSource, { purgeIntervalMs: 50, keepExpiredClaimsMs: 0 });
       const scope = newScope();
       await timed.claim({ scope, requestId: 'r', contentHash: hash('timer') });
       await expire(scope);

@@ -1,4 +1,4 @@
-import { heldBy, LEASE_RUNNING, msFromNow, REMAINING_MS } from '../postgres/lease-sql.js';
+import { heldBy, LEASE_RUNNING, msFromClock, msFromNow, REMAINING_MS } from '../postgres/lease-sql.js';
 
 /**
  * The statements of `PostgresOutcomeRecorder`, one per operation. `table` is the quoted
@@ -95,7 +95,7 @@ SELECT 'found', f."id", NULL, NULL, f."request_id", f."content_hash", f."state",
  */
 export const finishSql = (table: string) => `
 UPDATE ${table} AS r
-   SET "state" = $3, "status_code" = $4, "body" = $5, "updated_at" = now(), "expires_at" = ${msFromNow('$6')}
+   SET "state" = $3, "status_code" = $4, "body" = $5, "updated_at" = now(), "expires_at" = ${msFromClock('$6')}
  WHERE ${heldBy('id', 'PROCESSING')}`;
 
 /**

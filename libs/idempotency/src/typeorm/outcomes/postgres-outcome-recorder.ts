@@ -17,7 +17,7 @@ import {
 import { claimSql, finishSql, getSql, lockSql, renewSql } from './postgres-outcome-recorder.sql.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { pinRepositories, refuseRoutedRepositories } from '../helpers/routed-repositories.js';
-import { ExpiredRowsPurge } from '../postgres/purge.js';
+import { ExpiredRowsPurge, keptClaimsMs } from '../postgres/purge.js';
 import {
   claimUntilAnswered,
   MAX_RETENTION_MS,
@@ -46,6 +46,12 @@ export interface PostgresOutcomeRecorderOptions {
   purgeIntervalMs?: number;
   /** Rows one purge statement deletes at most. Default 1000. */
   purgeBatchSize?: number;
+  /**
+   * How long the purge keeps a PROCESSING record past the end of its lease, milliseconds: until
+   * then a late owner nobody took over may still record (`succeed`, `succeedWith`), and a repeat
+   * finds the record. Default 600,000 (as the PostgreSQL store), at most a year.
+   */
+  keepExpiredClaimsMs?: number;
 }
 
 /** A live record, as `get` reads it. */
@@ -106,6 +112,8 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
       batchSize: options.purgeBatchSize,
       intervalMs: purgeIntervalMs('PostgresOutcomeRecorder', options.purgeIntervalMs),
       logger: this.logger,
+      keepExpiredClaimsMs: keptClaimsMs('PostgresOutcomeRecorder', options.keepExpiredClaimsMs),
+      claimState: 'PROCESSING',
       what: 'outcome records',
     });
   }

@@ -6,13 +6,14 @@ import type { RunStatement } from './statements.js';
  * Delete up to $1 expired rows of `table` (identified by `idColumn`), oldest first. Rows a
  * concurrent statement holds (a claim taking one over, a fenced transaction) are locked by it and
  * skipped; the outer condition re-checks expiry on the row it deletes. Affects the rows deleted.
- * With `keepsClaims`, a row in state 'processing' (a claim) is deleted only $2 milliseconds past
- * its expiry: its run may still save into it (`completeAfterLease`).
+ * With a `claimState`, a row in that state (a claim: the store's 'processing', the outcome
+ * recorder's 'PROCESSING') is deleted only $2 milliseconds past its expiry: its run may still
+ * save into it (`completeAfterLease`, the recorder's late owner).
  */
-const purgeExpiredSql = (table: string, idColumn: 'key' | 'id', keepsClaims: boolean) => {
+const purgeExpiredSql = (table: string, idColumn: 'key' | 'id', claimState: string | undefined) => {
   const expired = (row: string) =>
-    keepsClaims
-      ? `${row}."expires_at" <= now() AND (${row}."state" <> 'processing' OR ${row}."expires_at" <= now() - $2 * interval '1 millisecond')`
+    claimState
+      ? `${row}."expires_at" <= now() AND (${row}."state" <> '${claimState}' OR ${row}."expires_at" <= now() - $2 * interval '1 millisecond')`
       : `${row}."expires_at" <= now()`;
   return `
 DELETE FROM ${table} AS r
@@ -52,8 +53,10 @@ export interface ExpiredRowsPurgeOptions {
   /** Purges every this many milliseconds from `start()`; undefined: only when called. */
   intervalMs?: number;
   logger: Logger;
-  /** Idempotency records: their expired claims (state 'processing') are kept this many milliseconds more. */
+  /** Expired claims (rows in state `claimState`) are kept this many milliseconds more. */
   keepExpiredClaimsMs?: number;
+  /** The state of a claim's row. Default 'processing' (the store's and IdempotentTransactions'). */
+  claimState?: string;
   /** What the rows are, for the log: e.g. `idempotency records`. */
   what: string;
 }
@@ -70,7 +73,8 @@ export class ExpiredRowsPurge {
   private running?: Promise<unknown>;
 
   constructor(private readonly options: ExpiredRowsPurgeOptions) {
-    this.sql = purgeExpiredSql(options.table, options.idColumn, options.keepExpiredClaimsMs !== undefined);
+    const claimState = options.keepExpiredClaimsMs === undefined ? undefined : (options.claimState ?? 'processing');
+    this.sql = purgeExpiredSql(options.table, options.idColumn, claimState);
   }
 
   /** Deletes every expired row, a batch per statement; returns how many. */
