@@ -272,6 +272,19 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     expect(await payments(key)).toBe(1);
   });
 
+  // An adversarial helper: a statusCode of 0, 99 or 1000 committed the effect under an answer
+  // of 500 for the whole retention; '201' answered the first client 500 and every retry 201;
+  // null ran as null and replayed as 200. Refused now, inside the transaction: nothing commits.
+  it.each([0, 99, 1000, 201.5, NaN, '201', null])('refuses the statusCode %p from the work and commits nothing', async (statusCode) => {
+    const key = `status:${randomUUID()}`;
+    await expect(
+      transactions.run({ key }, async (manager) => ({ ...(await pay(key)(manager)), statusCode: statusCode as number })),
+    ).rejects.toThrow(RangeError);
+    expect(await payments(key)).toBe(0);
+    expect(await record(key)).toBeUndefined();
+    expect(await transactions.run({ key }, pay(key))).toMatchObject({ status: 'ran' });
+  });
+
   it("throws a constraint the COMMIT checks (deferred) as the database's error, as the work's own: nothing saved, the retry runs", async () => {
     // Wrapped as an IdempotencyStoreError, a business conflict read as an outage (an app maps
     // those to 503), and uniqueViolationOf() found nothing in it (an adversarial helper).

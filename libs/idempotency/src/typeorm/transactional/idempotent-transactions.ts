@@ -156,7 +156,8 @@ export class IdempotentTransactions {
   /**
    * Runs `work` once for `input.key`: claims the key, runs `work` with the transaction's
    * `EntityManager` and saves its answer, in one transaction; or answers from what holds the key.
-   * Rethrows what `work` throws, after the rollback. Throws `IdempotencyStoreError` when the
+   * Rethrows what `work` throws, after the rollback; a `statusCode` that is not an integer from
+   * 200 to 599 is a `RangeError`, after the rollback too. Throws `IdempotencyStoreError` when the
    * database fails, `IdempotencyKeyError` for an empty key, one with a lone surrogate or a NUL,
    * and `IdempotencyError` for a fingerprint the table cannot hold as given (see `fingerprintProblem`).
    */
@@ -180,6 +181,10 @@ export class IdempotentTransactions {
         return claim as IdempotentRunResult<T>;
       }
       const { statusCode = 200, body } = await work(pinRepositories(runner.manager));
+      if (!Number.isInteger(statusCode) || statusCode < 200 || statusCode > 599) {
+        // Saved as given, 0 or '201' answered 500 to the first client and a number to every replay, the effect committed.
+        throw new RangeError(`IdempotentTransactions.run: the work's statusCode must be an integer from 200 to 599, got ${JSON.stringify(statusCode) ?? String(statusCode)}; nothing was committed`);
+      }
       const text = await bodyText(body, this.serialize);
       const params = [key, token, statusCode, JSON_HEADERS, text ?? null, text !== undefined, this.retentionMs];
       if ((await this.statement(this.sql.complete, params, runner)).affected !== 1) {
