@@ -84,6 +84,14 @@ describe('createIdempotentClient', () => {
     expect(calls.every((call) => !call.headers.has('idempotency-key'))).toBe(true);
   });
 
+  // An adversarial helper: the key was reported but never sent, so on a fingerprint route two
+  // operations keyed apart (same body) were one: the second got the first's replay, never run.
+  it('refuses a { key } with keyHeader: false before sending anything: no header would carry it', async () => {
+    const { fetch, calls } = scripted(json(201, {}));
+    await expect(client(fetch, { keyHeader: false }).post('/rent', { amount: 1 }, { key: 'rent-march' })).rejects.toThrow(/keyHeader: false/);
+    expect(calls).toHaveLength(0);
+  });
+
   it.each([
     [400, { code: 'IDEMPOTENCY_KEY_MISSING' }, {}],
     [422, { code: 'IDEMPOTENCY_KEY_REUSED' }, {}],

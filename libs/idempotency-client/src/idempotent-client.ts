@@ -87,7 +87,7 @@ export interface IdempotentResponse<T = unknown> {
   replayed: boolean;
   /** How many requests were sent, this one included. */
   attempts: number;
-  /** The key every attempt carried (undefined with `keyHeader: false` and no `key` given). */
+  /** The key every attempt carried (undefined with `keyHeader: false`). */
   key: string | undefined;
 }
 
@@ -136,11 +136,16 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
     headersOf(opts.headers).forEach((value, name) => headers.set(name, value));
     // A key the caller put in the headers is the operation's: replaced by a new one, a re-send
     // with it ran twice (an adversarial helper).
+    // With no key header, a key is never sent: reported as the operation's, two operations keyed
+    // apart were one at the server, the second answered the first's replay (an adversarial helper).
+    if (keyHeader === false && opts.key !== undefined) {
+      throw new TypeError(`{ key: ${JSON.stringify(opts.key)} } with keyHeader: false: no header would carry it; put the key in the body the server reads it from`);
+    }
     const given = keyHeader === false ? null : headers.get(keyHeader);
     if (opts.key !== undefined && given !== null && given !== opts.key) {
       throw new TypeError(`two keys for one operation: { key: ${JSON.stringify(opts.key)} } and the ${keyHeader} header ${JSON.stringify(given)}`);
     }
-    const key = keyHeader === false ? opts.key : (opts.key ?? given ?? generateKey());
+    const key = keyHeader === false ? undefined : (opts.key ?? given ?? generateKey());
     if (keyHeader !== false && key !== undefined) headers.set(keyHeader, key);
     const payload = await encodeBody(body, headers);
     const url = `${base}/${path.replace(/^\/+/, '')}`;
