@@ -383,6 +383,40 @@ describe('PostgresOutcomeRecorder', () => {
     });
   });
 
+  // An adversarial helper: a scope or request id over 255 characters, a NUL, a hash over 64
+  // characters failed in the database (IdempotencyStoreError, answered as an outage); a hash in
+  // capitals made the same bytes a second record; '' was kept as a request id; a fractional
+  // statusCode failed the recording. Refused before any statement now.
+  it.each([
+    ['a scope over 255 characters', { scope: 's'.repeat(256) }],
+    ['a scope with a NUL', { scope: 'a\0b' }],
+    ['an empty scope', { scope: '' }],
+    ['an empty request id', { requestId: '' }],
+    ['a request id with a lone surrogate', { requestId: 'a\ud800' }],
+    ['a request id over 255 characters', { requestId: 'r'.repeat(256) }],
+    ['a hash in capitals', { contentHash: hash('x').toUpperCase() }],
+    ['a hash that is not hex', { contentHash: 'z'.repeat(64) }],
+    ['a hash over 64 characters', { contentHash: hash('x') + '0' }],
+  ])('refuses a claim with %s before any statement (RangeError)', async (_what, change) => {
+    const scope = newScope();
+    await expect(recorder.claim({ scope, requestId: 'r', contentHash: hash('x'), ...change } as never)).rejects.toThrow(RangeError);
+    expect(await record(scope)).toEqual([]);
+  });
+
+  it('refuses to record a statusCode that is not an integer from 100 to 999, and the work of succeedWith with it rolls back', async () => {
+    const scope = newScope();
+    const claim = held(await recorder.claim({ scope, requestId: 'r', contentHash: hash('status') }));
+    await expect(recorder.succeed(claim, { statusCode: 201.5 })).rejects.toThrow(RangeError);
+    await expect(
+      recorder.succeedWith(claim, async (manager) => {
+        await manager.query(`INSERT INTO "${schema}".effects (record_id, note) VALUES ($1, 'status')`, [claim.recordId]);
+        return { statusCode: '201' as unknown as number };
+      }),
+    ).rejects.toThrow(RangeError);
+    expect(await rows(`SELECT * FROM "${schema}".effects WHERE record_id = $1`, [claim.recordId])).toEqual([]);
+    expect(await recorder.succeed(claim, { statusCode: 201 })).toBe(true);
+  });
+
   it('refuses a DataSource that is not PostgreSQL and durations that are not positive', () => {
     expect(() => new PostgresOutcomeRecorder({ options: { type: 'mysql' } } as DataSource)).toThrow(/postgres DataSource/);
     expect(() => new PostgresOutcomeRecorder(dataSource, { retentionMs: 0 })).toThrow(/retentionMs/);
