@@ -174,6 +174,20 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     )).rejects.toThrow(/serialize returned a promise/);
   });
 
+  // An adversarial helper: a Set, in a class instance or a plain object, was sent, saved and
+  // replayed as {"0":"vip","1":"eu"}; ClassSerializerInterceptor sends ["vip","eu"].
+  it('answers a Set as class-transformer makes it: an array', async () => {
+    class Customer {
+      id = 7;
+      tags = new Set(['vip', 'eu']);
+    }
+    const key = `set:${randomUUID()}`;
+    const first = await transactions.run({ key }, async () => ({ body: { customer: new Customer(), tags: new Set(['a']) } }));
+    const expected = instanceToPlain({ customer: new Customer(), tags: new Set(['a']) });
+    expect(expected).toEqual({ customer: { id: 7, tags: ['vip', 'eu'] }, tags: ['a'] });
+    expect({ first: first.status === 'ran' && first.body, saved: JSON.parse((await record(key)).body) }).toEqual({ first: expected, saved: expected });
+  });
+
   it("writes the guard store's row format: the store reads the answer, and its claim of the key replays it", async () => {
     const key = `format:${randomUUID()}`;
     const store = new PostgresIdempotencyStore(dataSource);

@@ -12,7 +12,8 @@ let classTransformer: Promise<InstanceToPlain | undefined> | undefined;
  * hash was sent, replayed and saved (an adversarial helper). So, where the app has
  * class-transformer, each class instance without a `toJSON` of its own keeps only the properties
  * class-transformer's `instanceToPlain` keeps (`@Exclude()`, `@Expose()`, a class's strategy),
- * with their own values (a `@Transform`ed one when it gives a primitive). Everything else is as
+ * with their own values (a `@Transform`ed one when it gives a primitive or an array; one that
+ * gives an object is the property's own value), a Set as an array. Everything else is as
  * `JSON.stringify` writes it: a `toJSON` (a dayjs, a Decimal, a URL, an entity that hides its
  * own fields) is honoured (a first version took every body apart through `instanceToPlain`, and
  * what a `toJSON` hid was sent: the review and a helper). `serialize` (the options') replaces all
@@ -41,7 +42,9 @@ function keptBy(toPlain: InstanceToPlain) {
       // Say a cycle (class-transformer overflows the stack): JSON.stringify says what it says.
       return value;
     }
-    if (plain === null || typeof plain !== 'object') return plain;
+    // A Set, as class-transformer gives it: an array (its keys read as properties made
+    // {"0":...,"1":...}, where ClassSerializerInterceptor sends the array; an adversarial helper).
+    if (plain === null || typeof plain !== 'object' || Array.isArray(plain)) return plain;
     const kept: Record<string, unknown> = {};
     for (const name of Object.keys(plain)) {
       const own = name in value ? (value as Record<string, unknown>)[name] : undefined;
