@@ -1,5 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
-import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import { ServerResponse, type OutgoingHttpHeaders } from 'node:http';
 import { withoutRefusalHeaders } from './refusal-headers.js';
 import { dropLateHeaders, headersSentError, hookResponse, showReports, type ResponseHook, type Through } from './response-hooks.js';
 
@@ -60,6 +60,10 @@ function headersOfArray(list: unknown[]): OutgoingHttpHeaders {
   return headers;
 }
 
+const NODE_WRITE_HEAD = ServerResponse.prototype.writeHead;
+/** Statuses whose head carries no length of a body: informational, 204 and 304. */
+const NO_LENGTH = new Set([100, 101, 102, 103, 204, 304]);
+
 /** A lone surrogate (UTF-8 has no bytes for it: Node writes U+FFFD's), or a NUL. */
 const NOT_KEPT_AS_TEXT = /[\p{Cs}\0]/u;
 
@@ -113,6 +117,8 @@ export class ResponseCapture implements ResponseHook {
   private head: OutgoingHttpHeaders | undefined;
   /** `content-encoding` as the head was sent through the capture (see `writeHead`); undefined until then. */
   private coding: { value: ReturnType<ResponseCapture['headerOf']> } | undefined;
+  /** The head went out through the capture to the methods it stands in front of (see `writeHeadBeforeSave`). */
+  private headWritten = false;
   /** The status when the capture first held bytes, put back when they go out (`restoreStatus`). */
   private heldStatus: { code: number; message: string } | undefined;
   /** What the response says of itself (see `report`); undefined until the capture first held bytes. */
@@ -158,6 +164,7 @@ export class ResponseCapture implements ResponseHook {
     // after, the label went with the plain bytes, and no client could decode a replay (an
     // adversarial helper: `@Res()` handlers that send their head first, streamed exports).
     this.coding ??= { value: this.headerOf('content-encoding') };
+    this.headWritten = true;
     return (this.through.writeHead as (...a: Args) => ServerResponse).apply(res, args);
   }
 
@@ -264,6 +271,7 @@ export class ResponseCapture implements ResponseHook {
   /** Sends the held answer, after saving it when it is the handler's. */
   private finish(args: Args): void {
     this.report({ headersSent: true, writableEnded: true });
+    if (this.mode === 'save' && !this.writeHeadBeforeSave()) return;
     const saved = this.mode === 'save' ? this.save(this.captured()) : Promise.resolve();
     void saved.then(() => {
       this.state = 'ended';
@@ -279,6 +287,49 @@ export class ResponseCapture implements ResponseHook {
         this.ending = false;
       }
     });
+  }
+
+  /**
+   * Writes the head of the answer to be saved (Node keeps it until the first bytes go out) through
+   * the methods the capture stands in front of, with the status it goes out with, before the
+   * answer is read for its record: headers the app sets when the head is written (on-headers
+   * listeners, as compression, express-session and response-time use) are part of it. Read
+   * before, on Express (whose `res.send` ends without a head) a private answer's
+   * `Cache-Control: no-store` set so was missing from every replay (an adversarial helper).
+   * A head Node refuses (an invalid header value) fails the response, as it would have at its
+   * end: the answer never reached its client, and is recorded so. False then.
+   */
+  private writeHeadBeforeSave(): boolean {
+    // Node's own writeHead sets no header: only a method the app put in front of it may.
+    if (this.headWritten || this.raw.destroyed || this.through.writeHead === NODE_WRITE_HEAD) return true;
+    this.headWritten = true;
+    this.coding ??= { value: this.headerOf('content-encoding') };
+    if (this.heldStatus) {
+      this.raw.statusCode = this.heldStatus.code;
+      this.raw.statusMessage = this.heldStatus.message;
+      this.heldStatus = undefined;
+    }
+    // The head is not out yet: the app's listeners may still set headers (they would be refused).
+    const reported = this.reported!;
+    reported.headersSent = false;
+    const raw = this.raw;
+    try {
+      // What Node's end() does when its bytes come in that one call: it sends their length
+      // (written now, the head would have none, and the answer would go out chunked).
+      if (this.held.length === 0 && !NO_LENGTH.has(raw.statusCode) && !raw.hasHeader('content-length') && !raw.hasHeader('transfer-encoding')) {
+        raw.setHeader('content-length', this.bytes);
+      }
+      (this.through.writeHead as (...a: Args) => ServerResponse).call(this.raw, this.raw.statusCode);
+      reported.headersSent = true;
+      return true;
+    } catch (error) {
+      reported.headersSent = true;
+      this.state = 'ended';
+      this.held = [];
+      void this.save(undefined);
+      this.raw.destroy(error as Error);
+      return false;
+    }
   }
 
   private flush(): void {
