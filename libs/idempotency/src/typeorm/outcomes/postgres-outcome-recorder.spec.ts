@@ -397,16 +397,34 @@ describe('PostgresOutcomeRecorder', () => {
     ['a hash in capitals', { contentHash: hash('x').toUpperCase() }],
     ['a hash that is not hex', { contentHash: 'z'.repeat(64) }],
     ['a hash over 64 characters', { contentHash: hash('x') + '0' }],
+    ['a bigint scope', { scope: 1n }],
+    ['a bigint request id', { requestId: 5n }],
   ])('refuses a claim with %s before any statement (RangeError)', async (_what, change) => {
     const scope = newScope();
     await expect(recorder.claim({ scope, requestId: 'r', contentHash: hash('x'), ...change } as never)).rejects.toThrow(RangeError);
     expect(await record(scope)).toEqual([]);
   });
 
+  // An adversarial helper: a bad leaseMs threw out of the call, past the caller's .catch().
+  it('rejects a claim with a leaseMs that is not a positive number of milliseconds (a promise, never a throw)', async () => {
+    for (const leaseMs of [0, -5, NaN, '2000', Infinity]) {
+      const claimed = (() => {
+        try {
+          return recorder.claim({ scope: newScope(), requestId: 'r', contentHash: hash('lease'), leaseMs: leaseMs as number });
+        } catch (error) {
+          return `thrown: ${(error as Error).message}`;
+        }
+      })();
+      expect(claimed).toBeInstanceOf(Promise);
+      await expect(claimed).rejects.toThrow(/leaseMs/);
+    }
+  });
+
   it('refuses to record a statusCode that is not an integer from 100 to 999, and the work of succeedWith with it rolls back', async () => {
     const scope = newScope();
     const claim = held(await recorder.claim({ scope, requestId: 'r', contentHash: hash('status') }));
     await expect(recorder.succeed(claim, { statusCode: 201.5 })).rejects.toThrow(RangeError);
+    await expect(recorder.succeed(claim, { statusCode: 201n as unknown as number })).rejects.toThrow(RangeError);
     await expect(
       recorder.succeedWith(claim, async (manager) => {
         await manager.query(`INSERT INTO "${schema}".effects (record_id, note) VALUES ($1, 'status')`, [claim.recordId]);

@@ -124,13 +124,14 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
    * One statement; it runs again in the rare case its snapshot missed a concurrent claim.
    */
   claim(input: OutcomeClaimInput): Promise<OutcomeClaim> {
+    let leaseMs: number;
     try {
       refuseClaimInput(input);
+      leaseMs = positiveMs('PostgresOutcomeRecorder', 'leaseMs', input.leaseMs ?? this.leaseMs);
     } catch (error) {
       return Promise.reject(error as Error);
     }
     const token = randomUUID();
-    const leaseMs = positiveMs('PostgresOutcomeRecorder', 'leaseMs', input.leaseMs ?? this.leaseMs);
     const params = [input.scope, input.requestId ?? null, input.contentHash, token, leaseMs];
     return claimUntilAnswered<OutcomeClaim>(`outcome claim in ${JSON.stringify(input.scope)}`, async () => {
       let rows: ClaimRow[];
@@ -251,7 +252,7 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
   private finishParams(held: HeldOutcome, state: 'SUCCESS' | 'FAILED', outcome: RecordedOutcome): unknown[] {
     const { statusCode } = outcome;
     if (!Number.isInteger(statusCode) || statusCode < 100 || statusCode > 999) {
-      throw new RangeError(`PostgresOutcomeRecorder: statusCode must be an integer from 100 to 999, got ${JSON.stringify(statusCode) ?? String(statusCode)}`);
+      throw new RangeError(`PostgresOutcomeRecorder: statusCode must be an integer from 100 to 999, got ${shownInput(statusCode)}`);
     }
     const body = outcome.body === undefined ? null : JSON.stringify(outcome.body);
     return [held.recordId, held.token, state, outcome.statusCode, body ?? null, this.retentionMs];
@@ -263,6 +264,9 @@ export class PostgresOutcomeRecorder implements OnModuleInit, OnApplicationShutd
 function normalized(row: ClaimRow): FoundRecord {
   return { ...row, id: String(row.id), remaining_ms: Number(row.remaining_ms ?? 0) };
 }
+
+/** A refused input as its message shows it: a string quoted, anything else as `String` writes it (JSON has no BigInt). */
+const shownInput = (value: unknown) => (typeof value === 'string' ? JSON.stringify(value) : String(value));
 
 /** The content hash as `@ContentHash()` gives it: SHA-256, 64 lower-case hex digits. */
 const CONTENT_HASH = /^[0-9a-f]{64}$/;
@@ -277,12 +281,12 @@ const CONTENT_HASH = /^[0-9a-f]{64}$/;
 function refuseClaimInput({ scope, requestId, contentHash }: OutcomeClaimInput): void {
   const text = (name: string, value: unknown) => {
     if (typeof value !== 'string' || value === '' || (value.length > 255 && [...value].length > 255) || value.includes('\0') || /\p{Cs}/u.test(value)) {
-      throw new RangeError(`PostgresOutcomeRecorder.claim: ${name} must be text of 1 to 255 characters, without NUL or a lone surrogate, got ${JSON.stringify(value) ?? String(value)}`);
+      throw new RangeError(`PostgresOutcomeRecorder.claim: ${name} must be text of 1 to 255 characters, without NUL or a lone surrogate, got ${shownInput(value)}`);
     }
   };
   text('scope', scope);
   if (requestId !== undefined && requestId !== null) text('requestId', requestId);
   if (typeof contentHash !== 'string' || !CONTENT_HASH.test(contentHash)) {
-    throw new RangeError(`PostgresOutcomeRecorder.claim: contentHash must be a SHA-256 as 64 lower-case hex digits (as @ContentHash() gives it), got ${JSON.stringify(contentHash) ?? String(contentHash)}`);
+    throw new RangeError(`PostgresOutcomeRecorder.claim: contentHash must be a SHA-256 as 64 lower-case hex digits (as @ContentHash() gives it), got ${shownInput(contentHash)}`);
   }
 }

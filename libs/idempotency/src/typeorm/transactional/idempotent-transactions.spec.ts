@@ -289,7 +289,7 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
   // An adversarial helper: a statusCode of 0, 99 or 1000 committed the effect under an answer
   // of 500 for the whole retention; '201' answered the first client 500 and every retry 201;
   // null ran as null and replayed as 200. Refused now, inside the transaction: nothing commits.
-  it.each([0, 99, 1000, 201.5, NaN, '201', null])('refuses the statusCode %p from the work and commits nothing', async (statusCode) => {
+  it.each([0, 99, 1000, 201.5, NaN, '201', null, 201n])('refuses the statusCode %p from the work and commits nothing', async (statusCode) => {
     const key = `status:${randomUUID()}`;
     await expect(
       transactions.run({ key }, async (manager) => ({ ...(await pay(key)(manager)), statusCode: statusCode as number })),

@@ -183,7 +183,7 @@ export class IdempotentTransactions {
       const { statusCode = 200, body } = await work(pinRepositories(runner.manager));
       if (!Number.isInteger(statusCode) || statusCode < 200 || statusCode > 599) {
         // Saved as given, 0 or '201' answered 500 to the first client and a number to every replay, the effect committed.
-        throw new RangeError(`IdempotentTransactions.run: the work's statusCode must be an integer from 200 to 599, got ${JSON.stringify(statusCode) ?? String(statusCode)}; nothing was committed`);
+        throw new RangeError(`IdempotentTransactions.run: the work's statusCode must be an integer from 200 to 599, got ${typeof statusCode === 'string' ? JSON.stringify(statusCode) : String(statusCode)}; nothing was committed`);
       }
       const text = await bodyText(body, this.serialize);
       const params = [key, token, statusCode, JSON_HEADERS, text ?? null, text !== undefined, this.retentionMs];
