@@ -61,8 +61,6 @@ function headersOfArray(list: unknown[]): OutgoingHttpHeaders {
 }
 
 const NODE_WRITE_HEAD = ServerResponse.prototype.writeHead;
-/** Statuses whose head carries no length of a body: informational, 204 and 304. */
-const NO_LENGTH = new Set([100, 101, 102, 103, 204, 304]);
 
 /** A lone surrogate (UTF-8 has no bytes for it: Node writes U+FFFD's), or a NUL. */
 const NOT_KEPT_AS_TEXT = /[\p{Cs}\0]/u;
@@ -119,6 +117,8 @@ export class ResponseCapture implements ResponseHook {
   private coding: { value: ReturnType<ResponseCapture['headerOf']> } | undefined;
   /** The head went out through the capture to the methods it stands in front of (see `writeHeadBeforeSave`). */
   private headWritten = false;
+  /** The response's `writeHead` once the capture was put on: another one later is the app's, in front of it. */
+  private readonly hookedWriteHead: ServerResponse['writeHead'];
   /** The status when the capture first held bytes, put back when they go out (`restoreStatus`). */
   private heldStatus: { code: number; message: string } | undefined;
   /** What the response says of itself (see `report`); undefined until the capture first held bytes. */
@@ -143,6 +143,7 @@ export class ResponseCapture implements ResponseHook {
     this.names = capturedNames(headerNames);
     // A handler that answers itself may hand the response to code that swaps its prototype.
     this.through = hookResponse(raw, this, answers !== 'nest');
+    this.hookedWriteHead = raw.writeHead;
     raw.once('close', () => this.onClose());
   }
 
@@ -271,7 +272,7 @@ export class ResponseCapture implements ResponseHook {
   /** Sends the held answer, after saving it when it is the handler's. */
   private finish(args: Args): void {
     this.report({ headersSent: true, writableEnded: true });
-    if (this.mode === 'save' && !this.writeHeadBeforeSave()) return;
+    if (this.mode === 'save') this.writeHeadBeforeSave();
     const saved = this.mode === 'save' ? this.save(this.captured()) : Promise.resolve();
     void saved.then(() => {
       this.state = 'ended';
@@ -290,45 +291,35 @@ export class ResponseCapture implements ResponseHook {
   }
 
   /**
-   * Writes the head of the answer to be saved (Node keeps it until the first bytes go out) through
-   * the methods the capture stands in front of, with the status it goes out with, before the
+   * Writes the head of the answer to be saved (Node keeps it until the first bytes go out)
+   * through the response's `writeHead` as it is now, with the status it goes out with, before the
    * answer is read for its record: headers the app sets when the head is written (on-headers
-   * listeners, as compression, express-session and response-time use) are part of it. Read
-   * before, on Express (whose `res.send` ends without a head) a private answer's
-   * `Cache-Control: no-store` set so was missing from every replay (an adversarial helper).
-   * A head Node refuses (an invalid header value) fails the response, as it would have at its
-   * end: the answer never reached its client, and is recorded so. False then.
+   * listeners, as compression, express-session and response-time use, also one a handler added)
+   * are part of it. Read before, on Express (whose `res.send` ends without a head) a private
+   * answer's `Cache-Control: no-store` set so was missing from every replay (an adversarial
+   * helper). Only where code of the app's stands in front of Node's own `writeHead`, which sets
+   * no header. No length is set: the bytes may still change on their way (a middleware that
+   * rewrites them), so Node sends the answer chunked. A head refused (a listener's invalid header
+   * value) is left to Node's `end()`, which fails the response as it does without the guard,
+   * the answer saved first as before: a retry is replayed.
    */
-  private writeHeadBeforeSave(): boolean {
-    // Node's own writeHead sets no header: only a method the app put in front of it may.
-    if (this.headWritten || this.raw.destroyed || this.through.writeHead === NODE_WRITE_HEAD) return true;
-    this.headWritten = true;
-    this.coding ??= { value: this.headerOf('content-encoding') };
+  private writeHeadBeforeSave(): void {
+    const raw = this.raw;
+    if (this.headWritten || raw.destroyed || (this.through.writeHead === NODE_WRITE_HEAD && raw.writeHead === this.hookedWriteHead)) return;
     if (this.heldStatus) {
-      this.raw.statusCode = this.heldStatus.code;
-      this.raw.statusMessage = this.heldStatus.message;
+      raw.statusCode = this.heldStatus.code;
+      raw.statusMessage = this.heldStatus.message;
       this.heldStatus = undefined;
     }
     // The head is not out yet: the app's listeners may still set headers (they would be refused).
     const reported = this.reported!;
     reported.headersSent = false;
-    const raw = this.raw;
     try {
-      // What Node's end() does when its bytes come in that one call: it sends their length
-      // (written now, the head would have none, and the answer would go out chunked).
-      if (this.held.length === 0 && !NO_LENGTH.has(raw.statusCode) && !raw.hasHeader('content-length') && !raw.hasHeader('transfer-encoding')) {
-        raw.setHeader('content-length', this.bytes);
-      }
-      (this.through.writeHead as (...a: Args) => ServerResponse).call(this.raw, this.raw.statusCode);
+      raw.writeHead(raw.statusCode);
+    } catch {
+      // Node's end() writes the head again and fails the response with this error.
+    } finally {
       reported.headersSent = true;
-      return true;
-    } catch (error) {
-      reported.headersSent = true;
-      this.state = 'ended';
-      this.held = [];
-      void this.save(undefined);
-      this.raw.destroy(error as Error);
-      return false;
     }
   }
 
