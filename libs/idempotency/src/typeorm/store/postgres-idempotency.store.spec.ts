@@ -351,6 +351,15 @@ describe('PostgresIdempotencyStore', () => {
     expect(await store.release(`${key}x`, 't2')).toBe(true);
   });
 
+  // An adversarial helper: an operator's storage key with a NUL (pasted from a log) made
+  // IdempotencyAdmin.inspect and forget (store.get, store.forget) throw IdempotencyStoreError (a 500, as for an outage);
+  // the memory and Redis stores answer absent. No record can hold such a key.
+  it('answers absent for a key with a NUL, which no record holds, without a statement', async () => {
+    const key = 'no_repeat:42:OrdersController.create:A-1\0';
+    await expect(store.get(key)).resolves.toBeUndefined();
+    await expect(store.forget(key)).resolves.toEqual({ forgotten: false, reason: 'absent' });
+  });
+
   it('answers from the latest record, not from its snapshot of an expired one (READ COMMITTED)', async () => {
     const key = `snapshot:${randomUUID()}`;
     await store.claim({ key, token: 'old', fingerprint: 'fp', leaseMs: 60_000 });

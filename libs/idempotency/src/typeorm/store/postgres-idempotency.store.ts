@@ -326,6 +326,8 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 
   override forget(key: string): Promise<ForgetResult> {
+    // PostgreSQL text holds no NUL: no record has such a key (an operator's pasted one failed as an outage).
+    if (key.includes('\0')) return Promise.resolve({ forgotten: false, reason: 'absent' });
     return claimUntilAnswered<ForgetResult>(`forget of ${JSON.stringify(key)}`, async () => {
       const [row] = (await this.run(this.sql.forget, [recordKey(key)])).records as { deleted: number; state: string | null }[];
       if (row.deleted === 1) return { forgotten: true };
@@ -336,6 +338,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 
   async get(key: string): Promise<StoredRecord | undefined> {
+    if (key.includes('\0')) return undefined; // see forget()
     const [row] = (await this.run(this.sql.get, [recordKey(key)])).records as RecordRow[];
     if (!row) return undefined;
     const state = row.state === 'completed' ? 'completed' : 'processing';
