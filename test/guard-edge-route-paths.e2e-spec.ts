@@ -5,7 +5,7 @@
 // `/admin/users` and `/public/users`). The path the router matched now joins the key's handler
 // segment of such handlers; a handler at one path keeps `Controller.method`.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, Module, Param, Post, Req } from '@nestjs/common';
+import { Body, Controller, Module, Param, Post, Req, Version, VersioningType } from '@nestjs/common';
 import { RouterModule } from '@nestjs/core';
 import { randomUUID } from 'node:crypto';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
@@ -48,6 +48,18 @@ class MembersController {
   create(@Body() body: { name: string }, @Req() req: { url: string }) {
     runs.push(`${req.url} ${body.name}`);
     return { at: req.url, name: body.name };
+  }
+}
+
+/** One handler at two paths, each under two API versions. */
+@Controller('orders')
+class VersionedOrdersController {
+  @Post([':id/approve', ':id/confirm'])
+  @Version(['1', '2'])
+  @NoRepeatSubmit({ idempotentKey: '#params.id' })
+  decide(@Param('id') id: string, @Req() req: { url: string }) {
+    runs.push(`versioned ${req.url}`);
+    return { id, at: req.url };
   }
 }
 
@@ -116,5 +128,33 @@ describe.each<Adapter>(['express', 'fastify'])('one handler at several paths (%s
     await send(a.url, `/posts/${id}/archive`);
     const again = await send(a.url, `/posts/${id}/archive`);
     expect({ replayed: replayed(again), runs }).toEqual({ replayed: true, runs: [`archive ${id}`] });
+  });
+});
+
+// An adversarial helper: the matched path carried the global prefix and the URI version, so a
+// handler at several paths serving two versions ran again for a retry under the other version
+// (20 of 20 keys), where a handler at one path replays it (the README: one route). Its key now
+// leaves both out; its own paths still tell its operations apart.
+describe.each<Adapter>(['express', 'fastify'])('a handler at several paths under a global prefix and URI versions (%s)', (adapter) => {
+  let a: EdgeApp;
+  beforeAll(async () => {
+    a = await makeApp(adapter, [VersionedOrdersController], {}, {
+      setup: (app) => {
+        app.setGlobalPrefix('api');
+        app.enableVersioning({ type: VersioningType.URI });
+      },
+    });
+  });
+  afterAll(async () => a?.close());
+
+  it('replays a retry under the other version, and runs the other path', async () => {
+    const id = randomUUID();
+    const before = runs.length;
+    const first = await send(a.url, `/api/v1/orders/${id}/approve`, {});
+    const again = await send(a.url, `/api/v2/orders/${id}/approve`, {});
+    expect([first.status, again.status, replayed(again), again.text]).toEqual([201, 201, true, first.text]);
+    const other = await send(a.url, `/api/v2/orders/${id}/confirm`, {});
+    expect([other.status, replayed(other)]).toEqual([201, false]);
+    expect(runs.slice(before)).toEqual([`versioned /api/v1/orders/${id}/approve`, `versioned /api/v2/orders/${id}/confirm`]);
   });
 });

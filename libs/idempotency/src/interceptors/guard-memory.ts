@@ -1,4 +1,5 @@
-import { Injectable, type BeforeApplicationShutdown } from '@nestjs/common';
+import { Injectable, Optional, type BeforeApplicationShutdown } from '@nestjs/common';
+import { ApplicationConfig } from '@nestjs/core';
 import type { GuardedRoute } from './route-options.js';
 import type { StoreCalls } from './store-calls.js';
 
@@ -18,6 +19,9 @@ export class GuardMemory implements BeforeApplicationShutdown {
   private readonly routes = new WeakMap<object, WeakMap<object, GuardedRoute | null>>();
   /** Configuration problems already logged (once per handler and kind). */
   private readonly logged = new Set<string>();
+
+  /** `appConfig`: the app's global prefix and versioning, which a route's key leaves out (`routeKeyPath`). */
+  constructor(@Optional() readonly appConfig?: ApplicationConfig) {}
 
   /** The routes of one controller class, by handler: `null` for a handler the guard leaves alone. */
   routesOf(controller: object): WeakMap<object, GuardedRoute | null> {

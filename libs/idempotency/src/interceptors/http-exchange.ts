@@ -123,9 +123,10 @@ export class HttpExchange implements GuardExchange {
 
   /** `Controller.method`, and the matched route path where the handler answers at several (`route-paths`). */
   keyHandler(): string {
-    if (!this.route.keysByRoutePath) return this.route.handler;
+    const keyPath = this.route.routeKeyPath;
+    if (!keyPath) return this.route.handler;
     const path = matchedRoutePath(this.req);
-    return path === undefined ? this.route.handler : `${this.route.handler}#${path}`;
+    return path === undefined ? this.route.handler : `${this.route.handler}#${keyPath(path)}`;
   }
 
   /**

@@ -1,11 +1,12 @@
 import type { ExecutionContext } from '@nestjs/common';
+import type { ApplicationConfig } from '@nestjs/core';
 import { leaseSignalOf } from '../decorators/lease-signal.decorator.js';
 import { controllerMethods, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { savesStatus, type ResolvedIdempotencyOptions, type SavesStatus } from '../idempotency.config.js';
 import type { ErrorFormat } from '../errors/problem-details.js';
 import type { FailMode } from '../idempotency.options.js';
 import { describeKeyPath } from '../keys/key-expression.js';
-import { answersAtSeveralPaths } from './route-paths.js';
+import { answersAtSeveralPaths, routeKeyPath } from './route-paths.js';
 
 /**
  * A decorated handler's settings: the decorator's options (method over controller) merged over
@@ -15,8 +16,8 @@ export interface GuardedRoute {
   metadata: NoRepeatSubmitMetadata;
   /** `ControllerName.methodName`: the key's handler segment. */
   handler: string;
-  /** An HTTP handler that answers at several paths: the matched one joins its handler segment (`route-paths`). */
-  keysByRoutePath: boolean;
+  /** An HTTP handler that answers at several paths: the matched one joins its handler segment, as this makes it (`route-paths`). */
+  routeKeyPath: ((matched: string) => string) | undefined;
   /** How long a completed response is replayed (the store's `retentionMs`), from `expireSeconds`. */
   expireMs: number;
   /** How long a claim holds without renewal, from `leaseSeconds`. */
@@ -71,6 +72,7 @@ export function routeOptions(
   metadata: NoRepeatSubmitMetadata,
   ctx: ExecutionContext,
   defaults: ResolvedIdempotencyOptions,
+  appConfig?: ApplicationConfig,
 ): GuardedRoute {
   const { options, key } = metadata;
   const method = methodName(ctx);
@@ -82,7 +84,7 @@ export function routeOptions(
   return {
     metadata,
     handler: `${ctx.getClass().name}.${method}`,
-    keysByRoutePath: ctx.getType() === 'http' && answersAtSeveralPaths(ctx),
+    routeKeyPath: ctx.getType() === 'http' && answersAtSeveralPaths(ctx) ? routeKeyPath(ctx, appConfig) : undefined,
     expireMs: Math.ceil((options.expireSeconds ?? defaults.expireSeconds) * 1000),
     leaseMs,
     maxHoldMs,

@@ -1,8 +1,11 @@
-import type { ExecutionContext } from '@nestjs/common';
+import { VersioningType, type ExecutionContext } from '@nestjs/common';
+import type { ApplicationConfig } from '@nestjs/core';
 import type { HttpRequest } from './http-request.js';
 
 /** `@nestjs/common`'s route path metadata key (stable across Nest 10-12). */
 const PATH_METADATA = 'path';
+/** `@nestjs/common`'s version metadata key (`@Version()`, `@Controller({ version })`). */
+const VERSION_METADATA = '__version__';
 
 /** Guarded controller classes that more than one module lists (`guard-placement`): mounted at several paths. */
 const mountedTwice = new WeakSet<object>();
@@ -35,4 +38,31 @@ export function matchedRoutePath(req: HttpRequest): string | undefined {
   const r = req as { route?: { path?: unknown }; routeOptions?: { url?: unknown } };
   const path = r.routeOptions?.url ?? r.route?.path;
   return typeof path === 'string' ? path : undefined;
+}
+
+/**
+ * The matched route path as the handler's key segment (`keyHandler`): without the app's global
+ * prefix and its URI version segment, which the router puts in front of every path. A handler at
+ * several paths that serves several versions (`@Version(['1', '2'])`) is one route per path, as
+ * one at a single path is: keyed with them, a retry under the other version ran it again (an
+ * adversarial helper: 20 of 20 keys), and a prefix set or changed between deploys changed every
+ * such key. `RouterModule` prefixes stay: they tell the mounts of one controller apart.
+ */
+export function routeKeyPath(ctx: ExecutionContext, config: ApplicationConfig | undefined): (matched: string) => string {
+  const prefix = config ? `/${config.getGlobalPrefix().replace(/^\/+|\/+$/g, '')}` : '/';
+  const versioning = config?.getVersioning();
+  const uriPrefix = versioning?.type === VersioningType.URI ? (versioning.prefix === false ? '' : (versioning.prefix ?? 'v')) : undefined;
+  const versions = new Set<string>();
+  for (const declared of [Reflect.getMetadata(VERSION_METADATA, ctx.getHandler()), Reflect.getMetadata(VERSION_METADATA, ctx.getClass()), versioning?.defaultVersion]) {
+    for (const version of ([] as unknown[]).concat(declared ?? [])) if (typeof version === 'string') versions.add(version);
+  }
+  return (matched) => {
+    let rest = matched;
+    if (prefix !== '/' && (rest === prefix || rest.startsWith(`${prefix}/`))) rest = rest.slice(prefix.length);
+    if (uriPrefix !== undefined) {
+      const segment = /^\/([^/]+)/.exec(rest)?.[1];
+      if (segment?.startsWith(uriPrefix) && versions.has(segment.slice(uriPrefix.length))) rest = rest.slice(segment.length + 1);
+    }
+    return rest.startsWith('/') ? rest : `/${rest}`;
+  };
 }
