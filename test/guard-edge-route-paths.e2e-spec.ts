@@ -5,7 +5,7 @@
 // `/admin/users` and `/public/users`). The path the router matched now joins the key's handler
 // segment of such handlers; a handler at one path keeps `Controller.method`.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, Module, Param, Post, Req, Version, VersioningType } from '@nestjs/common';
+import { Body, Controller, Module, Param, Post, Req, Version, VERSION_NEUTRAL, VersioningType } from '@nestjs/common';
 import { RouterModule } from '@nestjs/core';
 import { randomUUID } from 'node:crypto';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
@@ -59,6 +59,17 @@ class VersionedOrdersController {
   @NoRepeatSubmit({ idempotentKey: '#params.id' })
   decide(@Param('id') id: string, @Req() req: { url: string }) {
     runs.push(`versioned ${req.url}`);
+    return { id, at: req.url };
+  }
+}
+
+/** Version-neutral, at two paths the first of which starts as a version segment would. */
+@Controller({ version: VERSION_NEUTRAL })
+class NeutralNotesController {
+  @Post(['v1/notes/:id', 'notes/:id'])
+  @NoRepeatSubmit({ idempotentKey: '#params.id' })
+  write(@Param('id') id: string, @Req() req: { url: string }) {
+    runs.push(`neutral ${req.url}`);
     return { id, at: req.url };
   }
 }
@@ -138,10 +149,10 @@ describe.each<Adapter>(['express', 'fastify'])('one handler at several paths (%s
 describe.each<Adapter>(['express', 'fastify'])('a handler at several paths under a global prefix and URI versions (%s)', (adapter) => {
   let a: EdgeApp;
   beforeAll(async () => {
-    a = await makeApp(adapter, [VersionedOrdersController], {}, {
+    a = await makeApp(adapter, [VersionedOrdersController, NeutralNotesController], {}, {
       setup: (app) => {
         app.setGlobalPrefix('api');
-        app.enableVersioning({ type: VersioningType.URI });
+        app.enableVersioning({ type: VersioningType.URI, defaultVersion: '1' });
       },
     });
   });
@@ -156,5 +167,15 @@ describe.each<Adapter>(['express', 'fastify'])('a handler at several paths under
     const other = await send(a.url, `/api/v2/orders/${id}/confirm`, {});
     expect([other.status, replayed(other)]).toEqual([201, false]);
     expect(runs.slice(before)).toEqual([`versioned /api/v1/orders/${id}/approve`, `versioned /api/v2/orders/${id}/confirm`]);
+  });
+
+  // A version-neutral route has no version segment: its own `v1/...` stays in its key.
+  it('keeps apart the paths of a version-neutral handler whose own first segment looks like a version', async () => {
+    const id = randomUUID();
+    const before = runs.length;
+    const first = await send(a.url, `/api/v1/notes/${id}`, {});
+    const other = await send(a.url, `/api/notes/${id}`, {});
+    expect([first.status, other.status, replayed(other)]).toEqual([201, 201, false]);
+    expect(runs.slice(before)).toEqual([`neutral /api/v1/notes/${id}`, `neutral /api/notes/${id}`]);
   });
 });

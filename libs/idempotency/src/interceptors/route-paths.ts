@@ -52,14 +52,16 @@ export function routeKeyPath(ctx: ExecutionContext, config: ApplicationConfig | 
   const prefix = config ? `/${config.getGlobalPrefix().replace(/^\/+|\/+$/g, '')}` : '/';
   const versioning = config?.getVersioning();
   const uriPrefix = versioning?.type === VersioningType.URI ? (versioning.prefix === false ? '' : (versioning.prefix ?? 'v')) : undefined;
-  const versions = new Set<string>();
-  for (const declared of [Reflect.getMetadata(VERSION_METADATA, ctx.getHandler()), Reflect.getMetadata(VERSION_METADATA, ctx.getClass()), versioning?.defaultVersion]) {
-    for (const version of ([] as unknown[]).concat(declared ?? [])) if (typeof version === 'string') versions.add(version);
-  }
+  // The versions the router put this handler under, as Nest picks them: the method's, else the
+  // controller's, else the app's default. A version-neutral route has no version segment, and
+  // its own first segment (`v1/...`) is its own.
+  const declared: unknown =
+    Reflect.getMetadata(VERSION_METADATA, ctx.getHandler()) ?? Reflect.getMetadata(VERSION_METADATA, ctx.getClass()) ?? versioning?.defaultVersion;
+  const versions = new Set(([] as unknown[]).concat(declared ?? []).filter((version): version is string => typeof version === 'string'));
   return (matched) => {
     let rest = matched;
     if (prefix !== '/' && (rest === prefix || rest.startsWith(`${prefix}/`))) rest = rest.slice(prefix.length);
-    if (uriPrefix !== undefined) {
+    if (uriPrefix !== undefined && versions.size > 0) {
       const segment = /^\/([^/]+)/.exec(rest)?.[1];
       if (segment?.startsWith(uriPrefix) && versions.has(segment.slice(uriPrefix.length))) rest = rest.slice(segment.length + 1);
     }
