@@ -64,10 +64,13 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
       coding !== undefined ? 'accept-encoding' : undefined,
     ]);
     const replaced = replacedBy(headerNames);
-    for (const name of replaced) res.removeHeader(name);
+    // Only headers that are set: Node remembers a removed Transfer-Encoding, and a response whose
+    // Content-Length a compression middleware then removes would go out unframed, ended by
+    // closing a keep-alive connection.
+    for (const name of replaced) if (res.hasHeader(name)) res.removeHeader(name);
     for (const [name, value] of Object.entries(savedHeaders)) if (name !== 'vary') res.setHeader(name, value);
     if (vary) res.setHeader('vary', vary);
-    else res.removeHeader('vary');
+    else if (res.hasHeader('vary')) res.removeHeader('vary');
     if (!NO_BODY.has(saved.statusCode)) res.setHeader('content-length', body.length);
     res.setHeader(REPLAYED_HEADER, 'true');
     res.statusCode = saved.statusCode;
