@@ -74,6 +74,30 @@ class NeutralNotesController {
   }
 }
 
+/**
+ * Version-neutral and version 1 at once (as `defaultVersion: [VERSION_NEUTRAL, '1']` makes every
+ * route), at two paths the first of which starts as a version segment would: its neutral route
+ * `/api/v1/drafts/:id` and its version-1 route `/api/v1/v1/drafts/:id` are one operation.
+ */
+function mixedNotes(name: string, path = '') {
+  @Controller(path)
+  class MixedNotesController {
+    @Post(['v1/drafts/:id', 'memos/:id'])
+    @Version([VERSION_NEUTRAL, '1'])
+    @NoRepeatSubmit({ idempotentKey: '#params.id' })
+    write(@Param('id') id: string, @Req() req: { url: string }) {
+      runs.push(`mixed ${req.url}`);
+      return { id, at: req.url };
+    }
+  }
+  Object.defineProperty(MixedNotesController, 'name', { value: name });
+  return MixedNotesController;
+}
+const MixedNotesController = mixedNotes('MixedNotesController');
+const TeamNotesController = mixedNotes('TeamNotesController', 'team');
+@Module({ controllers: [TeamNotesController] })
+class TeamModule {}
+
 @Module({ controllers: [UsersController] })
 class AdminModule {}
 @Module({ controllers: [UsersController] })
@@ -149,7 +173,8 @@ describe.each<Adapter>(['express', 'fastify'])('one handler at several paths (%s
 describe.each<Adapter>(['express', 'fastify'])('a handler at several paths under a global prefix and URI versions (%s)', (adapter) => {
   let a: EdgeApp;
   beforeAll(async () => {
-    a = await makeApp(adapter, [VersionedOrdersController, NeutralNotesController], {}, {
+    a = await makeApp(adapter, [VersionedOrdersController, NeutralNotesController, MixedNotesController], {}, {
+      imports: [{ module: TeamModule }, RouterModule.register([{ path: 'v1', module: TeamModule }])],
       setup: (app) => {
         app.setGlobalPrefix('api');
         app.enableVersioning({ type: VersioningType.URI, defaultVersion: '1' });
@@ -177,5 +202,23 @@ describe.each<Adapter>(['express', 'fastify'])('a handler at several paths under
     const other = await send(a.url, `/api/notes/${id}`, {});
     expect([first.status, other.status, replayed(other)]).toEqual([201, 201, false]);
     expect(runs.slice(before)).toEqual([`neutral /api/v1/notes/${id}`, `neutral /api/notes/${id}`]);
+  });
+
+  // An adversarial helper: keyed `/v1/drafts/:id` on its neutral route and `/v1/v1/drafts/:id`
+  // on its version-1 route, a retry under the other version ran again (20 runs for 10 keys).
+  it.each([
+    ['at the root', ''],
+    // Mounted at 'v1' by RouterModule: its neutral routes start as a version segment would.
+    ['mounted by RouterModule at v1', '/v1/team'],
+  ])('replays a retry under the other version of a handler both version-neutral and versioned (%s)', async (_name, mount) => {
+    const id = randomUUID();
+    const before = runs.length;
+    const neutral = await send(a.url, `/api${mount}/v1/drafts/${id}`, {});
+    const versioned = await send(a.url, `/api/v1${mount}/v1/drafts/${id}`, {});
+    expect([neutral.status, versioned.status, replayed(versioned), versioned.text]).toEqual([201, 201, true, neutral.text]);
+    const memo = await send(a.url, `/api/v1${mount}/memos/${id}`, {});
+    const memoNeutral = await send(a.url, `/api${mount}/memos/${id}`, {});
+    expect([memo.status, replayed(memo), memoNeutral.status, replayed(memoNeutral)]).toEqual([201, false, 201, true]);
+    expect(runs.slice(before)).toEqual([`mixed /api${mount}/v1/drafts/${id}`, `mixed /api/v1${mount}/memos/${id}`]);
   });
 });

@@ -1,4 +1,4 @@
-import { VersioningType, type ExecutionContext } from '@nestjs/common';
+import { VERSION_NEUTRAL, VersioningType, type ExecutionContext } from '@nestjs/common';
 import type { ApplicationConfig } from '@nestjs/core';
 import type { HttpRequest } from './http-request.js';
 
@@ -13,6 +13,28 @@ const mountedTwice = new WeakSet<object>();
 /** Notes a controller class that a second module lists too (`RouterModule` mounting one class at `admin/` and `public/`). */
 export function markMountedTwice(controller: object): void {
   mountedTwice.add(controller);
+}
+
+/** `@nestjs/common`'s key of a `RouterModule` path, with the app's id appended (Nest 10-12). */
+const MODULE_PATH = '__module_path__';
+/** The modules listing each controller class, with their app's id: where `RouterModule` keeps their paths. */
+const mounts = new WeakMap<object, Map<object, Set<string>>>();
+
+/** Notes a module listing `controller` (`guard-placement`; `RouterModule` may give the module its path later, before the routes are built). */
+export function noteMount(controller: object, module: object, applicationId: string): void {
+  let modules = mounts.get(controller);
+  if (!modules) mounts.set(controller, (modules = new Map()));
+  let apps = modules.get(module);
+  if (!apps) modules.set(module, (apps = new Set()));
+  apps.add(applicationId);
+}
+
+/** The `RouterModule` paths (`''` for none) of the modules listing `controller`. */
+function mountPaths(controller: object): string[] {
+  const paths = [...(mounts.get(controller) ?? [])].flatMap(([module, apps]) =>
+    [...apps].map((applicationId): unknown => Reflect.getMetadata(MODULE_PATH + applicationId, module) ?? Reflect.getMetadata(MODULE_PATH, module)),
+  );
+  return paths.length === 0 ? [''] : paths.map((path) => (typeof path === 'string' ? path : ''));
 }
 
 /**
@@ -57,14 +79,51 @@ export function routeKeyPath(ctx: ExecutionContext, config: ApplicationConfig | 
   // its own first segment (`v1/...`) is its own.
   const declared: unknown =
     Reflect.getMetadata(VERSION_METADATA, ctx.getHandler()) ?? Reflect.getMetadata(VERSION_METADATA, ctx.getClass()) ?? versioning?.defaultVersion;
-  const versions = new Set(([] as unknown[]).concat(declared ?? []).filter((version): version is string => typeof version === 'string'));
+  const declaredList = ([] as unknown[]).concat(declared ?? []);
+  const versions = new Set(declaredList.filter((version): version is string => typeof version === 'string'));
+  // Version-neutral and versioned at once ([VERSION_NEUTRAL, '1']): the router built each path
+  // once without a version segment and once under each version, so a matched path that is one
+  // of the neutral paths has none, even where its own first segment reads as one ('v1/drafts'
+  // is served at /v1/drafts and /v1/v1/drafts: an adversarial helper, keyed apart, ran twice).
+  const neutralPaths = uriPrefix !== undefined && versions.size > 0 && declaredList.includes(VERSION_NEUTRAL) ? pathsWithoutVersion(ctx) : undefined;
   return (matched) => {
     let rest = matched;
     if (prefix !== '/' && (rest === prefix || rest.startsWith(`${prefix}/`))) rest = rest.slice(prefix.length);
-    if (uriPrefix !== undefined && versions.size > 0) {
+    if (uriPrefix !== undefined && versions.size > 0 && !neutralPaths?.has(trimmed(rest))) {
       const segment = /^\/([^/]+)/.exec(rest)?.[1];
       if (segment?.startsWith(uriPrefix) && versions.has(segment.slice(uriPrefix.length))) rest = rest.slice(segment.length + 1);
     }
     return rest.startsWith('/') ? rest : `/${rest}`;
   };
+}
+
+/**
+ * The paths Nest builds for a handler without a version segment or global prefix: each mount's
+ * `RouterModule` path, the controller's paths, the method's, joined as `RoutePathFactory` joins them.
+ */
+function pathsWithoutVersion(ctx: ExecutionContext): Set<string> {
+  const listed = (target: object): string[] => {
+    const path: unknown = Reflect.getMetadata(PATH_METADATA, target);
+    return ([] as unknown[]).concat(path ?? '').map((part) => (typeof part === 'string' ? part : ''));
+  };
+  const paths = new Set<string>();
+  for (const mount of mountPaths(ctx.getClass())) {
+    for (const controller of listed(ctx.getClass())) {
+      for (const method of listed(ctx.getHandler())) paths.add(trimmed(joined([mount, controller, method])));
+    }
+  }
+  return paths;
+}
+
+/** Path fragments joined with one slash between each (empty ones skipped), as Nest joins them. */
+function joined(parts: string[]): string {
+  let path = '';
+  for (const part of parts) if (part) path = path.replace(/\/+$/, '') + (part.startsWith('/') ? part : `/${part}`);
+  return path;
+}
+
+/** A path with a leading slash and no trailing one (`/` for the root), as the router's. */
+function trimmed(path: string): string {
+  const lead = path.startsWith('/') ? path : `/${path}`;
+  return lead.length > 1 ? lead.replace(/\/+$/, '') || '/' : lead;
 }
