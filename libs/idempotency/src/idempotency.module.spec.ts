@@ -34,6 +34,25 @@ describe('IdempotencyModule', () => {
     await moduleRef.close();
   });
 
+  // An adversarial helper: a second global module was ignored in silence (its options, its store).
+  it('warns once where an app imports two global modules, and not for a global one beside a scoped one', async () => {
+    const warn = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    const store = () => new MemoryIdempotencyStore();
+    @Module({ imports: [IdempotencyModule.forRoot({ store: store(), keyPrefix: 'feature' })] })
+    class FeatureModule {}
+    const twice = await Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ store: store() }), FeatureModule] }).compile();
+    const told = warn.mock.calls.map(([message]) => String(message)).filter((message) => /global IdempotencyModules/.test(message));
+    expect(told).toEqual([expect.stringMatching(/imports 2 global IdempotencyModules.*isGlobal: false/)]);
+    await twice.close();
+
+    warn.mockClear();
+    @Module({ imports: [IdempotencyModule.forRoot({ store: store(), keyPrefix: 'scoped', isGlobal: false })] })
+    class ScopedModule {}
+    const scoped = await Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ store: store() }), ScopedModule] }).compile();
+    expect(warn.mock.calls.map(([message]) => String(message)).filter((message) => /global IdempotencyModules/.test(message))).toEqual([]);
+    await scoped.close();
+  });
+
   it('merges options over the defaults', async () => {
     const moduleRef = await Test.createTestingModule({
       imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore(), expireSeconds: 10 })],

@@ -50,6 +50,7 @@ interface GlobalInterceptors {
 export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
   const logger = new Logger('IdempotencyModule');
   refuseAppInterceptors(modules);
+  sayIfTwoGlobalModules(modules, logger);
   const names = new Map<string, Type>();
   const seen = new Set<Type>();
   for (const module of modules.values()) {
@@ -124,6 +125,25 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
       checkGlobalGuards(modules, logger);
     },
   };
+}
+
+/** Apps already told they import two global IdempotencyModules (each module's placement runs). */
+const toldTwoGlobals = new WeakSet<ModulesContainer>();
+
+/**
+ * Says so where an app imports two global `IdempotencyModule`s: every route takes the options and
+ * store of one of them and the other's are never used, which nothing showed (an adversarial helper).
+ */
+function sayIfTwoGlobalModules(modules: ModulesContainer, logger: Logger): void {
+  if (toldTwoGlobals.has(modules)) return;
+  const globals = [...modules.values()].filter((module) => module.isGlobal && module.providers.has(IdempotencyInterceptor));
+  if (globals.length < 2) return;
+  toldTwoGlobals.add(modules);
+  logger.warn(
+    `The app imports ${globals.length} global IdempotencyModules: every guarded route uses the options and store of one of them, ` +
+      'and the others are not used. Import one with forRoot() / forRootAsync(); a feature module that needs other options imports ' +
+      'its own with isGlobal: false.',
+  );
 }
 
 /**
