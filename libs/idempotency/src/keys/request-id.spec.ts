@@ -15,6 +15,13 @@ describe('readRequestId', () => {
     expect(readRequestId({ 'x-request-id': 'a', 'x-idempotency-key': 'b' })).toEqual({ invalid: 'x-request-id and x-idempotency-key differ' });
   });
 
+  // Node joins two bare values of one header into one ('a, b'), which reads as one id; its
+  // request's headersDistinct keeps them apart.
+  it('refuses a header sent twice, as headersDistinct gives it', () => {
+    expect(readRequestId({ 'x-request-id': ['a', 'b'] })).toEqual({ invalid: expect.stringMatching(/x-request-id.*more than once/) });
+    expect(readRequestId({ 'x-request-id': ['a'] })).toEqual({ requestId: 'a' });
+  });
+
   it('reads the headers it is given', () => {
     expect(readRequestId({ 'idempotency-key': 'k' }, ['Idempotency-Key'])).toEqual({ requestId: 'k' });
   });

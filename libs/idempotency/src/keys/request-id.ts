@@ -11,6 +11,8 @@ export type RequestIdHeader = { requestId: string } | { invalid: string } | unde
  * first of `names` it sends (default `X-Request-Id`, `X-Idempotency-Key`). Each is read like the
  * `Idempotency-Key` header (`"abc"` and `abc` are the same id; 1 to 255 printable characters).
  * Two of them with different values are invalid: which one meant the operation is unknown.
+ * Give it the request's `headersDistinct` to refuse a header sent twice: in `headers`, Node joins
+ * two bare values into one (`a, b`), read as one id.
  */
 export function readRequestId(
   headers: Record<string, string | string[] | undefined>,
