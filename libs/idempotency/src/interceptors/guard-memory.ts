@@ -1,5 +1,6 @@
 import { Injectable, Optional, type BeforeApplicationShutdown } from '@nestjs/common';
-import { ApplicationConfig } from '@nestjs/core';
+import { ApplicationConfig, ModulesContainer } from '@nestjs/core';
+import type { RouteSite } from './route-paths.js';
 import type { GuardedRoute } from './route-options.js';
 import type { StoreCalls } from './store-calls.js';
 
@@ -20,8 +21,12 @@ export class GuardMemory implements BeforeApplicationShutdown {
   /** Configuration problems already logged (once per handler and kind). */
   private readonly logged = new Set<string>();
 
-  /** `appConfig`: the app's global prefix and versioning, which a route's key leaves out (`routeKeyPath`). */
-  constructor(@Optional() readonly appConfig?: ApplicationConfig) {}
+  /** Where the app's routes are served: its global prefix and versioning, which a route's key leaves out, and its modules (`routeKeyPath`). */
+  readonly site: RouteSite;
+
+  constructor(@Optional() config?: ApplicationConfig, @Optional() modules?: ModulesContainer) {
+    this.site = { config, modules };
+  }
 
   /** The routes of one controller class, by handler: `null` for a handler the guard leaves alone. */
   routesOf(controller: object): WeakMap<object, GuardedRoute | null> {

@@ -5,7 +5,6 @@ import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } 
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import { describeKeyPath } from '../keys/key-expression.js';
 import { watchRouteMethod } from './handler-start.js';
-import { markMountedTwice, noteMount } from './route-paths.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 import { NoRepeatSubmitInterceptor } from './no-repeat-submit.interceptor.js';
 
@@ -57,11 +56,7 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
     for (const wrapper of module.controllers.values()) {
       const controller = wrapper.metatype as Type | null;
       if (!controller) continue;
-      noteMount(controller, module.metatype, modules.applicationId);
-      if (seen.has(controller)) {
-        markMountedTwice(controller);
-        continue;
-      }
+      if (seen.has(controller)) continue;
       seen.add(controller);
       // One guard per handler, innermost: none at class level, whoever put it there.
       const classInterceptors = interceptorsOf(controller);

@@ -90,7 +90,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     let route = routes.get(handler);
     if (route === undefined) {
       const metadata = guardedRouteMetadata(controller, handler);
-      route = metadata ? routeOptions(metadata, ctx, this.options, this.memory.appConfig) : null;
+      route = metadata ? routeOptions(metadata, ctx, this.options, this.memory.site) : null;
       routes.set(handler, route);
     }
     return route;

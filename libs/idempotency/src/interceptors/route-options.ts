@@ -1,12 +1,11 @@
 import type { ExecutionContext } from '@nestjs/common';
-import type { ApplicationConfig } from '@nestjs/core';
 import { leaseSignalOf } from '../decorators/lease-signal.decorator.js';
 import { controllerMethods, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { savesStatus, type ResolvedIdempotencyOptions, type SavesStatus } from '../idempotency.config.js';
 import type { ErrorFormat } from '../errors/problem-details.js';
 import type { FailMode } from '../idempotency.options.js';
 import { describeKeyPath } from '../keys/key-expression.js';
-import { answersAtSeveralPaths, routeKeyPath } from './route-paths.js';
+import { answersAtSeveralPaths, routeKeyPath, type RouteSite } from './route-paths.js';
 
 /**
  * A decorated handler's settings: the decorator's options (method over controller) merged over
@@ -72,7 +71,7 @@ export function routeOptions(
   metadata: NoRepeatSubmitMetadata,
   ctx: ExecutionContext,
   defaults: ResolvedIdempotencyOptions,
-  appConfig?: ApplicationConfig,
+  site: RouteSite = {},
 ): GuardedRoute {
   const { options, key } = metadata;
   const method = methodName(ctx);
@@ -84,7 +83,7 @@ export function routeOptions(
   return {
     metadata,
     handler: `${ctx.getClass().name}.${method}`,
-    routeKeyPath: ctx.getType() === 'http' && answersAtSeveralPaths(ctx) ? routeKeyPath(ctx, appConfig) : undefined,
+    routeKeyPath: ctx.getType() === 'http' && answersAtSeveralPaths(ctx, site) ? routeKeyPath(ctx, site) : undefined,
     expireMs: Math.ceil((options.expireSeconds ?? defaults.expireSeconds) * 1000),
     leaseMs,
     maxHoldMs,

@@ -1,5 +1,5 @@
-import { VERSION_NEUTRAL, VersioningType, type ExecutionContext } from '@nestjs/common';
-import type { ApplicationConfig } from '@nestjs/core';
+import { VERSION_NEUTRAL, VersioningType, type ExecutionContext, type Type } from '@nestjs/common';
+import type { ApplicationConfig, ModulesContainer } from '@nestjs/core';
 import type { HttpRequest } from './http-request.js';
 
 /** `@nestjs/common`'s route path metadata key (stable across Nest 10-12). */
@@ -7,34 +7,26 @@ const PATH_METADATA = 'path';
 /** `@nestjs/common`'s version metadata key (`@Version()`, `@Controller({ version })`). */
 const VERSION_METADATA = '__version__';
 
-/** Guarded controller classes that more than one module lists (`guard-placement`): mounted at several paths. */
-const mountedTwice = new WeakSet<object>();
-
-/** Notes a controller class that a second module lists too (`RouterModule` mounting one class at `admin/` and `public/`). */
-export function markMountedTwice(controller: object): void {
-  mountedTwice.add(controller);
-}
-
 /** `@nestjs/common`'s key of a `RouterModule` path, with the app's id appended (Nest 10-12). */
 const MODULE_PATH = '__module_path__';
-/** The modules listing each controller class, with their app's id: where `RouterModule` keeps their paths. */
-const mounts = new WeakMap<object, Map<object, Set<string>>>();
 
-/** Notes a module listing `controller` (`guard-placement`; `RouterModule` may give the module its path later, before the routes are built). */
-export function noteMount(controller: object, module: object, applicationId: string): void {
-  let modules = mounts.get(controller);
-  if (!modules) mounts.set(controller, (modules = new Map()));
-  let apps = modules.get(module);
-  if (!apps) modules.set(module, (apps = new Set()));
-  apps.add(applicationId);
+/** A module of an app, as its `ModulesContainer` holds it. */
+type AppModule = ModulesContainer extends Map<string, infer M> ? M : never;
+
+/** Where a route is served: the app's configuration (global prefix, versioning) and its modules. */
+export interface RouteSite {
+  config?: ApplicationConfig;
+  modules?: ModulesContainer;
 }
 
-/** The `RouterModule` paths (`''` for none) of the modules listing `controller`. */
-function mountPaths(controller: object): string[] {
-  const paths = [...(mounts.get(controller) ?? [])].flatMap(([module, apps]) =>
-    [...apps].map((applicationId): unknown => Reflect.getMetadata(MODULE_PATH + applicationId, module) ?? Reflect.getMetadata(MODULE_PATH, module)),
-  );
-  return paths.length === 0 ? [''] : paths.map((path) => (typeof path === 'string' ? path : ''));
+/**
+ * The modules of this app that list `controller`: each mounts it (at its `RouterModule` path).
+ * This app's own, never another's in the process: the same class in another app, listed twice
+ * or mounted elsewhere there, changed this app's keys (an adversarial helper: two instances that
+ * started their apps in another order keyed one route two ways, 20 runs for 10 keys).
+ */
+function modulesListing(controller: object, modules: ModulesContainer | undefined): AppModule[] {
+  return modules ? [...modules.values()].filter((module) => module.controllers.has(controller as Type)) : [];
 }
 
 /**
@@ -44,12 +36,12 @@ function mountPaths(controller: object): string[] {
  * controller class two modules mount. Keyed as `Controller.method`, the unlike was answered the
  * like's saved answer, and `/public/users` the answer of `/admin/users` (an adversarial helper).
  */
-export function answersAtSeveralPaths(ctx: ExecutionContext): boolean {
+export function answersAtSeveralPaths(ctx: ExecutionContext, site: RouteSite): boolean {
   const several = (target: object) => {
     const paths: unknown = Reflect.getMetadata(PATH_METADATA, target);
     return Array.isArray(paths) && paths.length > 1;
   };
-  return several(ctx.getHandler()) || several(ctx.getClass()) || mountedTwice.has(ctx.getClass());
+  return several(ctx.getHandler()) || several(ctx.getClass()) || modulesListing(ctx.getClass(), site.modules).length > 1;
 }
 
 /**
@@ -70,7 +62,7 @@ export function matchedRoutePath(req: HttpRequest): string | undefined {
  * adversarial helper: 20 of 20 keys), and a prefix set or changed between deploys changed every
  * such key. `RouterModule` prefixes stay: they tell the mounts of one controller apart.
  */
-export function routeKeyPath(ctx: ExecutionContext, config: ApplicationConfig | undefined): (matched: string) => string {
+export function routeKeyPath(ctx: ExecutionContext, { config, modules }: RouteSite): (matched: string) => string {
   const prefix = config ? `/${config.getGlobalPrefix().replace(/^\/+|\/+$/g, '')}` : '/';
   const versioning = config?.getVersioning();
   const uriPrefix = versioning?.type === VersioningType.URI ? (versioning.prefix === false ? '' : (versioning.prefix ?? 'v')) : undefined;
@@ -80,16 +72,20 @@ export function routeKeyPath(ctx: ExecutionContext, config: ApplicationConfig | 
   const declared: unknown =
     Reflect.getMetadata(VERSION_METADATA, ctx.getHandler()) ?? Reflect.getMetadata(VERSION_METADATA, ctx.getClass()) ?? versioning?.defaultVersion;
   const declaredList = ([] as unknown[]).concat(declared ?? []);
-  const versions = new Set(declaredList.filter((version): version is string => typeof version === 'string'));
+  // Numbers too (a version list from JSON or JavaScript: Nest serves `defaultVersion: [1, 2]` at
+  // /v1 and /v2; left out, a retry under the other version ran again).
+  const versions = new Set(
+    declaredList.filter((version) => typeof version === 'string' || typeof version === 'number').map(String),
+  );
   // Version-neutral and versioned at once ([VERSION_NEUTRAL, '1']): the router built each path
   // once without a version segment and once under each version, so a matched path that is one
   // of the neutral paths has none, even where its own first segment reads as one ('v1/drafts'
   // is served at /v1/drafts and /v1/v1/drafts: an adversarial helper, keyed apart, ran twice).
-  const neutralPaths = uriPrefix !== undefined && versions.size > 0 && declaredList.includes(VERSION_NEUTRAL) ? pathsWithoutVersion(ctx) : undefined;
+  const neutralPaths = uriPrefix !== undefined && versions.size > 0 && declaredList.includes(VERSION_NEUTRAL) ? pathsWithoutVersion(ctx, modules) : undefined;
   return (matched) => {
     let rest = matched;
     if (prefix !== '/' && (rest === prefix || rest.startsWith(`${prefix}/`))) rest = rest.slice(prefix.length);
-    if (uriPrefix !== undefined && versions.size > 0 && !neutralPaths?.has(trimmed(rest))) {
+    if (uriPrefix !== undefined && versions.size > 0 && !neutralPaths?.has(wildcardsAlike(trimmed(rest)))) {
       const segment = /^\/([^/]+)/.exec(rest)?.[1];
       if (segment?.startsWith(uriPrefix) && versions.has(segment.slice(uriPrefix.length))) rest = rest.slice(segment.length + 1);
     }
@@ -99,20 +95,36 @@ export function routeKeyPath(ctx: ExecutionContext, config: ApplicationConfig | 
 
 /**
  * The paths Nest builds for a handler without a version segment or global prefix: each mount's
- * `RouterModule` path, the controller's paths, the method's, joined as `RoutePathFactory` joins them.
+ * `RouterModule` path, the controller's paths, the method's, joined as `RoutePathFactory` joins
+ * them (`wildcardsAlike`: the adapter may rewrite their wildcards before the router sees them).
  */
-function pathsWithoutVersion(ctx: ExecutionContext): Set<string> {
+function pathsWithoutVersion(ctx: ExecutionContext, modules: ModulesContainer | undefined): Set<string> {
   const listed = (target: object): string[] => {
     const path: unknown = Reflect.getMetadata(PATH_METADATA, target);
     return ([] as unknown[]).concat(path ?? '').map((part) => (typeof part === 'string' ? part : ''));
   };
+  const applicationId = modules?.applicationId ?? '';
+  const mounts = modulesListing(ctx.getClass(), modules).map((module): unknown =>
+    Reflect.getMetadata(MODULE_PATH + applicationId, module.metatype) ?? Reflect.getMetadata(MODULE_PATH, module.metatype),
+  );
   const paths = new Set<string>();
-  for (const mount of mountPaths(ctx.getClass())) {
+  for (const mount of mounts.length > 0 ? mounts : ['']) {
     for (const controller of listed(ctx.getClass())) {
-      for (const method of listed(ctx.getHandler())) paths.add(trimmed(joined([mount, controller, method])));
+      for (const method of listed(ctx.getHandler())) {
+        paths.add(wildcardsAlike(trimmed(joined([typeof mount === 'string' ? mount : '', controller, method]))));
+      }
     }
   }
   return paths;
+}
+
+/**
+ * A route path with its wildcards written one way: Nest's adapters rewrite a legacy `*`, `(.*)`
+ * or `+` into a named one (`{*path}`, `*path`) before the router sees it, so the matched path is
+ * not the one declared (an adversarial helper: `files/*` under a `RouterModule` path `v1`).
+ */
+function wildcardsAlike(path: string): string {
+  return path.replace(/\{\*[^}]*\}|\*\w*|\(\.\*\)|\/\+(?=\/|$)/g, (wildcard) => (wildcard.startsWith('/') ? '/*' : '*'));
 }
 
 /** Path fragments joined with one slash between each (empty ones skipped), as Nest joins them. */
