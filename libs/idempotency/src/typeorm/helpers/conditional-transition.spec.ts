@@ -144,6 +144,33 @@ describe('transition (PostgreSQL)', () => {
     });
   });
 
+  // An adversarial helper: a PAID→SHIPPED call whose UPDATE ran while the row was still PENDING
+  // and whose read found it PAID answered version_conflict, though it gave no version (6 of 50).
+  it('never answers version_conflict without an expectedVersion: a row moved into `from` meanwhile is tried again', async () => {
+    const reasons: string[] = [];
+    for (let round = 0; round < 4; round++) {
+      const id = await newPayment();
+      const move = (from: string, to: string, i: number) =>
+        dataSource.transaction((manager) =>
+          transition(manager.getRepository(Payment), { where: { id }, from: [from], to, set: { transactionId: `tx-${round}-${i}` } }),
+        );
+      const results = await Promise.all(Array.from({ length: 24 }, (_, i) => (i % 2 ? move('PAID', 'SHIPPED', i) : move('PENDING', 'PAID', i))));
+      reasons.push(...results.map((result) => (result.changed ? 'changed' : result.reason)));
+      expect(results.filter((result) => result.changed).length).toBeGreaterThanOrEqual(1);
+    }
+    expect(reasons.filter((reason) => reason === 'version_conflict')).toEqual([]);
+  });
+
+  it('refuses an expectedVersion that is not an integer before any statement (the database refused it: a 500)', async () => {
+    const id = await newPayment();
+    for (const expectedVersion of [Number.NaN, 1.5, '2' as unknown as number, Infinity]) {
+      const error = await transition(payments, { where: { id }, from: ['PENDING'], to: 'PAID', expectedVersion }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(RangeError);
+      expect((error as Error).message).toMatch(/expectedVersion.*integer/);
+    }
+    expect(await payments.findOneByOrFail({ id })).toMatchObject({ status: 'PENDING', version: 1 });
+  });
+
   it('reports an unknown row as not_found', async () => {
     expect(await pay(randomUUID(), 'tx-none')).toEqual({ changed: false, reason: 'not_found' });
   });

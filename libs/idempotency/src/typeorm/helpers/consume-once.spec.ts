@@ -341,6 +341,17 @@ describe('consumeOnce (PostgreSQL)', () => {
     expect(ran).toBe(false);
   });
 
+  // An adversarial helper: '' was logged as a consumer of its own (a name left unset).
+  it('refuses an empty consumer name at the call', async () => {
+    let ran = false;
+    const error = await consumeOnce(dataSource, { consumer: '', messageId: 'm-empty' }, async () => {
+      ran = true;
+    }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(RangeError);
+    expect((error as Error).message).toMatch(/consumer.*1 to 128 characters/);
+    expect(ran).toBe(false);
+  });
+
   // Sent as UTF-8, a lone surrogate becomes U+FFFD: 'x\uD800' and 'x\uDBFF' were logged as one
   // id, and the second message was dropped as a duplicate (an adversarial helper).
   it('refuses a message id or a consumer that is not well-formed text (a lone surrogate), before any transaction', async () => {
