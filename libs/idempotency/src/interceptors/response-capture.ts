@@ -103,10 +103,20 @@ const withoutCallback = (args: Args) => args.filter((arg) => typeof arg !== 'fun
  * an `end()` after the handler succeeded (the client left, the app destroyed it) is also
  * recorded as never delivered: held bytes are never saved as a whole answer.
  */
+/** Statuses whose HTTP/2 head ends the stream. */
+const BODILESS = new Set([204, 205, 304]);
+
+/** Whether the response is Node's HTTP/2 compatibility response (Fastify's `http2: true`), which sends its head when written. */
+function isHttp2(res: ServerResponse): boolean {
+  return (res as { stream?: unknown }).stream !== undefined;
+}
+
 export class ResponseCapture implements ResponseHook {
   private mode: 'pending' | 'save' | 'pass' | 'foreign' = 'pending';
   private state: 'open' | 'ending' | 'ended' = 'open';
   private held: Args[] = [];
+  /** An HTTP/2 head without a body, held until the answer is saved (see `writeHead`). */
+  private heldHead: Args | undefined;
   private chunks: Buffer[] = [];
   /** The answer's bytes while they are one string written as UTF-8 (see `record`), before `chunks`. */
   private text: string | undefined;
@@ -166,6 +176,16 @@ export class ResponseCapture implements ResponseHook {
     // adversarial helper: `@Res()` handlers that send their head first, streamed exports).
     this.coding ??= { value: this.headerOf('content-encoding') };
     this.headWritten = true;
+    // On HTTP/2 a head goes out when it is written, and one whose status has no body (204, 205,
+    // 304) ends the stream: the client had the whole answer before it was saved, and a duplicate
+    // sent then got 409 (an adversarial helper: 6 to 18 of 60 keys, Fastify with http2). It waits
+    // for the save, as the bytes of other answers do.
+    if (this.mode !== 'pass' && this.mode !== 'foreign' && isHttp2(res) && BODILESS.has(Number(args[0]))) {
+      res.statusCode = Number(args[0]);
+      this.heldHead = args;
+      this.report({ headersSent: true });
+      return res;
+    }
     return (this.through.writeHead as (...a: Args) => ServerResponse).apply(res, args);
   }
 
@@ -327,6 +347,9 @@ export class ResponseCapture implements ResponseHook {
     const held = this.held;
     this.held = [];
     this.report({});
+    const head = this.heldHead;
+    this.heldHead = undefined;
+    if (head) (this.through.writeHead as (...a: Args) => ServerResponse).apply(this.raw, head);
     for (const args of held) this.through.write.apply(this.raw, args as never);
   }
 

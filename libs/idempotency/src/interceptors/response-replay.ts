@@ -71,7 +71,10 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
     for (const [name, value] of Object.entries(savedHeaders)) if (name !== 'vary') res.setHeader(name, value);
     if (vary) res.setHeader('vary', vary);
     else if (res.hasHeader('vary')) res.removeHeader('vary');
+    // 205 too, with a zero length: Node gives it a body, unlike 204 and 304, and without a length
+    // (removed by Express for its own 205) the replay ended by closing a keep-alive connection.
     if (!NO_BODY.has(saved.statusCode)) res.setHeader('content-length', body.length);
+    else if (saved.statusCode === 205) res.setHeader('content-length', 0);
     res.setHeader(REPLAYED_HEADER, 'true');
     res.statusCode = saved.statusCode;
     if (!pipelineHeaders) return undefined;
