@@ -6,7 +6,7 @@
 // duplicate: brotli bytes to a client that accepts only gzip, or gzip to one that wants identity,
 // are bytes it cannot read; and a compressed replay must vary with Accept-Encoding.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Post } from '@nestjs/common';
+import { Controller, HttpCode, Post } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { brotliCompressSync, brotliDecompressSync, gunzipSync, gzipSync } from 'node:zlib';
 import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
@@ -21,6 +21,14 @@ class OrdersController {
   create() {
     runs++;
     return { order: runs, lines: 'x'.repeat(200) };
+  }
+
+  @Post('reset')
+  @HttpCode(205)
+  @NoRepeatSubmit()
+  reset() {
+    runs++;
+    return '';
   }
 }
 
@@ -92,5 +100,18 @@ describe('Fastify with onSend compression', () => {
     const replay = await send(a.url, '/orders', { key, headers: { 'accept-encoding': 'gzip' } });
     expect(replay.headers['content-encoding']).toBe('gzip');
     expect(String(replay.headers.vary ?? '').toLowerCase()).toContain('accept-encoding');
+  });
+
+  // An adversarial helper: a compression plugin with no threshold gzips a 205's empty answer; a
+  // replay sends no body (205 has none) and still said `Content-Encoding: gzip`, to a client that
+  // takes no coding too. No body, no coding.
+  it('replays a 205 without a coding for a body it does not send', async () => {
+    const key = randomUUID();
+    const before = runs;
+    const first = await send(a.url, '/orders/reset', { key, headers: { 'accept-encoding': 'gzip' } });
+    const replay = await send(a.url, '/orders/reset', { key });
+    expect([first.status, replay.status, replayed(replay), replay.body.length]).toEqual([205, 205, true, 0]);
+    expect(replay.headers['content-encoding']).toBeUndefined();
+    expect(runs - before).toBe(1);
   });
 });
