@@ -11,7 +11,7 @@
 //   not match the declared path, so a neutral route lost its own 'v1' segment.
 import { afterAll, afterEach, describe, expect, it } from '@jest/globals';
 import { Controller, Module, Post, Req, Version, VERSION_NEUTRAL, VersioningType, type INestApplication } from '@nestjs/common';
-import { RouterModule } from '@nestjs/core';
+import { LazyModuleLoader, RouterModule } from '@nestjs/core';
 import { randomUUID } from 'node:crypto';
 import { MemoryIdempotencyStore, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
 import { makeApp, replayed, send, type Adapter, type EdgeApp } from './support/edge-app.js';
@@ -67,6 +67,20 @@ class FilesController {
 }
 @Module({ controllers: [FilesController] })
 class FilesModule {}
+
+@Controller('invoices')
+class InvoicesController {
+  @Post()
+  @NoRepeatSubmit()
+  create(@Req() req: { url: string }) {
+    return ran(req);
+  }
+}
+@Module({ controllers: [InvoicesController] })
+class InvoicesModule {}
+/** Lists the routed controller again, loaded lazily: Nest routes no controller of a lazy module. */
+@Module({ controllers: [InvoicesController] })
+class InvoiceReportsModule {}
 
 const open: EdgeApp[] = [];
 const app = async (...args: Parameters<typeof makeApp>) => {
@@ -139,5 +153,22 @@ describe.each<Adapter>(['express', 'fastify'])('the route path in a key, per app
     const other = await send(main.url, '/v1/files/pics/x', { key });
     expect([neutral.status, versioned.status, replayed(versioned), other.status, replayed(other)]).toEqual([201, 201, true, 201, false]);
     expect(runs.length - before).toBe(2);
+  });
+
+  // An adversarial helper: a lazily loaded module listing an already routed controller counted as
+  // a second mount, so the route's key changed once it was loaded (20 runs for 10 keys).
+  it('keys a route alike before and after a lazy module that lists its controller is loaded', async () => {
+    const store = new MemoryIdempotencyStore();
+    const first = await app(adapter, [], { store }, { imports: [{ module: InvoicesModule }] });
+    const second = await app(adapter, [], { store }, { imports: [{ module: InvoicesModule }] });
+    await second.app.get(LazyModuleLoader).load(() => InvoiceReportsModule);
+    const before = runs.length;
+    for (let i = 0; i < 3; i++) {
+      const key = randomUUID();
+      const answer = await send(first.url, '/invoices', { key });
+      const retry = await send(second.url, '/invoices', { key });
+      expect([answer.status, retry.status, replayed(retry)]).toEqual([201, 201, true]);
+    }
+    expect(runs.length - before).toBe(3);
   });
 });

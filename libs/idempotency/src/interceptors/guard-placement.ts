@@ -5,6 +5,7 @@ import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } 
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import { describeKeyPath } from '../keys/key-expression.js';
 import { watchRouteMethod } from './handler-start.js';
+import { noteRoutedModules } from './route-paths.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 import { NoRepeatSubmitInterceptor } from './no-repeat-submit.interceptor.js';
 
@@ -49,6 +50,7 @@ interface GlobalInterceptors {
 export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
   const logger = new Logger('IdempotencyModule');
   refuseAppInterceptors(modules);
+  noteRoutedModules(modules);
   sayIfTwoGlobalModules(modules, logger);
   const names = new Map<string, Type>();
   const seen = new Set<Type>();

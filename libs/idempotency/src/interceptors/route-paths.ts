@@ -19,14 +19,29 @@ export interface RouteSite {
   modules?: ModulesContainer;
 }
 
+/** Per app, its modules as they were when its routes were built (`noteRoutedModules`). */
+const routedModules = new WeakMap<ModulesContainer, readonly AppModule[]>();
+
 /**
- * The modules of this app that list `controller`: each mounts it (at its `RouterModule` path).
- * This app's own, never another's in the process: the same class in another app, listed twice
- * or mounted elsewhere there, changed this app's keys (an adversarial helper: two instances that
- * started their apps in another order keyed one route two ways, 20 runs for 10 keys).
+ * Notes the app's modules as they are before its routes are built (`guard-placement`): those
+ * are the ones whose controllers the router serves. A module loaded later (`LazyModuleLoader`)
+ * serves no route, and counted, one listing an already routed controller changed that route's
+ * key when it was loaded (an adversarial helper: 20 runs for 10 keys across two instances).
+ */
+export function noteRoutedModules(modules: ModulesContainer): void {
+  if (!routedModules.has(modules)) routedModules.set(modules, [...modules.values()]);
+}
+
+/**
+ * The modules of this app that list `controller` and were there when its routes were built: each
+ * mounts it (at its `RouterModule` path). This app's own, never another's in the process: the
+ * same class in another app, listed twice or mounted elsewhere there, changed this app's keys
+ * (an adversarial helper: two instances that started their apps in another order keyed one route
+ * two ways, 20 runs for 10 keys).
  */
 function modulesListing(controller: object, modules: ModulesContainer | undefined): AppModule[] {
-  return modules ? [...modules.values()].filter((module) => module.controllers.has(controller as Type)) : [];
+  if (!modules) return [];
+  return (routedModules.get(modules) ?? [...modules.values()]).filter((module) => module.controllers.has(controller as Type));
 }
 
 /**
