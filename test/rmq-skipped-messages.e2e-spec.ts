@@ -2,8 +2,8 @@
 // end, one message in flight (prefetchCount 1). A duplicate the guard drops never reaches the
 // handler, so without onSkippedMessage it is never acked: it holds the only prefetch slot, and
 // every later message waits behind it for good.
-import { afterAll, afterEach, beforeAll, describe, expect, it } from '@jest/globals';
-import { Controller, Injectable, Module, type INestMicroservice } from '@nestjs/common';
+import { afterAll, afterEach, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Controller, Injectable, Logger, Module, type INestMicroservice } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import {
   ClientProxyFactory,
@@ -105,10 +105,34 @@ class PaymentsConsumer {
   }
 }
 
+/** Two guarded handlers of one event: the ledger acks the message at its end, the mailer leaves it to the ledger. */
+@Controller()
+class LedgerConsumer {
+  constructor(private readonly handled: Handled) {}
+
+  @EventPattern('ledger.posted')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  post(@Payload() data: PaymentEvent, @Ctx() ctx: unknown) {
+    const rmq = ctx as RmqContext;
+    this.handled.orders.push(`ledger ${data.orderNo}`);
+    rmq.getChannelRef().ack(rmq.getMessage());
+  }
+}
+@Controller()
+class MailerConsumer {
+  constructor(private readonly handled: Handled) {}
+
+  @EventPattern('ledger.posted')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  mail(@Payload() data: PaymentEvent) {
+    this.handled.orders.push(`mail ${data.orderNo}`);
+  }
+}
+
 async function startConsumer(queue: string, onSkippedMessage: SkippedMessageHandler | undefined, prefetchCount = 1) {
   @Module({
     imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL }, keyPrefix: `rmq-${randomUUID()}`, onSkippedMessage })],
-    controllers: [PaymentsConsumer],
+    controllers: [PaymentsConsumer, LedgerConsumer, MailerConsumer],
     providers: [Handled],
   })
   class ConsumerModule {}
@@ -225,6 +249,30 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
     publish({ messageId: randomUUID(), orderNo: 'B' });
     await until(() => handled.orders.length === 2, 10_000);
     expect({ orders: handled.orders, left: await leftAfterClose() }).toEqual({ orders: ['A', 'B'], left: 0 });
+  });
+
+  // An adversarial helper: two guarded handlers of one event both replayed a duplicate, and
+  // settleRmqMessage acked the delivery once for each: the broker closed the channel on the
+  // second ack (406 PRECONDITION_FAILED, unknown delivery tag), and every unacked message on it
+  // went back to the queue. A delivery is settled once.
+  it('acks a duplicate once when two guarded handlers of its event both replay it (settleRmqMessage)', async () => {
+    const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+    try {
+      const handled = await startWith(settleRmqMessage);
+      const send = (data: PaymentEvent) => channel.sendToQueue(queue, Buffer.from(JSON.stringify({ pattern: 'ledger.posted', data })));
+      const id = randomUUID();
+      send({ messageId: id, orderNo: 'L1' });
+      await until(() => handled.orders.length === 2, 10_000);
+      send({ messageId: id, orderNo: 'L1' }); // the producer's retry: both handlers replay it
+      send({ messageId: randomUUID(), orderNo: 'L2' });
+      await until(() => handled.orders.length === 4, 10_000);
+      expect([...handled.orders].sort()).toEqual(['ledger L1', 'ledger L2', 'mail L1', 'mail L2']);
+      expect(await leftAfterClose()).toBe(0);
+      // Observed before: "onSkippedMessage failed ... Channel closed" and the transport's reconnection.
+      expect(errors.mock.calls.map(([message]) => String(message)).filter((message) => /onSkippedMessage|Disconnected|PRECONDITION/i.test(message))).toEqual([]);
+    } finally {
+      errors.mockRestore();
+    }
   });
 
   // The handler settles a failure itself and returns (no throw): the guard must not record the

@@ -4,6 +4,22 @@ import type { ExecutionContext } from '@nestjs/common';
 const nacked = new WeakSet<object>();
 /** Messages a handler acked itself. */
 const acked = new WeakSet<object>();
+/** Deliveries settleRmqMessage settled (or scheduled to put back): a delivery is settled once. */
+const settledBySkip = new WeakSet<object>();
+
+/**
+ * Whether `settleRmqMessage` may settle this delivery now, noting that it does: not when it did
+ * already, nor when a handler acked or nacked it. Two guarded handlers of one event that both
+ * skipped a copy acked it twice, and the broker closed the channel on the second ack (406,
+ * unknown delivery tag), putting back every unacked message on it (an adversarial helper).
+ */
+export function mayStillSettle(message: unknown): boolean {
+  if (!isObject(message)) return true;
+  if (settledBySkip.has(message) || acked.has(message) || nacked.has(message)) return false;
+  settledBySkip.add(message);
+  return true;
+}
+
 /** What a watched channel counts: its `nackAll()` and `nack(m, true)` calls, its `ackAll()` calls. */
 interface ChannelMarks {
   nackAlls: number;

@@ -1,5 +1,5 @@
 import type { ExecutionContext } from '@nestjs/common';
-import { rmqContextOf } from './rmq-settlement.js';
+import { mayStillSettle, rmqContextOf } from './rmq-settlement.js';
 
 /**
  * Why the guard answered a message without running its handler:
@@ -66,6 +66,8 @@ export const settleRmqMessage: SkippedMessageHandler = (ctx, { reason, answered,
   if (!rmq) return;
   const channel = rmq.getChannelRef() as RmqChannel;
   const message = rmq.getMessage();
+  // Once per delivery: another guarded handler of its event may have settled it, or its handler.
+  if (!mayStillSettle(message)) return;
   if (reason === 'rejected') return channel.nack(message, false, false);
   if (reason === 'replayed' || answered) return channel.ack(message);
   const pauseMs = reason === 'in_progress' ? Math.min(Math.max(retryAfterMs ?? 0, REQUEUE_MIN_MS), REQUEUE_MAX_MS) : REQUEUE_OUTAGE_MS;
