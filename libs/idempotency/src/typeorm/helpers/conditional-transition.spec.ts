@@ -169,6 +169,17 @@ describe('transition (PostgreSQL)', () => {
       expect((error as Error).message).toMatch(/expectedVersion.*integer/);
     }
     expect(await payments.findOneByOrFail({ id })).toMatchObject({ status: 'PENDING', version: 1 });
+    // null is no version (JavaScript's `ifMatch ?? null`), as undefined.
+    expect(await transition(payments, { where: { id }, from: ['PENDING'], to: 'PAID', expectedVersion: null as unknown as number })).toMatchObject({ changed: true });
+  });
+
+  // An adversarial helper: `where: { id: NaN }` (a parsed bad id) reached PostgreSQL (22P02, a 500).
+  it('refuses a where holding NaN or an infinity before any statement', async () => {
+    for (const where of [{ version: Number.NaN }, { version: Infinity }, [{ version: -Infinity }]]) {
+      const error = await transition(payments, { where: where as never, from: ['PENDING'], to: 'PAID' }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(RangeError);
+      expect((error as Error).message).toMatch(/where.*NaN or an infinity/);
+    }
   });
 
   it('reports an unknown row as not_found', async () => {

@@ -70,12 +70,17 @@ export async function transition<T extends ObjectLiteral>(
   if (spec.from.includes(spec.to)) {
     throw new RangeError(`transition: \`from\` includes \`to\` (${spec.to}); a repeat would apply again`);
   }
-  if (spec.expectedVersion !== undefined && versionProperty === false) {
+  // null as no version (`ifMatch ?? null` from JavaScript), as undefined.
+  const expectedVersion = spec.expectedVersion ?? undefined;
+  if (!namesNumbers(spec.where)) {
+    throw new RangeError(`transition: \`where\` holds a number that is not one (NaN or an infinity: ${shown(spec.where)}); the database refuses it`);
+  }
+  if (expectedVersion !== undefined && versionProperty === false) {
     throw new RangeError('transition: `expectedVersion` needs a `versionProperty`');
   }
-  if (spec.expectedVersion !== undefined && !Number.isSafeInteger(spec.expectedVersion)) {
+  if (expectedVersion !== undefined && !Number.isSafeInteger(expectedVersion)) {
     // The database refused it (22P02, a 500 and an aborted transaction): NaN from a parsed If-Match.
-    throw new RangeError(`transition: \`expectedVersion\` must be an integer (got ${shown(spec.expectedVersion)})`);
+    throw new RangeError(`transition: \`expectedVersion\` must be an integer (got ${shown(expectedVersion)})`);
   }
   coverNewConnections(repo.manager.connection);
   const statusColumn = columnOf(repo, statusProperty);
@@ -95,8 +100,8 @@ export async function transition<T extends ObjectLiteral>(
   // A soft-deleted row is absent, as TypeORM's finds (and the read below) take it: its UPDATE adds no such condition.
   const deleteDateColumn = repo.metadata.deleteDateColumn;
   if (deleteDateColumn) update.andWhere(`${quoted(deleteDateColumn)} IS NULL`);
-  if (versionColumn && spec.expectedVersion !== undefined) {
-    update.andWhere(`${quoted(versionColumn)} = :transitionVersion`, { transitionVersion: spec.expectedVersion });
+  if (versionColumn && expectedVersion !== undefined) {
+    update.andWhere(`${quoted(versionColumn)} = :transitionVersion`, { transitionVersion: expectedVersion });
   }
   const returning = driver.isReturningSqlSupported('update');
   if (returning) update.returning('*');
@@ -122,7 +127,7 @@ export async function transition<T extends ObjectLiteral>(
     // one is tried again: answered `version_conflict` though no version was given, a caller
     // took a change that would go through for a conflict (an adversarial helper: 6 of 50).
     const versionDiffers =
-      versionColumn !== undefined && spec.expectedVersion !== undefined && Number(versionColumn.getEntityValue(current)) !== spec.expectedVersion;
+      versionColumn !== undefined && expectedVersion !== undefined && Number(versionColumn.getEntityValue(current)) !== expectedVersion;
     if (versionDiffers || attempt >= MAX_ATTEMPTS) return { changed: false, reason: 'version_conflict', entity: current };
   }
 }
@@ -157,6 +162,18 @@ function namesRow<T extends ObjectLiteral>(repo: Repository<T>, where: FindOptio
     (element) =>
       typeof element === 'object' && element !== null && Object.values(element).some((value) => value !== undefined) && probe(element) !== none,
   );
+}
+
+/**
+ * Whether every number `where` holds (at any depth of its plain objects and arrays) is finite:
+ * NaN (`Number(req.params.id)` of a bad id) reached PostgreSQL, which refused it (22P02: a 500,
+ * and the caller's transaction aborted; an adversarial helper).
+ */
+function namesNumbers(where: unknown, depth = 0): boolean {
+  if (typeof where === 'number') return Number.isFinite(where);
+  if (depth > 8 || typeof where !== 'object' || where === null) return true;
+  if (!Array.isArray(where) && Object.getPrototypeOf(where) !== Object.prototype) return true;
+  return Object.values(where).every((value) => namesNumbers(value, depth + 1));
 }
 
 /** A `where` as the error shows it (JSON, or its text where JSON cannot hold it: a BigInt, a cycle). */

@@ -342,13 +342,15 @@ describe('consumeOnce (PostgreSQL)', () => {
   });
 
   // An adversarial helper: '' was logged as a consumer of its own (a name left unset).
-  it('refuses an empty consumer name at the call', async () => {
+  it('refuses an empty or blank consumer name at the call', async () => {
     let ran = false;
-    const error = await consumeOnce(dataSource, { consumer: '', messageId: 'm-empty' }, async () => {
-      ran = true;
-    }).catch((e: unknown) => e);
-    expect(error).toBeInstanceOf(RangeError);
-    expect((error as Error).message).toMatch(/consumer.*1 to 128 characters/);
+    for (const consumer of ['', ' ', '\t']) {
+      const error = await consumeOnce(dataSource, { consumer, messageId: 'm-empty' }, async () => {
+        ran = true;
+      }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(RangeError);
+      expect((error as Error).message).toMatch(/consumer.*1 to 128 characters/);
+    }
     expect(ran).toBe(false);
   });
 

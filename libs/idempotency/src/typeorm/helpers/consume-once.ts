@@ -178,9 +178,9 @@ async function confirmCommitted(dataSource: DataSource, entry: LogKey, txid: str
 
 /** The consumer is the developer's constant: a name the column cannot hold is a mistake to say at once. */
 function checkedConsumer(consumer: unknown): string {
-  if (typeof consumer === 'string' && consumer !== '' && !/[\0\p{Cs}]/u.test(consumer) && fits(consumer, CONSUMER_COLUMN_CHARS)) return consumer;
+  if (typeof consumer === 'string' && consumer.trim() !== '' && !/[\0\p{Cs}]/u.test(consumer) && fits(consumer, CONSUMER_COLUMN_CHARS)) return consumer;
   const shown = typeof consumer === 'string' ? `${JSON.stringify(consumer.slice(0, 40))}, ${consumer.length} long` : String(consumer);
-  throw new RangeError(`consumeOnce: \`consumer\` must be a name of 1 to ${CONSUMER_COLUMN_CHARS} characters without NUL or a lone surrogate (got ${shown})`);
+  throw new RangeError(`consumeOnce: \`consumer\` must be a name of 1 to ${CONSUMER_COLUMN_CHARS} characters, not only spaces, without NUL or a lone surrogate (got ${shown})`);
 }
 
 /** The `message_id` column's value for a message id: the id itself where it fits, as before. */
