@@ -1,4 +1,4 @@
-import { Logger, type CallHandler, type ExecutionContext } from '@nestjs/common';
+import { type CallHandler, type ExecutionContext } from '@nestjs/common';
 import { Observable, defer } from 'rxjs';
 import { rememberLeaseSignal } from '../decorators/lease-signal.decorator.js';
 import type { CallEvents } from '../events/call-events.js';
@@ -36,7 +36,6 @@ export class ClaimAnswers {
   constructor(
     private readonly store: IdempotencyStore,
     private readonly counters: IdempotencyCounters,
-    private readonly logger: Logger,
     /** The module's, shared by every guard it builds (a request-scoped subclass is built per request). */
     private readonly calls: StoreCalls,
   ) {
@@ -71,7 +70,12 @@ export class ClaimAnswers {
           claim = await awaitSettled(this.store, input, claim, route.waitForResultMs, (error) => {
             this.counters.count('storeErrors', route.handler);
             events?.emit('store_error', { operation: 'wait', error });
-            this.logger.warn(`${route.handler}: cannot wait for the first result: ${(error as Error).message}`);
+            // Once per route every 10 s with a count, as outages are: each waiting request logged it (a helper: 90 lines a stall).
+            this.calls.outageLog.warn(
+              `${route.handler}:wait`,
+              `${route.handler}: cannot wait for the first result: ${(error as Error).message}; waiting on`,
+              'waits met a store failure',
+            );
           });
         }
       } catch (error) {

@@ -56,7 +56,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     private readonly memory: GuardMemory,
   ) {
     const calls = memory.storeCalls(() => new StoreCalls(store, counters, this.logger, options.shutdownWaitSeconds));
-    this.answers = new ClaimAnswers(store, counters, this.logger, calls);
+    this.answers = new ClaimAnswers(store, counters, calls);
   }
 
   intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
