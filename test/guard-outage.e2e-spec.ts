@@ -127,6 +127,40 @@ describe.each<AdapterName>(['express', 'fastify'])('the entry guard when Redis i
     });
   });
 
+  // Every run that failed in an outage logged "Could not release an idempotency key" for itself:
+  // a line per request, at the rate of the traffic (an adversarial helper).
+  describe('with a redis-server killed while handlers run', () => {
+    let server: RedisServer;
+    beforeAll(async () => {
+      server = await startRedisServer();
+    });
+    afterAll(async () => server.kill());
+
+    it('logs the releases that fail in one line per route, not one per request', async () => {
+      app = await createGuardTestApp(adapter, { store: { redis: server.url }, keyPrefix: 'killed-release' });
+      const probe = app.get(Probe);
+      const lines: string[] = [];
+      const spies = (['warn', 'error'] as const).map((level) =>
+        jest.spyOn(Logger.prototype, level).mockImplementation((message: unknown) => void lines.push(`${level}: ${String(message)}`)),
+      );
+      try {
+        probe.hold();
+        probe.failuresLeft = 20;
+        const http = app.getHttpServer();
+        const answers = Promise.all(Array.from({ length: 20 }, () => request(http).post('/closed').set('Idempotency-Key', randomUUID())));
+        await until(() => probe.runs === 20, 10_000);
+        await server.kill();
+        probe.release();
+        expect((await answers).map((answer) => answer.status)).toEqual(Array(20).fill(400));
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        // Observed before: 20 lines, one per request.
+        expect(lines.filter((line) => /release/i.test(line))).toEqual([expect.stringMatching(/^warn: .*could not release an idempotency key/)]);
+      } finally {
+        for (const spy of spies) spy.mockRestore();
+      }
+    });
+  });
+
   describe('with a Redis that turns slow after the app connected (a delaying proxy)', () => {
     let proxy: TcpProxy;
     beforeAll(async () => {
