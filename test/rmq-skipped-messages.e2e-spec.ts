@@ -52,6 +52,10 @@ class Handled {
   /** @MessagePattern runs begun, and what they wait for before they work (when set). */
   captures = 0;
   gate: Promise<void> | undefined;
+  journalAttempts = new Map<string, number>();
+  notifierAttempts = new Map<string, number>();
+  /** Deliveries acked while the notifier still ran for them. */
+  ackedWhileNotifying: string[] = [];
 }
 
 @Controller()
@@ -129,10 +133,71 @@ class MailerConsumer {
   }
 }
 
+/**
+ * Two guarded handlers of one event that share its delivery, as teams split one event's work:
+ * the journal settles it (acks at its end, or nacks a failure and returns), the notifier leaves
+ * settling to the journal (and may fail by throwing). The notifier notes whether the delivery it
+ * runs for was acked while it ran.
+ */
+interface BooksEvent extends PaymentEvent {
+  /** The notifier's first attempts (this many) throw before their effect. */
+  notifierFailures?: number;
+  /** How long the notifier works. */
+  notifierMs?: number;
+  /** The journal's first attempts (this many) fail: it nacks the message (requeue) and returns. */
+  journalFailures?: number;
+  /** How long the journal works. */
+  journalMs?: number;
+}
+@Controller()
+class JournalConsumer {
+  constructor(private readonly handled: Handled) {}
+
+  @EventPattern('books.closed')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  async journal(@Payload() data: BooksEvent, @Ctx() ctx: unknown) {
+    const rmq = ctx as RmqContext;
+    await new Promise((resolve) => setTimeout(resolve, data.journalMs ?? 0));
+    const attempt = (this.handled.journalAttempts.get(data.orderNo) ?? 0) + 1;
+    this.handled.journalAttempts.set(data.orderNo, attempt);
+    if (attempt <= (data.journalFailures ?? 0)) {
+      rmq.getChannelRef().nack(rmq.getMessage(), false, true);
+      return;
+    }
+    this.handled.orders.push(`journal ${data.orderNo}`);
+    rmq.getChannelRef().ack(rmq.getMessage());
+  }
+}
+@Controller()
+class NotifierConsumer {
+  constructor(private readonly handled: Handled) {}
+
+  @EventPattern('books.closed')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  async notify(@Payload() data: BooksEvent, @Ctx() ctx: unknown) {
+    const rmq = ctx as RmqContext;
+    const channel = rmq.getChannelRef() as { ack(message: unknown): void; testAcks?: WeakSet<object> };
+    if (!channel.testAcks) {
+      const acks = (channel.testAcks = new WeakSet<object>());
+      const ack = channel.ack;
+      channel.ack = function (this: unknown, message: unknown) {
+        acks.add(message as object);
+        return ack.call(this, message);
+      };
+    }
+    const attempt = (this.handled.notifierAttempts.get(data.orderNo) ?? 0) + 1;
+    this.handled.notifierAttempts.set(data.orderNo, attempt);
+    if (attempt <= (data.notifierFailures ?? 0)) throw new Error('failed before its effect');
+    await new Promise((resolve) => setTimeout(resolve, data.notifierMs ?? 0));
+    this.handled.orders.push(`notify ${data.orderNo}`);
+    if (channel.testAcks.has(rmq.getMessage() as object)) this.handled.ackedWhileNotifying.push(data.orderNo);
+  }
+}
+
 async function startConsumer(queue: string, onSkippedMessage: SkippedMessageHandler | undefined, prefetchCount = 1) {
   @Module({
     imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL }, keyPrefix: `rmq-${randomUUID()}`, onSkippedMessage })],
-    controllers: [PaymentsConsumer, LedgerConsumer, MailerConsumer],
+    controllers: [PaymentsConsumer, LedgerConsumer, MailerConsumer, JournalConsumer, NotifierConsumer],
     providers: [Handled],
   })
   class ConsumerModule {}
@@ -273,6 +338,70 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
     } finally {
       errors.mockRestore();
     }
+  });
+
+  // An adversarial helper (session 32): one handler's nack was taken for the failure of every
+  // guarded handler of the delivery, so the notifier, which had done its work, was freed and ran
+  // again on the redelivery (20 runs for 10 keys). A nack counts for the run that made it.
+  it("takes one handler's nack for its own failure only: the other handler of the event runs once", async () => {
+    const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+    try {
+      const handled = await startWith(settleRmqMessage, 4);
+      const send = (data: BooksEvent) => channel.sendToQueue(queue, Buffer.from(JSON.stringify({ pattern: 'books.closed', data })));
+      for (let i = 0; i < 5; i++) send({ messageId: randomUUID(), orderNo: `N${i}`, journalFailures: 2, journalMs: 150, notifierMs: 300 });
+      await until(() => handled.orders.filter((order) => order.startsWith('journal')).length === 5, 15_000);
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      const expected = [0, 1, 2, 3, 4].flatMap((i) => [`journal N${i}`, `notify N${i}`]).sort();
+      expect({ orders: [...handled.orders].sort(), left: await leftAfterClose() }).toEqual({ orders: expected, left: 0 });
+      expect(errors.mock.calls.map(([message]) => String(message)).filter((message) => /onSkippedMessage|Disconnected|PRECONDITION/i.test(message))).toEqual([]);
+    } finally {
+      errors.mockRestore();
+    }
+  });
+
+  // The same helper: the producer's retry of an event whose notifier had failed was acked as the
+  // journal replayed it, while the notifier ran it again: a crash then lost the notifier's run (the
+  // broker had nothing to redeliver). The delivery is settled once every guarded handler of it is done.
+  it('settles a delivery one handler replays only once another handler that runs it is done', async () => {
+    const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+    try {
+      const handled = await startWith(settleRmqMessage, 4);
+      const send = (data: BooksEvent) => channel.sendToQueue(queue, Buffer.from(JSON.stringify({ pattern: 'books.closed', data })));
+      const ids = [0, 1, 2, 3, 4].map(() => randomUUID());
+      ids.forEach((messageId, i) => send({ messageId, orderNo: `R${i}`, notifierFailures: 1, notifierMs: 300 }));
+      await until(() => handled.orders.length === 5 && handled.notifierAttempts.size === 5, 15_000);
+      // The producer's retries: the journal replays each, the notifier runs each again (300 ms).
+      ids.forEach((messageId, i) => send({ messageId, orderNo: `R${i}`, notifierFailures: 1, notifierMs: 300 }));
+      await until(() => handled.orders.length === 10, 15_000);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      const expected = [0, 1, 2, 3, 4].flatMap((i) => [`journal R${i}`, `notify R${i}`]).sort();
+      expect({ orders: [...handled.orders].sort(), ackedWhileNotifying: handled.ackedWhileNotifying, left: await leftAfterClose() }).toEqual({
+        orders: expected,
+        ackedWhileNotifying: [],
+        left: 0,
+      });
+      expect(errors.mock.calls.map(([message]) => String(message)).filter((message) => /onSkippedMessage|Disconnected|PRECONDITION/i.test(message))).toEqual([]);
+    } finally {
+      errors.mockRestore();
+    }
+  });
+
+  // The same: a copy the journal replayed was acked while the notifier ran it again, and when that
+  // run failed too, nothing was left to run it a third time (the notifier never ran).
+  it('puts back a delivery one handler replayed when another handler of it ran it again and failed', async () => {
+    const handled = await startWith(settleRmqMessage, 4);
+    const send = (data: BooksEvent) => channel.sendToQueue(queue, Buffer.from(JSON.stringify({ pattern: 'books.closed', data })));
+    const event = { messageId: randomUUID(), orderNo: 'T', notifierFailures: 2 };
+    send(event);
+    await until(() => handled.notifierAttempts.get('T') === 1 && handled.orders.length === 1, 10_000);
+    send(event); // the producer's retry: the journal replays it, the notifier fails again
+    await until(() => handled.orders.length === 2, 10_000);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect({ orders: handled.orders, attempts: handled.notifierAttempts.get('T'), left: await leftAfterClose() }).toEqual({
+      orders: ['journal T', 'notify T'],
+      attempts: 3,
+      left: 0,
+    });
   });
 
   // The handler settles a failure itself and returns (no throw): the guard must not record the

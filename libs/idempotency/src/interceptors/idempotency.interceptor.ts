@@ -18,6 +18,7 @@ import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '.
 import type { IdempotencyUserId } from '../idempotency.options.js';
 import { fingerprintRequest, UnmatchableBodyError, unmatchableFingerprint } from '../keys/fingerprint.js';
 import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
+import { DeliveryPart } from '../messages/rmq-delivery.js';
 import { IdempotencyCounters } from '../metrics/idempotency-counters.js';
 import { IdempotencyStore } from '../stores/idempotency-store.js';
 import { ClaimAnswers, type Guarded } from './claim-answer.js';
@@ -67,13 +68,19 @@ export class IdempotencyInterceptor implements NestInterceptor {
     return new Observable<unknown>((subscriber) => {
       let gone = false;
       let run: Subscription | undefined;
+      // A RabbitMQ delivery that other guarded handlers of its event may share (see DeliveryPart).
+      const part = ctx.getType() === 'rpc' ? DeliveryPart.join(ctx) : undefined;
       // The clock is read only when someone listens: with no listener, no event is ever built.
-      this.guard(ctx, next, route, this.events.listening ? performance.now() : undefined).then(
+      this.guard(ctx, part ? part.watching(next) : next, route, this.events.listening ? performance.now() : undefined).then(
         ({ result, release }) => {
           if (gone) void release?.();
           else run = result.subscribe(subscriber);
+          part?.decided();
         },
-        (error: unknown) => subscriber.error(error),
+        (error: unknown) => {
+          part?.decided();
+          subscriber.error(error);
+        },
       );
       return () => {
         gone = true;

@@ -82,13 +82,13 @@ export class RpcExchange implements GuardExchange {
   }
 
   run(next: CallHandler, claim: HeldClaim): Observable<unknown> {
-    const settledByHandler = watchRmqSettlement(this.ctx);
+    const rmqRun = watchRmqSettlement(this.ctx);
     return runHeld(
-      next.handle(),
+      rmqRun ? rmqRun.around(() => next.handle()) : next.handle(),
       {
         succeeded: async (value) => {
           // A handler that nacked or rejected its message reported a failure without throwing.
-          if (settledByHandler?.() === 'nacked') return claim.release();
+          if (rmqRun?.settlement() === 'nacked') return claim.release();
           let body = serialize(value);
           if (typeof body === 'string' && !this.isEvent) body = await serializedAsNestWould(value, this.ctx, body);
           // Its effect happened: releasing the key let every redelivery run it again. An event's
@@ -115,7 +115,7 @@ export class RpcExchange implements GuardExchange {
         // on a channel that closed meanwhile): its effect happened, and releasing the key let the
         // redelivery run it again. Kept, with no result to replay.
         failed: () =>
-          settledByHandler?.() === 'acked'
+          rmqRun?.settlement() === 'acked'
             ? claim.save(this.isEvent ? { statusCode: 0, headers: {} } : { statusCode: 0, headers: {}, unreplayable: 'server_error' })
             : claim.release(),
       },

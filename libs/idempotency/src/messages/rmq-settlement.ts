@@ -1,9 +1,13 @@
 import type { ExecutionContext } from '@nestjs/common';
+import { AsyncLocalStorage } from 'node:async_hooks';
+import { Observable } from 'rxjs';
 
-/** Messages a handler nacked or rejected itself (RabbitMQ, manual acknowledgement). */
-const nacked = new WeakSet<object>();
-/** Messages a handler acked itself. */
-const acked = new WeakSet<object>();
+/** Messages a handler settled itself (ack, nack, reject), whichever run it was. */
+const settledByHandler = new WeakSet<object>();
+/** Messages nacked or rejected outside any guarded run of theirs (another handler's, or a lost async context). */
+const nackedOutsideRun = new WeakSet<object>();
+/** Messages acked outside any guarded run of theirs. */
+const ackedOutsideRun = new WeakSet<object>();
 /** Deliveries settleRmqMessage settled (or scheduled to put back): a delivery is settled once. */
 const settledBySkip = new WeakSet<object>();
 
@@ -15,7 +19,7 @@ const settledBySkip = new WeakSet<object>();
  */
 export function mayStillSettle(message: unknown): boolean {
   if (!isObject(message)) return true;
-  if (settledBySkip.has(message) || acked.has(message) || nacked.has(message)) return false;
+  if (settledBySkip.has(message) || settledByHandler.has(message)) return false;
   settledBySkip.add(message);
   return true;
 }
@@ -40,6 +44,23 @@ export function rmqContextOf(ctx: ExecutionContext): { getChannelRef(): unknown;
   return rmq as { getChannelRef(): unknown; getMessage(): unknown };
 }
 
+/** What one guarded run did to its own message, noted by the wrapped channel while the run's code runs. */
+interface RunMarks {
+  message: object;
+  acked: boolean;
+  nacked: boolean;
+}
+/** The guarded run whose code is running: a settlement is the run's own (several guarded handlers of one event share a delivery). */
+const currentRun = new AsyncLocalStorage<RunMarks>();
+
+/** A guarded handler's run of a RabbitMQ message, and how it settled the message itself (see `watchRmqSettlement`). */
+export interface RmqRun {
+  /** The handler's Observable, its code run as this run's (`next.handle()` is called, and subscribed, in the run's async context). */
+  around(handle: () => Observable<unknown>): Observable<unknown>;
+  /** How the handler settled its own message so far. */
+  settlement(): HandlerSettlement;
+}
+
 /**
  * How the handler settled its own message, for Nest's RabbitMQ transport with manual
  * acknowledgement (`noAck: false`); undefined (no watch) for other transports. Such handlers
@@ -48,13 +69,18 @@ export function rmqContextOf(ctx: ExecutionContext): { getChannelRef(): unknown;
  * is lost. And a handler that acked its message settled it as done, whatever it does after (an
  * ack that throws on a channel that closed meanwhile, work after the ack that fails): its effect
  * happened, and the redelivery must not run it again. The channel's settling methods are wrapped
- * once (they call through unchanged) to note what they settle, before they are called. A
- * `nackAll()` (or a `nack` of all up to a message) during the run counts for its message unless
- * the handler acked it, and no `ackAll()` came meanwhile. Only the handler's `ack` of its own
- * message counts as acked (noted as it is called: an ack that throws on a channel that closed
- * still says the handler took its work for done).
+ * once (they call through unchanged) to note what they settle, before they are called.
+ *
+ * A settlement counts for the run whose code made it (an AsyncLocalStorage around the handler):
+ * several guarded handlers of one event share its delivery, and one handler's nack taken for
+ * another's failure freed that other's key, which ran again on the redelivery (an adversarial
+ * helper: 20 runs for 10 keys); one handler's ack taken for another's success kept the other's
+ * failure as done, and it never ran again. A settlement made outside any guarded run of the
+ * message (an unguarded handler's, or code that lost its async context) counts for every run of
+ * it, as before. A `nackAll()` (or a `nack` of all up to a message) in a run counts for its
+ * message; outside runs, for every run that acked nothing, unless an `ackAll()` came meanwhile.
  */
-export function watchRmqSettlement(ctx: ExecutionContext): (() => HandlerSettlement) | undefined {
+export function watchRmqSettlement(ctx: ExecutionContext): RmqRun | undefined {
   const rmq = rmqContextOf(ctx);
   if (!rmq) return undefined;
   const channel: unknown = rmq.getChannelRef();
@@ -63,16 +89,25 @@ export function watchRmqSettlement(ctx: ExecutionContext): (() => HandlerSettlem
   const marks = watch(channel as Channel);
   if (!marks) return undefined;
   const { nackAlls, ackAlls } = marks;
-  return () => {
-    // An ack wins over a nack of the same message: a handler that worked, acked, then nacked in
-    // its catch (its ack threw on a closed channel, or a step after the ack failed) has done its
-    // effect, and a redelivery or the producer's retry must not run it again.
-    if (acked.has(message)) return 'acked';
-    if (nacked.has(message)) return 'nacked';
-    // An ackAll() is no sign of this handler's: another handler on the channel may have made it
-    // while this one failed before its effect (then, on a channel that closed, the broker
-    // redelivers, and the copy must run). It only says that a nackAll() meanwhile was not ours.
-    return marks.nackAlls !== nackAlls && marks.ackAlls === ackAlls ? 'nacked' : undefined;
+  const run: RunMarks = { message, acked: false, nacked: false };
+  return {
+    around: (handle) => {
+      const handled = currentRun.run(run, handle);
+      return new Observable((subscriber) => currentRun.run(run, () => handled.subscribe(subscriber)));
+    },
+    settlement: () => {
+      // An ack wins over a nack of the same message: a handler that worked, acked, then nacked in
+      // its catch (its ack threw on a closed channel, or a step after the ack failed) has done its
+      // effect, and a redelivery or the producer's retry must not run it again.
+      if (run.acked) return 'acked';
+      if (run.nacked) return 'nacked';
+      if (ackedOutsideRun.has(message)) return 'acked';
+      if (nackedOutsideRun.has(message)) return 'nacked';
+      // An ackAll() is no sign of this handler's: another handler on the channel may have made it
+      // while this one failed before its effect (then, on a channel that closed, the broker
+      // redelivers, and the copy must run). It only says that a nackAll() meanwhile was not ours.
+      return marks.nackAlls !== nackAlls && marks.ackAlls === ackAlls ? 'nacked' : undefined;
+    },
   };
 }
 
@@ -88,13 +123,27 @@ function watch(channel: Channel): ChannelMarks | undefined {
       return settle.apply(this, args);
     };
   };
+  /** Notes that `message` was settled (`how`), for the run settling it, else for all its runs. */
+  const note = (message: unknown, how: 'acked' | 'nacked') => {
+    if (!isObject(message)) return;
+    settledByHandler.add(message);
+    const run = currentRun.getStore();
+    if (run?.message === message) run[how] = true;
+    else (how === 'acked' ? ackedOutsideRun : nackedOutsideRun).add(message);
+  };
+  /** A nack of every message in flight (up to one): the run's own failure, else every run's that acks nothing. */
+  const nackAll = () => {
+    const run = currentRun.getStore();
+    if (run) run.nacked = true;
+    else marks.nackAlls++;
+  };
   wrap('nack', ([message, allUpTo]) => {
-    if (isObject(message)) nacked.add(message);
-    if (allUpTo === true) marks.nackAlls++;
+    note(message, 'nacked');
+    if (allUpTo === true) nackAll();
   });
-  wrap('reject', ([message]) => isObject(message) && nacked.add(message));
-  wrap('nackAll', () => marks.nackAlls++);
-  wrap('ack', ([message]) => isObject(message) && acked.add(message));
+  wrap('reject', ([message]) => note(message, 'nacked'));
+  wrap('nackAll', nackAll);
+  wrap('ack', ([message]) => note(message, 'acked'));
   wrap('ackAll', () => marks.ackAlls++);
   Object.defineProperty(channel, MARKS, { value: marks });
   return marks;

@@ -1,4 +1,5 @@
 import type { ExecutionContext } from '@nestjs/common';
+import { wishSettlement } from './rmq-delivery.js';
 import { mayStillSettle, rmqContextOf } from './rmq-settlement.js';
 
 /**
@@ -56,21 +57,49 @@ const REQUEUE_OUTAGE_MS = 1000;
  *   meanwhile. To have copies wait for the first result instead, give the handler
  *   `waitForResultMs`.
  *
+ * Several guarded handlers of one event share its delivery: it is settled once every one of
+ * them is done (see `DeliveryPart`), as the strongest wish says (put back over dropped over
+ * acked), or put back after 1 s when one of them ran and failed and nobody settled it; a
+ * handler's own settlement wins.
+ *
  * Never use it with `noAck: true` (the default): the broker then closes the channel on an ack
  * of a message it did not wait for. Messages of other transports (a hybrid app's TCP) are left
  * to their transport: each such message logged "getChannelRef is not a function" (an adversarial helper).
  */
-export const settleRmqMessage: SkippedMessageHandler = (ctx, { reason, answered, retryAfterMs }) => {
+export const settleRmqMessage: SkippedMessageHandler = (ctx, skipped) => {
   const rmq = rmqContextOf(ctx);
   // A message of another transport in the same app (a hybrid app's TCP, Redis): its transport settles it.
   if (!rmq) return;
   const channel = rmq.getChannelRef() as RmqChannel;
   const message = rmq.getMessage();
-  // Once per delivery: another guarded handler of its event may have settled it, or its handler.
-  if (!mayStillSettle(message)) return;
-  if (reason === 'rejected') return channel.nack(message, false, false);
-  if (reason === 'replayed' || answered) return channel.ack(message);
+  const settlement = settlementOf(skipped);
+  const settle = (runFailed: boolean) => settleOnce(channel, message, runFailed ? RUN_FAILED : settlement);
+  // Other guarded handlers of its event may still decide on or run this delivery: settled once they are done.
+  if (!wishSettlement(message, { strength: STRENGTH[settlement.how], settle })) settle(false);
+};
+
+/** How a delivery is settled: acked, dropped (nack, not requeued), or put back after `pauseMs`. */
+interface Settlement {
+  how: 'ack' | 'drop' | 'requeue';
+  pauseMs?: number;
+}
+/** A handler that needs the message again keeps it: put back over dropped over acked. */
+const STRENGTH = { ack: 1, drop: 2, requeue: 3 } as const;
+/** A delivery whose guarded run failed (its key was freed) and that nobody settled: put back, to run again. */
+const RUN_FAILED: Settlement = { how: 'requeue', pauseMs: REQUEUE_OUTAGE_MS };
+
+function settlementOf({ reason, answered, retryAfterMs }: SkippedMessage): Settlement {
+  if (reason === 'rejected') return { how: 'drop' };
+  if (reason === 'replayed' || answered) return { how: 'ack' };
   const pauseMs = reason === 'in_progress' ? Math.min(Math.max(retryAfterMs ?? 0, REQUEUE_MIN_MS), REQUEUE_MAX_MS) : REQUEUE_OUTAGE_MS;
+  return { how: 'requeue', pauseMs };
+}
+
+function settleOnce(channel: RmqChannel, message: unknown, { how, pauseMs }: Settlement): void {
+  // Once per delivery: its handler may have settled it.
+  if (!mayStillSettle(message)) return;
+  if (how === 'drop') return channel.nack(message, false, false);
+  if (how === 'ack') return channel.ack(message);
   setTimeout(() => {
     try {
       channel.nack(message, false, true);
@@ -78,4 +107,4 @@ export const settleRmqMessage: SkippedMessageHandler = (ctx, { reason, answered,
       // The channel closed meanwhile: the broker has put the message back already.
     }
   }, pauseMs).unref();
-};
+}
