@@ -158,6 +158,29 @@ describe('the local cache on Redis (client-side caching)', () => {
     expect(await replay(a, key, 'after')).toEqual({ status: 'acquired', token: 'after' });
   });
 
+  // An adversarial helper: a forgetter whose own tracking connection had just been cut returned
+  // at once, and an instance behind a slow link (40 ms) still replayed the forgotten answer after
+  // the forget returned (10 of 10). It waits for its tracking to come back, then for the answers.
+  it.each(['reader', 'subscriber'])('a forget made while its own %s was just cut returns only once the other instances dropped the record', async (cut) => {
+    const proxy = await new TcpProxy({ host: '127.0.0.1', port: Number(new URL(REDIS_URL).port || 6379) }).start();
+    const slowClient = reconnectingClient(proxy.url);
+    opened.push({ close: async () => (await proxy.stop(), slowClient.disconnect()) });
+    const name = `forgetter-${randomUUID().slice(0, 8)}`;
+    const forgetterClient = new Redis(REDIS_URL, { maxRetriesPerRequest: 0, retryStrategy: () => 50, connectionName: name });
+    forgetterClient.on('error', () => undefined);
+    opened.push({ close: () => forgetterClient.quit() });
+    const [slow, forgetter] = [await cache(slowClient), await cache(forgetterClient)];
+    const key = `lc:forget-cut:${randomUUID()}`;
+    await completeCached(slow, key);
+    proxy.delayMs = 40;
+    // The reader tracks (flags t); the subscriber is subscribed (flags P).
+    const line = (await connectionsNamed(client, name)).find((entry) => (cut === 'reader' ? / flags=t / : / flags=P /).test(entry))!;
+    await client.client('KILL', 'ID', /\bid=(\d+)/.exec(line)![1]!);
+    expect(await forgetter.forget(key)).toEqual({ forgotten: true });
+    // Observed before: 1 (the forget returned at once, the slow instance heard the delete ~40 ms later).
+    expect(slow.cacheStats().entries).toBe(0);
+  });
+
   it.each([
     ['a DEL', (admin: Redis, key: string) => admin.del(key)],
     ['an overwrite', (admin: Redis, key: string) => admin.set(key, 'C["x","fp",0]\n[200,{}]', 'PX', 60_000)],

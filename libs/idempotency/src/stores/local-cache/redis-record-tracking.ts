@@ -74,6 +74,8 @@ export class RedisRecordTracking implements RecordTracking {
   private warned = false;
   /** Forgets waiting for the caches' answers, by nonce. */
   private readonly heard = new Map<string, Heard>();
+  /** Forgets waiting for tracking to be live again (see `heardEverywhere`). */
+  private readonly liveWaiters = new Set<() => void>();
   live = false;
 
   constructor(private readonly client: Redis) {
@@ -131,15 +133,39 @@ export class RedisRecordTracking implements RecordTracking {
     }
   }
 
+  /**
+   * Waits until every cache on the server heard a forget (at most `FORGET_HEARD_MS`). A forgetter
+   * whose own tracking is down (its connections cut, reconnecting) can hear no answer: it waits
+   * for its tracking to come back, then tells the others, within the same bound. It returned at
+   * once, and another instance behind a slow link replayed the forgotten answer after the forget
+   * had returned (an adversarial helper: 10 of 10).
+   */
   async heardEverywhere(): Promise<void> {
+    const until = performance.now() + FORGET_HEARD_MS;
+    for (;;) {
+      const told = await this.tellEveryCache(until);
+      if (told !== 'untold' || this.stopped) return;
+      if (!(await this.liveAgain(until))) {
+        if (this.stopped) return;
+        this.logger.warn(
+          `the local cache's Redis tracking was not back within ${FORGET_HEARD_MS} ms of a forget, so the other instances could not be asked: ` +
+            'until they hear its invalidation, they may replay the forgotten answer',
+        );
+        return;
+      }
+    }
+  }
+
+  /** Publishes a forget's notice and waits for every cache's answer until `until`; 'untold' when it could not publish. */
+  private async tellEveryCache(until: number): Promise<'heard' | 'unheard' | 'untold'> {
     const { reader, subscriberId } = this;
-    if (!this.live || !reader || subscriberId === undefined) return;
+    if (!this.live || !reader || subscriberId === undefined) return 'untold';
     const nonce = randomUUID();
     let timer: NodeJS.Timeout | undefined;
     const heard: Heard = { count: 0, expected: Infinity, done: () => undefined };
     const settled = new Promise<void>((resolve) => {
       heard.done = resolve;
-      timer = setTimeout(resolve, FORGET_HEARD_MS).unref();
+      timer = setTimeout(resolve, Math.max(0, until - performance.now())).unref();
     });
     // Answers may be read before the notice's own reply: counted from the start.
     this.heard.set(nonce, heard);
@@ -162,8 +188,10 @@ export class RedisRecordTracking implements RecordTracking {
       await Promise.race([published, settled]);
       await settled;
     } catch (error) {
+      // The reader was cut just now (its close not read yet): told once tracking is back.
+      if (reader.status !== 'ready' || !this.live) return 'untold';
       this.logger.warn(`could not tell the other instances' local caches of a forget: ${(error as Error).message}`);
-      return;
+      return 'unheard';
     } finally {
       clearTimeout(timer);
       this.heard.delete(nonce);
@@ -171,12 +199,31 @@ export class RedisRecordTracking implements RecordTracking {
     if (heard.count < heard.expected) {
       const missing = heard.expected === Infinity ? 'the caches' : `${heard.expected - heard.count} of ${heard.expected} local caches`;
       this.logger.warn(`${missing} did not confirm a forget within ${FORGET_HEARD_MS} ms: until they hear it, they may replay the forgotten answer`);
+      return 'unheard';
     }
+    return 'heard';
+  }
+
+  /** Whether tracking is live again before `until` (false once the cache stops). */
+  private liveAgain(until: number): Promise<boolean> {
+    if (this.live) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const done = (live: boolean) => {
+        clearTimeout(timer);
+        this.liveWaiters.delete(onLive);
+        resolve(live);
+      };
+      const onLive = () => done(!this.stopped && this.live);
+      const timer = setTimeout(() => done(false), Math.max(0, until - performance.now())).unref();
+      this.liveWaiters.add(onLive);
+      void this.enable();
+    });
   }
 
   async stop(): Promise<void> {
     this.stopped = true;
     for (const heard of this.heard.values()) heard.done();
+    for (const onLive of [...this.liveWaiters]) onLive();
     clearInterval(this.timer);
     this.lost();
     this.client.off('close', this.onStoreClose);
@@ -291,6 +338,7 @@ export class RedisRecordTracking implements RecordTracking {
       if (epoch === this.epoch && !this.stopped) {
         this.live = true;
         this.warned = false;
+        for (const onLive of [...this.liveWaiters]) onLive();
       }
     } catch (error) {
       this.warnOnce(`could not turn Redis tracking on (the local cache stays empty meanwhile): ${(error as Error).message}`);
