@@ -1,4 +1,5 @@
-import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
+import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
+import { Logger } from '@nestjs/common';
 import { Exclude, Expose, instanceToPlain } from 'class-transformer';
 import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
@@ -442,6 +443,64 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     expect(recordKey(key)).toMatch(/#sha256:/);
     expect(await record(key)).toMatchObject({ state: 'completed' });
     expect(await payments(key)).toBe(1);
+  });
+
+  // An adversarial helper: a work reading through a repository of the DataSource (as an injected
+  // one is) asks the pool for a second connection; with as many runs at once as the pool has
+  // connections, each waited for one none freed, and the app hung for good (every later request too).
+  it('fails a work that waits for a connection of its own while every connection is held by runs, instead of hanging, and says why once', async () => {
+    const small = new DataSource({ ...(dataSource.options as DataSourceOptions), migrationsRun: false, extra: { max: 2 } } as DataSourceOptions);
+    await small.initialize();
+    const warnings = jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    try {
+      const bounded = new IdempotentTransactions(small, { lockTimeoutMs: 500 });
+      const run = (key: string) =>
+        bounded.run({ key, fingerprint: 'fp' }, async (manager) => {
+          // The mistake: a read through the DataSource's own repository, then the write through the manager.
+          await small.getRepository(Payment).countBy({ opKey: key });
+          return pay(key)(manager);
+        });
+      const keys = [0, 1, 2, 3].map(() => `side:${randomUUID()}`);
+      const outcomes = await Promise.race([
+        Promise.all(keys.map((key) => run(key).then((result) => result.status, (error: Error) => error.constructor.name))),
+        new Promise<'hung'>((resolve) => setTimeout(resolve, 8000, 'hung')),
+      ]);
+      // Observed before: 'hung' (both connections held by runs, each waiting for a third).
+      expect(outcomes).not.toBe('hung');
+      expect(outcomes).toContain('IdempotencyConfigError');
+      expect((outcomes as string[]).every((outcome) => outcome === 'ran' || outcome === 'IdempotencyConfigError')).toBe(true);
+      // Nothing committed without its record, and the pool serves again: a run alone ran.
+      for (const key of keys) expect(await payments(key)).toBe((await record(key)) ? 1 : 0);
+      const alone = `side:${randomUUID()}`;
+      expect(await run(alone)).toMatchObject({ status: 'ran' });
+      expect(warnings.mock.calls.map(([message]) => String(message)).filter((message) => /connection of its own/.test(message))).toHaveLength(1);
+    } finally {
+      warnings.mockRestore();
+      await small.destroy();
+    }
+  });
+
+  // An adversarial helper: a work that ended the transaction through its QueryRunner had its
+  // writes committed with the claim and no answer (duplicates ran again; the first got "Transaction
+  // is not started yet"), and one that caught a failed statement was told of a store outage.
+  it("refuses a work that ended the run's transaction itself, or caught a failed statement and went on, as the work's mistake", async () => {
+    const ended = `ended:${randomUUID()}`;
+    await expect(
+      transactions.run({ key: ended }, async (manager) => {
+        await manager.save(Payment, { opKey: ended, amount: 1 });
+        await manager.queryRunner!.commitTransaction();
+        return { statusCode: 201 };
+      }),
+    ).rejects.toThrow(/ended the run's transaction itself/);
+    expect(await record(ended)).not.toMatchObject({ state: 'completed' });
+    const caught = `caught:${randomUUID()}`;
+    const run = transactions.run({ key: caught }, async (manager) => {
+      await manager.query('SELECT 1 / 0').catch(() => undefined);
+      return { statusCode: 409, body: { code: 'DUPLICATE' } };
+    });
+    await expect(run).rejects.toBeInstanceOf(IdempotencyConfigError);
+    await expect(run).rejects.toThrow(/caught the error/);
+    expect(await record(caught)).toBeUndefined();
   });
 
   it('purges expired records of the shared table', async () => {

@@ -19,6 +19,7 @@ import { IDEMPOTENCY_DEFAULTS, IdempotencyConfigError, IdempotencyError, Idempot
 import { IDEMPOTENCY_RECORDS_TABLE } from '../store/idempotency-record.entity.js';
 import { recordKey } from '../store/record-key.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
+import { inWork, watchSideConnections, type WorkScope } from '../postgres/side-connections.js';
 import { pinRepositories, refuseRoutedRepositories } from '../helpers/routed-repositories.js';
 import { ExpiredRowsPurge, keptClaimsMs } from '../postgres/purge.js';
 import { claimUntilAnswered, MAX_RETENTION_MS, postgresSchemaOf, positiveMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
@@ -90,6 +91,9 @@ function fingerprintProblem(fingerprint: unknown): string | undefined {
   return undefined;
 }
 
+/** PostgreSQL's in_failed_sql_transaction: a statement after one that failed, in the same transaction. */
+const IN_FAILED_TRANSACTION = '25P02';
+
 /** Saved with the answer, so a record reads like one the guard saved. */
 const JSON_HEADERS = JSON.stringify({ 'content-type': 'application/json; charset=utf-8' });
 
@@ -127,6 +131,8 @@ export class IdempotentTransactions {
   private readonly statement: RunStatement;
   private readonly purge: ExpiredRowsPurge;
   private readonly serialize: SerializeBody | undefined;
+  /** What a work that asks the pool for a connection of its own meets (see `watchSideConnections`). */
+  private readonly workScope: WorkScope;
 
   constructor(
     readonly dataSource: DataSource,
@@ -137,6 +143,21 @@ export class IdempotentTransactions {
     // lock_timeout counts whole milliseconds, and 0 would mean no bound at all.
     this.lockTimeoutMs = Math.ceil(positiveMs('IdempotentTransactions', 'lockTimeoutMs', options.lockTimeoutMs ?? DEFAULT_LOCK_TIMEOUT_MS));
     this.statement = statementRunner(dataSource);
+    let said = false;
+    this.workScope = {
+      boundMs: this.lockTimeoutMs,
+      askedForConnection: () => {
+        if (said) return;
+        said = true;
+        this.logger.warn(
+          'a work of IdempotentTransactions.run asked the pool for a connection of its own (a repository injected with @InjectRepository ' +
+            'or taken from the DataSource, dataSource.query, dataSource.transaction): what it writes there is outside the run\'s ' +
+            'transaction (a failure after it leaves it, and the retry writes it again), and when every connection of the pool is held ' +
+            `such an ask fails after lockTimeoutMs (${this.lockTimeoutMs} ms) instead of waiting for a connection no run frees. ` +
+            'Use the EntityManager the work is given, for reads too. Said once.',
+        );
+      },
+    };
     if (options.serialize !== undefined && typeof options.serialize !== 'function') {
       throw new IdempotencyConfigError(`IdempotentTransactions: serialize must be a function (got ${typeof options.serialize})`);
     }
@@ -172,6 +193,7 @@ export class IdempotentTransactions {
     const key = recordKey(input.key);
     const token = randomUUID();
     coverNewConnections(this.dataSource);
+    watchSideConnections(this.dataSource);
     const runner = this.dataSource.createQueryRunner();
     try {
       await database('START TRANSACTION', () => runner.startTransaction('READ COMMITTED'));
@@ -180,14 +202,23 @@ export class IdempotentTransactions {
         await database('ROLLBACK', () => runner.rollbackTransaction());
         return claim as IdempotentRunResult<T>;
       }
-      const { statusCode = 200, body } = await work(pinRepositories(runner.manager));
+      const { statusCode = 200, body } = await inWork(this.workScope, () => work(pinRepositories(runner.manager)));
       if (!Number.isInteger(statusCode) || statusCode < 200 || statusCode > 599) {
         // Saved as given, 0 or '201' answered 500 to the first client and a number to every replay, the effect committed.
         throw new RangeError(`IdempotentTransactions.run: the work's statusCode must be an integer from 200 to 599, got ${typeof statusCode === 'string' ? JSON.stringify(statusCode) : String(statusCode)}; nothing was committed`);
       }
       const text = await bodyText(body, this.serialize);
       const params = [key, token, statusCode, JSON_HEADERS, text ?? null, text !== undefined, this.retentionMs];
-      if ((await this.statement(this.sql.complete, params, runner)).affected !== 1) {
+      // The work ended the transaction through its QueryRunner: its writes committed with the
+      // claim, not the answer, and each duplicate took the key over and ran again (an adversarial
+      // helper: 7 to 11 effects for 20 duplicates; the first got "Transaction is not started yet").
+      if (!runner.isTransactionActive) {
+        throw new IdempotencyConfigError(
+          "IdempotentTransactions.run: the work ended the run's transaction itself (commitTransaction or rollbackTransaction on its " +
+            'QueryRunner): what it wrote went without the answer, and a retry runs it again. Leave the transaction to run',
+        );
+      }
+      if ((await this.complete(params, runner)).affected !== 1) {
         throw new IdempotencyStoreError(`The claim of ${JSON.stringify(input.key)} was lost inside its transaction`);
       }
       // A COMMIT whose answer is lost throws: the caller does not know; its retry replays or runs.
@@ -199,6 +230,25 @@ export class IdempotentTransactions {
       throw error;
     } finally {
       await runner.release();
+    }
+  }
+
+  /**
+   * The save of the answer. A work that caught a failed statement and went on left the transaction
+   * aborted: said as the work's mistake, not as a store outage (an app that answers those 503 had
+   * its clients retry for ever, an adversarial helper).
+   */
+  private async complete(params: unknown[], runner: QueryRunner): Promise<{ affected?: number }> {
+    try {
+      return await this.statement(this.sql.complete, params, runner);
+    } catch (error) {
+      if (sqlStateOf((error as Error).cause) !== IN_FAILED_TRANSACTION) throw error;
+      throw new IdempotencyConfigError(
+        'IdempotentTransactions.run: a statement of the work failed and the work went on (it caught the error), but PostgreSQL had ' +
+          'aborted the transaction, so nothing was committed. Run a statement that may fail in a savepoint (manager.transaction(...)), ' +
+          'as insertOnce does, or let its error end the work',
+        { cause: error },
+      );
     }
   }
 
