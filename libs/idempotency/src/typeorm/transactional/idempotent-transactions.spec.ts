@@ -489,7 +489,7 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
       transactions.run({ key: ended }, async (manager) => {
         await manager.save(Payment, { opKey: ended, amount: 1 });
         await manager.queryRunner!.commitTransaction();
-        return { statusCode: 201 };
+        return { statusCode: 201, body: undefined };
       }),
     ).rejects.toThrow(/ended the run's transaction itself/);
     expect(await record(ended)).not.toMatchObject({ state: 'completed' });
