@@ -194,10 +194,34 @@ class NotifierConsumer {
   }
 }
 
+/**
+ * A guarded handler of an event beside an unguarded one that fails (a metrics hook that throws):
+ * Nest runs an event's handlers under one forkJoin, which unsubscribes the others when one fails.
+ */
+@Controller()
+class StockConsumer {
+  constructor(private readonly handled: Handled) {}
+
+  @EventPattern('stock.moved')
+  @NoRepeatSubmit({ idempotentKey: '#data.messageId' })
+  move(@Payload() data: PaymentEvent, @Ctx() ctx: unknown) {
+    const rmq = ctx as RmqContext;
+    this.handled.orders.push(`stock ${data.orderNo}`);
+    rmq.getChannelRef().ack(rmq.getMessage());
+  }
+}
+@Controller()
+class StockMetrics {
+  @EventPattern('stock.moved')
+  count(@Payload() data: PaymentEvent): void {
+    throw new Error(`the metrics backend is down (${data.orderNo})`);
+  }
+}
+
 async function startConsumer(queue: string, onSkippedMessage: SkippedMessageHandler | undefined, prefetchCount = 1) {
   @Module({
     imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL }, keyPrefix: `rmq-${randomUUID()}`, onSkippedMessage })],
-    controllers: [PaymentsConsumer, LedgerConsumer, MailerConsumer, JournalConsumer, NotifierConsumer],
+    controllers: [PaymentsConsumer, LedgerConsumer, MailerConsumer, JournalConsumer, NotifierConsumer, StockConsumer, StockMetrics],
     providers: [Handled],
   })
   class ConsumerModule {}
@@ -402,6 +426,26 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
       attempts: 3,
       left: 0,
     });
+  });
+
+  // An adversarial helper: an unguarded handler of the event that threw made Nest's forkJoin
+  // unsubscribe the guarded one while its claim was on its way, and the guard took that for a
+  // caller gone: the key was freed, the handler never ran, and nothing settled the message (0 of
+  // 20 ran, the prefetch held); a copy was never replayed nor acked. An event's run is nobody's to cancel.
+  it("runs a guarded handler of an event whose other handler throws, and settles its copies", async () => {
+    const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+    try {
+      const handled = await startWith(settleRmqMessage, 10);
+      const send = (data: PaymentEvent) => channel.sendToQueue(queue, Buffer.from(JSON.stringify({ pattern: 'stock.moved', data })));
+      const ids = [0, 1, 2, 3, 4].map(() => randomUUID());
+      ids.forEach((messageId, i) => send({ messageId, orderNo: `S${i}` }));
+      await until(() => handled.orders.length === 5, 10_000);
+      ids.forEach((messageId, i) => send({ messageId, orderNo: `S${i}` })); // copies: replayed and acked
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      expect({ orders: [...handled.orders].sort(), left: await leftAfterClose() }).toEqual({ orders: ['S0', 'S1', 'S2', 'S3', 'S4'].map((no) => `stock ${no}`), left: 0 });
+    } finally {
+      errors.mockRestore();
+    }
   });
 
   // The handler settles a failure itself and returns (no throw): the guard must not record the

@@ -30,7 +30,7 @@ import type { HttpRequest, HttpResponse } from './http-request.js';
 import { MESSAGE_USER, requestUser } from './key-user.js';
 import { claimToken } from './claim-token.js';
 import { GuardMemory } from './guard-memory.js';
-import { routeOptions, type GuardedRoute } from './route-options.js';
+import { isEventHandler, routeOptions, type GuardedRoute } from './route-options.js';
 import { matchedRoutePath } from './route-paths.js';
 import { RpcExchange } from './rpc-exchange.js';
 
@@ -68,13 +68,19 @@ export class IdempotencyInterceptor implements NestInterceptor {
     return new Observable<unknown>((subscriber) => {
       let gone = false;
       let run: Subscription | undefined;
+      const rpc = ctx.getType() === 'rpc';
       // A RabbitMQ delivery that other guarded handlers of its event may share (see DeliveryPart).
-      const part = ctx.getType() === 'rpc' ? DeliveryPart.join(ctx) : undefined;
+      const part = rpc ? DeliveryPart.join(ctx) : undefined;
       // The clock is read only when someone listens: with no listener, no event is ever built.
       this.guard(ctx, part ? part.watching(next) : next, route, this.events.listening ? performance.now() : undefined).then(
         ({ result, release }) => {
-          if (gone) void release?.();
-          else run = result.subscribe(subscriber);
+          if (!gone) run = result.subscribe(subscriber);
+          // An event has no caller to leave: Nest runs its handlers under one forkJoin, which
+          // unsubscribes the others when one fails, and taken for a caller gone, a guarded handler
+          // beside an unguarded one that threw never ran and its message was never settled (an
+          // adversarial helper: 0 of 20 ran). Its answer is made as if listened to.
+          else if (rpc && isEventHandler(ctx.getHandler())) result.subscribe({ error: () => undefined });
+          else void release?.();
           part?.decided();
         },
         (error: unknown) => {
