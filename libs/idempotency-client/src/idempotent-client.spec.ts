@@ -1,5 +1,5 @@
 import { describe, expect, it, jest } from '@jest/globals';
-import { createIdempotentClient, type IdempotentClientOptions } from './idempotent-client.js';
+import { createIdempotentClient, type HeadersLike, type IdempotentClientOptions } from './idempotent-client.js';
 import { IdempotentRequestError } from './idempotent-request.error.js';
 
 type Step = Response | Error | 'hang';
@@ -260,6 +260,55 @@ describe('createIdempotentClient', () => {
     const { fetch, calls } = scripted(cut, json(201, { effectId: 1065 }, { 'idempotent-replayed': 'true', 'content-length': '18' }));
     const answer = await client(fetch).post('/p', {});
     expect({ body: answer.body, attempts: answer.attempts, calls: calls.length }).toEqual({ body: { effectId: 1065 }, attempts: 2, calls: 2 });
+  });
+
+  // An adversarial helper: a close-delimited JSON answer cut before its first byte came back as a
+  // 201 with no body; the retry would have got the replay.
+  it('retries a JSON answer cut before its first byte (empty, no Content-Length); an empty 204 is whole', async () => {
+    const cut = new Response('', { status: 201, headers: { 'content-type': 'application/json' } });
+    const { fetch, calls } = scripted(cut, json(201, { effectId: 7 }, { 'idempotent-replayed': 'true', 'content-length': '14' }));
+    const answer = await client(fetch).post('/p', {});
+    expect({ body: answer.body, attempts: answer.attempts, calls: calls.length }).toEqual({ body: { effectId: 7 }, attempts: 2, calls: 2 });
+    const noContent = scripted(new Response(null, { status: 204, headers: { 'content-type': 'application/json' } }));
+    expect(await client(noContent.fetch).post('/p', {})).toMatchObject({ status: 204, body: undefined, attempts: 1 });
+  });
+
+  // The same helper: headers given as a Map, or as another fetch's Headers class (undici's,
+  // node-fetch's), were read as a record with no entries: the caller's key and Authorization were
+  // dropped, and a re-sent operation went under a new key and ran twice.
+  it('takes headers given as any iterable of pairs (a Map, another fetch library\'s Headers), the key among them', async () => {
+    class ForeignHeaders {
+      constructor(private readonly pairs: [string, string][]) {}
+      *[Symbol.iterator](): Iterator<[string, string]> {
+        yield* this.pairs;
+      }
+    }
+    const { fetch, calls } = scripted(json(201, {}));
+    const mapped = await client(fetch, { headers: new Map([['authorization', 'Bearer m']]) as unknown as HeadersLike }).post('/p', {}, {
+      headers: new Map([['Idempotency-Key', 'map-key']]) as unknown as HeadersLike,
+    });
+    const foreign = await client(fetch).post('/p', {}, {
+      headers: new ForeignHeaders([['Idempotency-Key', 'foreign-key'], ['Authorization', 'Bearer f']]) as unknown as HeadersLike,
+    });
+    expect({ keys: [mapped.key, foreign.key], sent: calls.map((call) => [call.headers.get('idempotency-key'), call.headers.get('authorization')]) }).toEqual({
+      keys: ['map-key', 'foreign-key'],
+      sent: [['map-key', 'Bearer m'], ['foreign-key', 'Bearer f']],
+    });
+  });
+
+  // The same helper: node-fetch's answers carry a Node.js stream (no getReader), and every answer
+  // was taken for a network error: a call whose every attempt got its 201 threw "without an answer".
+  it("reads an answer whose body is a Node.js stream (node-fetch's), bounded by maxResponseBytes", async () => {
+    const { Readable } = await import('node:stream');
+    const nodeFetchLike = (text: string) =>
+      (async () => ({
+        status: 201,
+        ok: true,
+        headers: new Headers({ 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) }),
+        body: Readable.from([Buffer.from(text.slice(0, 5)), Buffer.from(text.slice(5))]),
+      })) as unknown as typeof fetch;
+    expect(await client(nodeFetchLike('{"id":"é1"}')).post('/p', {})).toMatchObject({ status: 201, body: { id: 'é1' }, attempts: 1 });
+    await expect(client(nodeFetchLike(JSON.stringify({ big: 'x'.repeat(100) })), { maxResponseBytes: 50 }).post('/p', {})).rejects.toThrow(/maxResponseBytes/);
   });
 
   it('sends plain objects, arrays, dates and values with toJSON, and class instances by their fields, as JSON', async () => {

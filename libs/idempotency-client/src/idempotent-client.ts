@@ -186,7 +186,7 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
           status: res.status,
           ok: res.ok,
           headers: res.headers,
-          body: decodeBody(text, res.headers) as T,
+          body: decodeBody(text, res.headers, res.status, method) as T,
           replayed: res.headers.get(REPLAYED_HEADER)?.toLowerCase() === 'true',
           attempts,
           key,
@@ -233,23 +233,44 @@ function isInProgress(answer: IdempotentResponse<unknown>): boolean {
   return answer.status === 409 && typeof body === 'object' && body !== null && body.code === IN_PROGRESS_CODE;
 }
 
-/** The answer's text, or undefined past `maxBytes` (reading no further). */
+/**
+ * The answer's text, or undefined past `maxBytes` (reading no further). A WHATWG stream body (the
+ * global fetch, undici), else one read by async iteration (node-fetch's Node.js stream, which has
+ * no `getReader`: every answer was taken for a network error, and a call whose every attempt got
+ * its 201 threw "without an answer"; an adversarial helper), else the Response's own `text()`.
+ */
 async function readText(res: Response, maxBytes: number): Promise<string | undefined> {
-  if (!res.body) return '';
-  const reader = res.body.getReader();
+  const body = res.body as unknown;
+  if (!body) return '';
   const decoder = new TextDecoder();
   let text = '';
   let bytes = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) return text + decoder.decode();
-    bytes += value.byteLength;
-    if (bytes > maxBytes) {
-      await reader.cancel().catch(() => undefined);
-      return undefined;
+  /** Adds a chunk; false once past `maxBytes`. */
+  const add = (chunk: Uint8Array | string): boolean => {
+    const bytesOf = typeof chunk === 'string' ? new TextEncoder().encode(chunk) : chunk;
+    bytes += bytesOf.byteLength;
+    if (bytes > maxBytes) return false;
+    text += decoder.decode(bytesOf, { stream: true });
+    return true;
+  };
+  if (typeof (body as ReadableStream<Uint8Array>).getReader === 'function') {
+    const reader = (body as ReadableStream<Uint8Array>).getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) return text + decoder.decode();
+      if (!add(value)) {
+        await reader.cancel().catch(() => undefined);
+        return undefined;
+      }
     }
-    text += decoder.decode(value, { stream: true });
   }
+  if (typeof (body as AsyncIterable<Uint8Array>)[Symbol.asyncIterator] === 'function') {
+    // Leaving the loop early ends the iteration, which destroys a Node.js stream.
+    for await (const chunk of body as AsyncIterable<Uint8Array | string>) if (!add(chunk)) return undefined;
+    return text + decoder.decode();
+  }
+  const whole = await res.text();
+  return add(whole) ? text + decoder.decode() : undefined;
 }
 
 /**
@@ -258,10 +279,19 @@ async function readText(res: Response, maxBytes: number): Promise<string | undef
  * taken for a cut answer: the attempt failed, and the retry gets the replay. It was returned as a
  * 201 whose body was the first half of the JSON, as text (an adversarial helper).
  */
-function decodeBody(text: string, headers: Headers): unknown {
-  if (text === '') return undefined;
+function decodeBody(text: string, headers: Headers, status: number, method: string): unknown {
   const contentType = headers.get('content-type');
-  if (!contentType || !/[/+]json\b/i.test(contentType)) return text;
+  const json = contentType !== null && /[/+]json\b/i.test(contentType);
+  if (text === '') {
+    // An empty JSON answer with no Content-Length was cut before its first byte (it was returned
+    // as a success with no body, and the caller lost the answer a retry replays; an adversarial
+    // helper); one that has no body by its status or method is whole.
+    if (json && !headers.has('content-length') && method !== 'HEAD' && ![204, 205, 304].includes(status)) {
+      throw new Error('the answer was cut: its JSON is empty, and no Content-Length says it is whole');
+    }
+    return undefined;
+  }
+  if (!json) return text;
   try {
     return JSON.parse(text) as unknown;
   } catch (error) {
@@ -298,9 +328,17 @@ function eitherSignal(caller: AbortSignal, attempt: AbortSignal): { signal: Abor
 }
 
 /** `new Headers(init)`, where a header given as `undefined` (in a plain object or a pair) is none (`new Headers()` writes "undefined"). */
+/**
+ * Headers as fetch takes them: the global `Headers`, any iterable of pairs (an array, a `Map`,
+ * undici's or node-fetch's own `Headers`), or a record. An iterable other than the global
+ * `Headers` was read as a record, which has no entries: the caller's key and Authorization were
+ * dropped, and a re-sent operation went under a new key and ran twice (an adversarial helper).
+ */
 function headersOf(init: HeadersLike | undefined): Headers {
   if (init === undefined || init instanceof Headers) return new Headers(init);
-  if (Array.isArray(init)) return new Headers(init.filter((pair) => pair[1] !== undefined));
+  if (typeof (init as Partial<Iterable<unknown>>)[Symbol.iterator] === 'function') {
+    return new Headers([...(init as Iterable<[string, string | undefined]>)].filter((pair) => pair[1] !== undefined) as [string, string][]);
+  }
   return new Headers(Object.fromEntries(Object.entries(init).filter(([, value]) => value !== undefined)) as HeadersLike);
 }
 
