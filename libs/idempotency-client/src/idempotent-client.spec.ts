@@ -311,6 +311,24 @@ describe('createIdempotentClient', () => {
     await expect(client(nodeFetchLike(JSON.stringify({ big: 'x'.repeat(100) })), { maxResponseBytes: 50 }).post('/p', {})).rejects.toThrow(/maxResponseBytes/);
   });
 
+  // The same helper: a fetch of the caller's own that ignores the signal kept a call with timeoutMs
+  // 500 for 3 s; one that throws as it is called (nothing sent) was retried as a network error; a
+  // fetch that is no function was taken, and every call failed "without an answer".
+  it("bounds a fetch of the caller's own that ignores the signal, throws what it throws as it is called, and refuses a fetch that is no function", async () => {
+    const deaf = (() => new Promise<Response>((resolve) => setTimeout(() => resolve(json(201, {})), 3000).unref())) as typeof fetch;
+    const started = Date.now();
+    await expect(client(deaf, { timeoutMs: 200, retries: 0 }).post('/p', {})).rejects.toBeInstanceOf(IdempotentRequestError);
+    expect(Date.now() - started).toBeLessThan(2000);
+    let calls = 0;
+    const broken = (() => {
+      calls++;
+      throw new TypeError('not configured');
+    }) as typeof fetch;
+    await expect(client(broken).post('/p', {})).rejects.toThrow('not configured');
+    expect(calls).toBe(1);
+    expect(() => client(42 as unknown as typeof fetch)).toThrow(/fetch must be a function/);
+  });
+
   it('sends plain objects, arrays, dates and values with toJSON, and class instances by their fields, as JSON', async () => {
     class OrderDto {
       constructor(

@@ -117,6 +117,7 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
     ...Object.fromEntries(Object.entries(options.backoff ?? {}).filter(([, value]) => value !== undefined)),
   } as Required<BackoffOptions>;
   const base = String(options.baseUrl).replace(/\/+$/, '');
+  if (typeof fetchImpl !== 'function') throw new TypeError(`fetch must be a function, got ${typeof fetchImpl}`);
   if (!Number.isInteger(retries) || retries < 0) throw new TypeError(`retries must be a whole number >= 0, got ${retries}`);
   for (const [name, value] of Object.entries({ timeoutMs, attemptTimeoutMs, maxResponseBytes, ...backoff })) {
     if (!Number.isFinite(value) || value < 0) throw new TypeError(`${name} must be a number >= 0, got ${value}`);
@@ -167,18 +168,32 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
       const signal = opts.signal ? eitherSignal(opts.signal, attemptSignal) : { signal: attemptSignal, release: () => undefined };
       let answer: IdempotentResponse<T> | undefined;
       let failure: unknown;
+      let sending: Promise<Response>;
       try {
-        const res = await fetchImpl(url, {
-          method,
-          headers,
-          body: payload,
-          // A redirect is the answer: followed, it carried the key and the body to its Location
-          // (another host), and a redirect to itself sent the request 21 times an attempt.
-          redirect: 'manual',
-          signal: signal.signal,
-        });
-        // Read inside the attempt: a connection cut mid-body is a network error too.
-        const text = await readText(res, maxResponseBytes);
+        sending = Promise.resolve(
+          fetchImpl(url, {
+            method,
+            headers,
+            body: payload,
+            // A redirect is the answer: followed, it carried the key and the body to its Location
+            // (another host), and a redirect to itself sent the request 21 times an attempt.
+            redirect: 'manual',
+            signal: signal.signal,
+          }),
+        );
+      } catch (error) {
+        // A fetch that throws as it is called sent nothing, and would throw so on every attempt: at once.
+        signal.release();
+        throw error;
+      }
+      try {
+        // Bounded here too: a fetch of the caller's own that ignores the signal kept a call with
+        // timeoutMs 500 for 3 s (an adversarial helper). Read inside the attempt: a connection cut
+        // mid-body is a network error too.
+        const [res, text] = await untilAborted(
+          sending.then(async (res) => [res, await readText(res, maxResponseBytes)] as const),
+          signal.signal,
+        );
         if (text === undefined) {
           throw new IdempotentRequestError(`${method} ${url}: the answer (${res.status}) is over maxResponseBytes (${maxResponseBytes})`, key, attempts);
         }
@@ -340,6 +355,19 @@ function headersOf(init: HeadersLike | undefined): Headers {
     return new Headers([...(init as Iterable<[string, string | undefined]>)].filter((pair) => pair[1] !== undefined) as [string, string][]);
   }
   return new Headers(Object.fromEntries(Object.entries(init).filter(([, value]) => value !== undefined)) as HeadersLike);
+}
+
+/** `work`, or a rejection with the signal's reason as soon as it aborts (`work` is left to end alone). */
+function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) {
+    work.catch(() => undefined);
+    return Promise.reject(signal.reason);
+  }
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener('abort', onAbort, { once: true });
+    work.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
 }
 
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
