@@ -327,6 +327,19 @@ describe('createIdempotentClient', () => {
     await expect(client(broken).post('/p', {})).rejects.toThrow('not configured');
     expect(calls).toBe(1);
     expect(() => client(42 as unknown as typeof fetch)).toThrow(/fetch must be a function/);
+    // After an attempt went out (a circuit breaker opening), the error carries the key.
+    let tries = 0;
+    const breaker = (async () => {
+      if (++tries === 1) throw networkError();
+      throw new Error('circuit open');
+    }) as unknown as typeof fetch;
+    const syncBreaker = ((...args: Parameters<typeof fetch>) => {
+      if (tries >= 1) throw new Error('circuit open');
+      return breaker(...args);
+    }) as typeof fetch;
+    const thrown = await client(syncBreaker).post('/p', {}, { key: 'op-1' }).catch((error: unknown) => error);
+    expect(thrown).toBeInstanceOf(IdempotentRequestError);
+    expect(thrown).toMatchObject({ key: 'op-1', attempts: 1 });
   });
 
   it('sends plain objects, arrays, dates and values with toJSON, and class instances by their fields, as JSON', async () => {

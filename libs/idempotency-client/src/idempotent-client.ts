@@ -182,9 +182,14 @@ export function createIdempotentClient(options: IdempotentClientOptions): Idempo
           }),
         );
       } catch (error) {
-        // A fetch that throws as it is called sent nothing, and would throw so on every attempt: at once.
+        // A fetch that throws as it is called sent nothing, and would throw so on every attempt: at
+        // once. After an attempt that went out, with the key: the operation may have happened, and
+        // a bare error lost the key the caller needs to learn how it ended (an adversarial helper).
         signal.release();
-        throw error;
+        if (attempts === 1) throw error;
+        throw new IdempotentRequestError(`${method} ${url} failed: fetch threw as attempt ${attempts} was made: ${(error as Error)?.message ?? String(error)}`, key, attempts - 1, {
+          cause: error,
+        });
       }
       try {
         // Bounded here too: a fetch of the caller's own that ignores the signal kept a call with

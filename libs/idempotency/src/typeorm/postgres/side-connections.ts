@@ -6,6 +6,8 @@ import { IdempotencyConfigError } from '../../index.js';
 export interface WorkScope {
   /** How long such a connection may be waited for when the pool has none to give, in milliseconds. */
   boundMs: number;
+  /** Whether the work still runs: a timer or a loop it started keeps its async context after it (an adversarial helper: a poller it started had 21 of 27 later queries refused). */
+  running: boolean;
   /** Called on each such ask (to say it, once). */
   askedForConnection(): void;
 }
@@ -48,7 +50,7 @@ export function watchSideConnections(dataSource: DataSource): void {
   const connect = pool.connect;
   pool.connect = function (this: PgPool, ...args: [ConnectCallback?]) {
     const scope = currentWork.getStore();
-    if (!scope) return connect.apply(this, args);
+    if (!scope?.running) return connect.apply(this, args);
     scope.askedForConnection();
     if (this.idleCount > 0 || this.totalCount < (this.options.max ?? 10)) return connect.apply(this, args);
     const [callback] = args;

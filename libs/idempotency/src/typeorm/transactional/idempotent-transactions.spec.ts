@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import { Logger } from '@nestjs/common';
 import { Exclude, Expose, instanceToPlain } from 'class-transformer';
+import { AsyncResource } from 'node:async_hooks';
 import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
 import { Column, DataSource, Entity, PrimaryGeneratedColumn, type DataSourceOptions, type EntityManager } from 'typeorm';
@@ -474,6 +475,30 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
       const alone = `side:${randomUUID()}`;
       expect(await run(alone)).toMatchObject({ status: 'ran' });
       expect(warnings.mock.calls.map(([message]) => String(message)).filter((message) => /connection of its own/.test(message))).toHaveLength(1);
+
+      // What a work starts (a timer, a poller) keeps its async context after it: its later asks
+      // are not the run's, and wait for a connection as any do (a helper: 21 of 27 refused).
+      let poller!: AsyncResource;
+      await bounded.run({ key: `side:${randomUUID()}` }, async (manager) => {
+        poller = new AsyncResource('poller');
+        return pay(`poll:${randomUUID()}`)(manager);
+      });
+      const busy = [small.query('SELECT pg_sleep(0.8)'), small.query('SELECT pg_sleep(0.8)')];
+      const pool = (small.driver as unknown as { master: { idleCount: number; totalCount: number } }).master;
+      while (pool.idleCount > 0 || pool.totalCount < 2) await new Promise((resolve) => setTimeout(resolve, 5));
+      expect(await poller.runInAsyncScope(() => small.query('SELECT 1 AS one'))).toEqual([{ one: 1 }]);
+      await Promise.all(busy);
+
+      // A run nested in a work, refused a connection, is the app's mistake, not an outage.
+      const nested = Promise.all(
+        [0, 1].map(() =>
+          bounded.run({ key: `outer:${randomUUID()}` }, async (manager) => {
+            await bounded.run({ key: `inner:${randomUUID()}` }, pay(`inner:${randomUUID()}`));
+            return pay(`outer:${randomUUID()}`)(manager);
+          }),
+        ),
+      );
+      await expect(nested).rejects.toBeInstanceOf(IdempotencyConfigError);
     } finally {
       warnings.mockRestore();
       await small.destroy();

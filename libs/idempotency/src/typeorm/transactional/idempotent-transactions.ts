@@ -131,8 +131,8 @@ export class IdempotentTransactions {
   private readonly statement: RunStatement;
   private readonly purge: ExpiredRowsPurge;
   private readonly serialize: SerializeBody | undefined;
-  /** What a work that asks the pool for a connection of its own meets (see `watchSideConnections`). */
-  private readonly workScope: WorkScope;
+  /** Says, once, that a work asked the pool for a connection of its own (see `watchSideConnections`). */
+  private readonly sayAsked: () => void;
 
   constructor(
     readonly dataSource: DataSource,
@@ -144,19 +144,16 @@ export class IdempotentTransactions {
     this.lockTimeoutMs = Math.ceil(positiveMs('IdempotentTransactions', 'lockTimeoutMs', options.lockTimeoutMs ?? DEFAULT_LOCK_TIMEOUT_MS));
     this.statement = statementRunner(dataSource);
     let said = false;
-    this.workScope = {
-      boundMs: this.lockTimeoutMs,
-      askedForConnection: () => {
-        if (said) return;
-        said = true;
-        this.logger.warn(
-          'a work of IdempotentTransactions.run asked the pool for a connection of its own (a repository injected with @InjectRepository ' +
-            'or taken from the DataSource, dataSource.query, dataSource.transaction): what it writes there is outside the run\'s ' +
-            'transaction (a failure after it leaves it, and the retry writes it again), and when every connection of the pool is held ' +
-            `such an ask fails after lockTimeoutMs (${this.lockTimeoutMs} ms) instead of waiting for a connection no run frees. ` +
-            'Use the EntityManager the work is given, for reads too. Said once.',
-        );
-      },
+    this.sayAsked = () => {
+      if (said) return;
+      said = true;
+      this.logger.warn(
+        'a work of IdempotentTransactions.run asked the pool for a connection of its own (a repository injected with @InjectRepository ' +
+          'or taken from the DataSource, dataSource.query, dataSource.transaction): what it writes there is outside the run\'s ' +
+          'transaction (a failure after it leaves it, and the retry writes it again), and when every connection of the pool is held ' +
+          `such an ask fails after lockTimeoutMs (${this.lockTimeoutMs} ms) instead of waiting for a connection no run frees. ` +
+          'Use the EntityManager the work is given, for reads too. Said once.',
+      );
     };
     if (options.serialize !== undefined && typeof options.serialize !== 'function') {
       throw new IdempotencyConfigError(`IdempotentTransactions: serialize must be a function (got ${typeof options.serialize})`);
@@ -202,7 +199,15 @@ export class IdempotentTransactions {
         await database('ROLLBACK', () => runner.rollbackTransaction());
         return claim as IdempotentRunResult<T>;
       }
-      const { statusCode = 200, body } = await inWork(this.workScope, () => work(pinRepositories(runner.manager)));
+      const scope: WorkScope = { boundMs: this.lockTimeoutMs, running: true, askedForConnection: this.sayAsked };
+      let answer: IdempotentAnswer<T>;
+      try {
+        answer = await inWork(scope, () => work(pinRepositories(runner.manager)));
+      } finally {
+        // A timer or a loop the work started keeps its async context: its later asks are not the run's.
+        scope.running = false;
+      }
+      const { statusCode = 200, body } = answer;
       if (!Number.isInteger(statusCode) || statusCode < 200 || statusCode > 599) {
         // Saved as given, 0 or '201' answered 500 to the first client and a number to every replay, the effect committed.
         throw new RangeError(`IdempotentTransactions.run: the work's statusCode must be an integer from 200 to 599, got ${typeof statusCode === 'string' ? JSON.stringify(statusCode) : String(statusCode)}; nothing was committed`);
@@ -335,6 +340,8 @@ async function database(command: string, call: () => Promise<void>): Promise<voi
   try {
     await call();
   } catch (error) {
+    // A run nested in another's work, refused a connection (see watchSideConnections): the app's mistake, not an outage.
+    if (error instanceof IdempotencyConfigError) throw error;
     throw new IdempotencyStoreError(`PostgreSQL ${command} failed: ${(error as Error).message}`, { cause: error });
   }
 }
