@@ -142,6 +142,8 @@ class MailerConsumer {
 interface BooksEvent extends PaymentEvent {
   /** The notifier's first attempts (this many) throw before their effect. */
   notifierFailures?: number;
+  /** How each of those attempts fails: by throwing (default), or by `nackAll()` and returning. */
+  notifierFailsBy?: ('throw' | 'nackAll')[];
   /** How long the notifier works. */
   notifierMs?: number;
   /** The journal's first attempts (this many) fail: it nacks the message (requeue) and returns. */
@@ -187,7 +189,11 @@ class NotifierConsumer {
     }
     const attempt = (this.handled.notifierAttempts.get(data.orderNo) ?? 0) + 1;
     this.handled.notifierAttempts.set(data.orderNo, attempt);
-    if (attempt <= (data.notifierFailures ?? 0)) throw new Error('failed before its effect');
+    if (attempt <= (data.notifierFailures ?? 0)) {
+      if (data.notifierFailsBy?.[attempt - 1] !== 'nackAll') throw new Error('failed before its effect');
+      (rmq.getChannelRef() as { nackAll(): void }).nackAll();
+      return;
+    }
     await new Promise((resolve) => setTimeout(resolve, data.notifierMs ?? 0));
     this.handled.orders.push(`notify ${data.orderNo}`);
     if (channel.testAcks.has(rmq.getMessage() as object)) this.handled.ackedWhileNotifying.push(data.orderNo);
@@ -426,6 +432,30 @@ describe('RabbitMQ with manual acks: messages the guard does not hand to the han
       attempts: 3,
       left: 0,
     });
+  });
+
+  // An adversarial reviewer: deferred until every guarded handler was done, the ack of a copy the
+  // journal replayed came after the notifier had nacked it with nackAll(): 406, the channel closed.
+  it("never settles a delivery another handler of it settled with nackAll(): the rerun comes back, one channel", async () => {
+    const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+    try {
+      const handled = await startWith(settleRmqMessage, 4);
+      const send = (data: BooksEvent) => channel.sendToQueue(queue, Buffer.from(JSON.stringify({ pattern: 'books.closed', data })));
+      const event: BooksEvent = { messageId: randomUUID(), orderNo: 'A', notifierFailures: 2, notifierFailsBy: ['throw', 'nackAll'] };
+      send(event);
+      await until(() => handled.orders.length === 1 && handled.notifierAttempts.get('A') === 1, 10_000);
+      send(event); // the producer's retry: the journal replays it, the notifier fails with nackAll()
+      await until(() => handled.orders.length === 2, 10_000);
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      expect({ orders: [...handled.orders].sort(), attempts: handled.notifierAttempts.get('A'), left: await leftAfterClose() }).toEqual({
+        orders: ['journal A', 'notify A'],
+        attempts: 3,
+        left: 0,
+      });
+      expect(errors.mock.calls.map(([message]) => String(message)).filter((message) => /onSkippedMessage|Disconnected|PRECONDITION|closed/i.test(message))).toEqual([]);
+    } finally {
+      errors.mockRestore();
+    }
   });
 
   // An adversarial helper: an unguarded handler of the event that threw made Nest's forkJoin

@@ -321,10 +321,6 @@ function decodeBody(text: string, headers: Headers, status: number, method: stri
 }
 
 /**
- * Waits `ms`, in steps a timer can hold (a `Retry-After` may ask for more), or rejects with the
- * signal's reason as soon as it aborts.
- */
-/**
  * A signal that aborts when either does, with the reason of the one that did, made for one
  * attempt and let go after it (`release`). `AbortSignal.any()` on a long-lived signal of the
  * caller's (a process-wide shutdown signal) kept a reference to every attempt's signal on Node 20
@@ -347,10 +343,10 @@ function eitherSignal(caller: AbortSignal, attempt: AbortSignal): { signal: Abor
   return { signal: controller.signal, release };
 }
 
-/** `new Headers(init)`, where a header given as `undefined` (in a plain object or a pair) is none (`new Headers()` writes "undefined"). */
 /**
  * Headers as fetch takes them: the global `Headers`, any iterable of pairs (an array, a `Map`,
- * undici's or node-fetch's own `Headers`), or a record. An iterable other than the global
+ * undici's or node-fetch's own `Headers`), or a record; a header given as `undefined` (in a
+ * record or a pair) is none (`new Headers()` writes "undefined"). An iterable other than the global
  * `Headers` was read as a record, which has no entries: the caller's key and Authorization were
  * dropped, and a re-sent operation went under a new key and ran twice (an adversarial helper).
  */
@@ -375,6 +371,10 @@ function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
   });
 }
 
+/**
+ * Waits `ms`, in steps a timer can hold (a `Retry-After` may ask for more), or rejects with the
+ * signal's reason as soon as it aborts.
+ */
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
   return new Promise((resolve, reject) => {
     if (signal?.aborted) return reject(signal.reason);

@@ -79,7 +79,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
           // unsubscribes the others when one fails, and taken for a caller gone, a guarded handler
           // beside an unguarded one that threw never ran and its message was never settled (an
           // adversarial helper: 0 of 20 ran). Its answer is made as if listened to.
-          else if (rpc && isEventHandler(ctx.getHandler())) result.subscribe({ error: () => undefined });
+          else if (rpc && isEventHandler(ctx.getHandler())) result.subscribe({ error: (error: unknown) => this.sayDetachedFailure(route, error) });
           else void release?.();
           part?.decided();
         },
@@ -93,6 +93,16 @@ export class IdempotencyInterceptor implements NestInterceptor {
         run?.unsubscribe();
       };
     });
+  }
+
+  /** An event handler that failed after Nest stopped listening to it (another handler of its event threw): said once per handler. */
+  private sayDetachedFailure(route: GuardedRoute, error: unknown): void {
+    this.onceFor(`${route.handler}:detached`, () =>
+      this.logger.warn(
+        `${route.handler}: an event handler failed after Nest stopped listening to it (another handler of the event threw first): ` +
+          `${(error as Error)?.message ?? String(error)}; said once per handler`,
+      ),
+    );
   }
 
   /** The decorator's metadata on this handler, as route options (once per controller and handler). */

@@ -1,6 +1,6 @@
 import type { CallHandler, ExecutionContext } from '@nestjs/common';
 import { Observable } from 'rxjs';
-import { rmqContextOf } from './rmq-settlement.js';
+import { noteDelivery, outsideRuns, rmqContextOf } from './rmq-settlement.js';
 
 /** How `settleRmqMessage` would settle a delivery, and how strongly: the strongest wish of its handlers wins. */
 export interface SettlementWish {
@@ -44,6 +44,7 @@ export class DeliveryPart {
   static join(ctx: ExecutionContext): DeliveryPart | undefined {
     const message = rmqContextOf(ctx)?.getMessage();
     if (typeof message !== 'object' || message === null) return undefined;
+    noteDelivery(ctx);
     let delivery = deliveries.get(message);
     if (!delivery) deliveries.set(message, (delivery = { open: 0, runFailed: false, wish: undefined }));
     delivery.open++;
@@ -90,7 +91,8 @@ export class DeliveryPart {
     if (--delivery.open > 0) return;
     const { wish, runFailed } = delivery;
     delivery.wish = undefined;
-    wish?.settle(runFailed);
+    // Ended in a run's completion: the guard's settlement (and its timer) is no handler's own.
+    if (wish) outsideRuns(() => wish.settle(runFailed));
   }
 }
 

@@ -19,15 +19,58 @@ const settledBySkip = new WeakSet<object>();
  */
 export function mayStillSettle(message: unknown): boolean {
   if (!isObject(message)) return true;
-  if (settledBySkip.has(message) || settledByHandler.has(message)) return false;
+  if (settledBySkip.has(message) || settledByHandler.has(message) || settledByAll(message)) return false;
   settledBySkip.add(message);
   return true;
 }
 
-/** What a watched channel counts: its `nackAll()` and `nack(m, true)` calls, its `ackAll()` calls. */
+/**
+ * Whether a settle-all since the message came settled it: an `ackAll()` or `nackAll()`, or an
+ * `ack` / `nack` of all up to a message at or after it. Deferred until every guarded handler of
+ * a delivery was done, `settleRmqMessage` acked a delivery that one of them had nacked with
+ * `nackAll()` (406, the channel closed; an adversarial reviewer).
+ */
+function settledByAll(message: object): boolean {
+  const seen = delivered.get(message);
+  if (!seen) return false;
+  const { marks } = seen;
+  if (marks.settleAlls !== seen.settleAlls) return true;
+  const tag = deliveryTagOf(message);
+  return marks.upToCalls !== seen.upToCalls && tag !== undefined && tag <= marks.settledUpToTag;
+}
+
+/** What a watched channel counts: its `nackAll()` and `nack(m, true)` calls, its `ackAll()` calls; and every settle-all. */
 interface ChannelMarks {
   nackAlls: number;
   ackAlls: number;
+  /** `ackAll()` and `nackAll()` calls, in runs or not. */
+  settleAlls: number;
+  /** `ack` / `nack` calls of all up to a message, and the highest delivery tag they settled. */
+  upToCalls: number;
+  settledUpToTag: number;
+}
+
+/** Each message's channel marks as they were when it came (see `settledByAll`). */
+const delivered = new WeakMap<object, { marks: ChannelMarks; settleAlls: number; upToCalls: number }>();
+
+/** Notes a message as its guarded handlers start on it: its channel is watched from then on. */
+export function noteDelivery(ctx: ExecutionContext): void {
+  const rmq = rmqContextOf(ctx);
+  const channel: unknown = rmq?.getChannelRef();
+  const message: unknown = rmq?.getMessage();
+  if (!isObject(channel) || !isObject(message) || delivered.has(message)) return;
+  const marks = watch(channel as Channel);
+  if (marks) delivered.set(message, { marks, settleAlls: marks.settleAlls, upToCalls: marks.upToCalls });
+}
+
+/** Runs `work` outside any guarded run's async context: the guard's own settlements are no handler's. */
+export function outsideRuns<T>(work: () => T): T {
+  return currentRun.exit(work);
+}
+
+function deliveryTagOf(message: object): number | undefined {
+  const tag = (message as { fields?: { deliveryTag?: unknown } }).fields?.deliveryTag;
+  return typeof tag === 'number' ? tag : undefined;
 }
 /** A watched channel's marks (its `nack`, `reject`, `nackAll`, `ack` and `ackAll` note what they settle). */
 const MARKS = Symbol.for('nestjs-idempotency.rmq-nacks');
@@ -114,7 +157,7 @@ export function watchRmqSettlement(ctx: ExecutionContext): RmqRun | undefined {
 function watch(channel: Channel): ChannelMarks | undefined {
   if (channel[MARKS]) return channel[MARKS];
   if (Object.isFrozen(channel)) return undefined;
-  const marks: ChannelMarks = { nackAlls: 0, ackAlls: 0 };
+  const marks: ChannelMarks = { nackAlls: 0, ackAlls: 0, settleAlls: 0, upToCalls: 0, settledUpToTag: 0 };
   const wrap = (name: string, note: (args: unknown[]) => void) => {
     const settle = channel[name];
     if (typeof settle !== 'function') return;
@@ -137,14 +180,31 @@ function watch(channel: Channel): ChannelMarks | undefined {
     if (run) run.nacked = true;
     else marks.nackAlls++;
   };
+  /** An ack or nack of all up to `message`: every delivery at or before its tag is settled. */
+  const upTo = (message: unknown) => {
+    marks.upToCalls++;
+    const tag = isObject(message) ? deliveryTagOf(message) : undefined;
+    marks.settledUpToTag = Math.max(marks.settledUpToTag, tag ?? Infinity);
+  };
   wrap('nack', ([message, allUpTo]) => {
     note(message, 'nacked');
-    if (allUpTo === true) nackAll();
+    if (allUpTo !== true) return;
+    upTo(message);
+    nackAll();
   });
   wrap('reject', ([message]) => note(message, 'nacked'));
-  wrap('nackAll', nackAll);
-  wrap('ack', ([message]) => note(message, 'acked'));
-  wrap('ackAll', () => marks.ackAlls++);
+  wrap('nackAll', () => {
+    marks.settleAlls++;
+    nackAll();
+  });
+  wrap('ack', ([message, allUpTo]) => {
+    note(message, 'acked');
+    if (allUpTo === true) upTo(message);
+  });
+  wrap('ackAll', () => {
+    marks.settleAlls++;
+    marks.ackAlls++;
+  });
   Object.defineProperty(channel, MARKS, { value: marks });
   return marks;
 }

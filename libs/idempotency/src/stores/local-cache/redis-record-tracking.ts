@@ -145,6 +145,12 @@ export class RedisRecordTracking implements RecordTracking {
     for (;;) {
       const told = await this.tellEveryCache(until);
       if (told !== 'untold' || this.stopped) return;
+      // The reader's close not read yet (still live): its close comes first, then the wait.
+      if (this.live) await new Promise((resolve) => setImmediate(resolve));
+      if (performance.now() >= until) {
+        this.logger.warn(`could not tell the other instances' local caches of a forget within ${FORGET_HEARD_MS} ms: until they hear its invalidation, they may replay the forgotten answer`);
+        return;
+      }
       if (!(await this.liveAgain(until))) {
         if (this.stopped) return;
         this.logger.warn(

@@ -35,8 +35,8 @@ const watched = new WeakSet<object>();
  * Watches the DataSource's primary pool for connections asked for by a transactional run's work
  * (a repository injected with `@InjectRepository`, the DataSource's own, `dataSource.query`,
  * `dataSource.transaction`): another transaction than the run's. Each such ask is told to the
- * scope; and when the pool has no connection to give (none idle, all it may open open), the ask
- * fails after `boundMs` instead of waiting. Every connection may be held by a run whose work waits
+ * scope, and fails after `boundMs` when the pool has given it no connection by then, instead of
+ * waiting. Every connection may be held by a run whose work waits
  * for one: an adversarial helper's app, reading through an injected repository in its work, hung
  * for good (every request, and every later one) once as many requests came at once as its pool
  * had connections, and with a pool of one at the first. Asks made outside a work are untouched.
@@ -52,7 +52,8 @@ export function watchSideConnections(dataSource: DataSource): void {
     const scope = currentWork.getStore();
     if (!scope?.running) return connect.apply(this, args);
     scope.askedForConnection();
-    if (this.idleCount > 0 || this.totalCount < (this.options.max ?? 10)) return connect.apply(this, args);
+    // Always bounded: pg-pool hands an idle connection over on its next turn, and a run's own ask
+    // made in the same turn could take it first (an adversarial reviewer); a bound never met costs a timer.
     const [callback] = args;
     if (callback) return connectWithin(this, connect, scope.boundMs, callback);
     return new Promise((resolve, reject) => connectWithin(this, connect, scope.boundMs, (error, client) => (error ? reject(error) : resolve(client))));
