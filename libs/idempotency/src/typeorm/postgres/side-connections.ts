@@ -23,8 +23,6 @@ type ConnectCallback = (error: Error | undefined, client?: unknown, release?: (e
 /** The part of pg-pool this needs. */
 interface PgPool {
   connect(callback?: ConnectCallback): unknown;
-  readonly idleCount: number;
-  readonly totalCount: number;
   readonly options: { max?: number };
 }
 
