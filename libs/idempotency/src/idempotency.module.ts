@@ -53,7 +53,7 @@ const IDEMPOTENCY_PASSPORT_USER = Symbol('IDEMPOTENCY_PASSPORT_USER');
       // Places the guard innermost on each guarded handler; runs while the app is created, so
       // before its routes are built.
       provide: IDEMPOTENCY_PLACEMENT,
-      inject: [ModulesContainer],
+      inject: [ModulesContainer, IDEMPOTENCY_RESOLVED_OPTIONS],
       useFactory: placeGuards,
     },
     {

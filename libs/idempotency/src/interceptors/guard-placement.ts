@@ -1,10 +1,11 @@
 import { Logger, type NestInterceptor, type OnApplicationBootstrap, type Type } from '@nestjs/common';
 import { APP_INTERCEPTOR, type ModulesContainer } from '@nestjs/core';
+import { savesStatus, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import { describeKeyPath } from '../keys/key-expression.js';
-import { watchRouteMethod } from './handler-start.js';
+import { markMethodStart, watchRouteMethod } from './handler-start.js';
 import { noteRoutedModules } from './route-paths.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 import { NoRepeatSubmitInterceptor } from './no-repeat-submit.interceptor.js';
@@ -45,9 +46,11 @@ interface GlobalInterceptors {
  * - leaves `@Sse()` routes of a guarded controller unguarded (a stream of events is no answer to
  *   replay, and `EventSource` cannot send a key), with a warning;
  * - puts a watcher in front of each guarded HTTP route's method (`watchRouteMethod`), so that the
- *   guard knows whether a failed call failed in the method itself (`saveStatuses`) or before it.
+ *   guard knows whether a failed call failed in the method itself (`saveStatuses`) or before it;
+ *   on routes that save statuses (the route's `saveStatuses`, else `options`'), Nest hands the
+ *   watcher its run (`markMethodStart`).
  */
-export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
+export function placeGuards(modules: ModulesContainer, options: ResolvedIdempotencyOptions): OnApplicationBootstrap {
   const logger = new Logger('IdempotencyModule');
   refuseAppInterceptors(modules);
   noteRoutedModules(modules);
@@ -101,6 +104,8 @@ export function placeGuards(modules: ModulesContainer): OnApplicationBootstrap {
         }
         // The function the router will call: for an HTTP route, a watcher in front of the method.
         const handler = isHttpRoute ? watchRouteMethod(declaredOn, method) : declared;
+        const { saveStatuses } = guarded.options;
+        if (isHttpRoute && (saveStatuses === undefined ? options.savesStatus : savesStatus(saveStatuses))) markMethodStart(declaredOn, method);
         const others = withoutGuard(interceptorsOf(handler));
         Reflect.defineMetadata(INTERCEPTORS_METADATA, [...others, NoRepeatSubmitInterceptor], handler);
         const name = `${controller.name}.${method}`;

@@ -1,15 +1,40 @@
-import type { CallHandler } from '@nestjs/common';
+import { createParamDecorator, type CallHandler, type ExecutionContext } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Observable } from 'rxjs';
 
 /** One guarded run: whether the route's method itself was called. */
-interface WatchedRun {
-  began: boolean;
+class WatchedRun {
+  began = false;
 }
 
+/** `@nestjs/common`'s ROUTE_ARGS_METADATA: a handler's parameters, for HTTP and RPC (stable since Nest 5). */
+export const ROUTE_ARGS_METADATA = '__routeArguments__';
+
+/**
+ * The run of each request whose method takes the start mark (`markMethodStart`), on the request
+ * under a symbol: WeakMap entries outlive young-generation collections (see `lease-signal`). A
+ * request that cannot take a property (frozen) falls back to the WeakMap.
+ */
+const RUN = Symbol('nestjs-idempotency.run');
+const sealedRuns = new WeakMap<object, WatchedRun>();
+type WithRun = { [RUN]?: WatchedRun };
+
+/** The start mark's parameter: the request's run, handed to the method's watcher by Nest itself. */
+const StartMark = createParamDecorator((_data: unknown, ctx: ExecutionContext): WatchedRun | undefined => {
+  const req = ctx.switchToHttp().getRequest<object>();
+  return Object.isExtensible(req) ? (req as WithRun)[RUN] : sealedRuns.get(req);
+});
+
+/**
+ * Runs a method without the start mark reports to, in an AsyncLocalStorage. Only for a route that
+ * saves statuses at run time and took no mark at start-up: on Node 20 an AsyncLocalStorage once
+ * run turns on async hooks for the whole process, and every request of the app then costs ~15 µs
+ * more of CPU (a fifth of a bare Fastify request).
+ */
 const runs = new AsyncLocalStorage<WatchedRun>();
-/** The methods `watchRouteMethod` put in place, so that a second app does not wrap them again. */
-const watchers = new WeakSet<object>();
+
+/** Each watcher `watchRouteMethod` put in place, with the index of its start mark (-1: none). */
+const watchers = new WeakMap<object, { markAt: number }>();
 
 type Method = (this: unknown, ...args: unknown[]) => unknown;
 
@@ -27,8 +52,15 @@ type Method = (this: unknown, ...args: unknown[]) => unknown;
 export function watchRouteMethod(declaredOn: object, name: string): object {
   const original = (declaredOn as Record<string, unknown>)[name] as Method;
   if (watchers.has(original)) return original;
+  const slot = { markAt: -1 };
   const watcher = {
     [name](this: unknown, ...args: unknown[]): unknown {
+      const at = slot.markAt;
+      if (at >= 0 && args.length === at + 1 && (args[at] === undefined || args[at] instanceof WatchedRun)) {
+        const marked = args[at] as WatchedRun | undefined;
+        if (marked) marked.began = true;
+        args.length = at;
+      }
       const run = runs.getStore();
       if (run) run.began = true;
       return original.apply(this, args);
@@ -40,8 +72,29 @@ export function watchRouteMethod(declaredOn: object, name: string): object {
   }
   const descriptor = Object.getOwnPropertyDescriptor(declaredOn, name)!;
   Object.defineProperty(declaredOn, name, { ...descriptor, value: watcher });
-  watchers.add(watcher);
+  watchers.set(watcher, slot);
   return watcher;
+}
+
+/**
+ * Gives the watcher of `declaredOn[name]` (put there by `watchRouteMethod`) a parameter of its
+ * own after the method's, through which Nest hands it the request's run (`watchHandler`) as it
+ * calls the method: after the guards, interceptors and pipes, so the method itself began. The
+ * watcher takes it off before calling the method. Once per method; for routes that save statuses.
+ */
+export function markMethodStart(declaredOn: object, name: string): void {
+  const slot = watchers.get((declaredOn as Record<string, unknown>)[name] as object);
+  if (!slot || slot.markAt >= 0) return;
+  const target = (declaredOn as { constructor: object }).constructor;
+  const params = (Reflect.getMetadata(ROUTE_ARGS_METADATA, target, name) ?? {}) as Record<string, { index: number }>;
+  const at = Math.max(-1, ...Object.values(params).map((param) => param.index)) + 1;
+  StartMark()(declaredOn, name, at);
+  slot.markAt = at;
+}
+
+/** Whether Nest hands this route's watcher its run (`markMethodStart`). */
+export function takesStartMark(handler: object): boolean {
+  return (watchers.get(handler)?.markAt ?? -1) >= 0;
 }
 
 /** The handler's Observable, and whether the route's method itself has been called. */
@@ -55,12 +108,17 @@ export interface WatchedHandler {
 }
 
 /**
- * `next.handle()` inside a run the route's method (put in place by `watchRouteMethod`) reports
- * to. Nest binds the rest of the chain (pipes, then the method) to the async context in which
- * `handle()` is called, so the method sees this run whenever the chain is subscribed.
+ * `next.handle()`, and whether the route's method (put in place by `watchRouteMethod`) has been
+ * called from it. With `req` (a method that takes the start mark), the run is put on the request
+ * and Nest hands it to the method. Without, `next.handle()` runs inside an AsyncLocalStorage the
+ * method reports to: Nest binds the rest of the chain (pipes, then the method) to the async
+ * context in which `handle()` is called, so the method sees this run whenever the chain is
+ * subscribed.
  */
-export function watchHandler(next: CallHandler): WatchedHandler {
-  const run: WatchedRun = { began: false };
-  const handled = runs.run(run, () => next.handle());
-  return { handled, began: () => run.began };
+export function watchHandler(next: CallHandler, req?: object): WatchedHandler {
+  const run = new WatchedRun();
+  if (req === undefined) return { handled: runs.run(run, () => next.handle()), began: () => run.began };
+  if (Object.isExtensible(req)) (req as WithRun)[RUN] = run;
+  else sealedRuns.set(req, run);
+  return { handled: next.handle(), began: () => run.began };
 }

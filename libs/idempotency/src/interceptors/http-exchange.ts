@@ -144,7 +144,7 @@ export class HttpExchange implements GuardExchange {
     const capture: ResponseCapture = new ResponseCapture(this.raw, this.replayHeaders, maxResponseBytes, answers, (sent) =>
       failedInMethod ? this.settleFailure(claim, sent) : claim.save(this.savedOf(sent, capture, fileFailed)),
     );
-    const watched = savesStatus ? capture.owning(() => watchHandler(next)) : undefined;
+    const watched = savesStatus ? capture.owning(() => watchHandler(next, this.route.takesStartMark ? this.req : undefined)) : undefined;
     /** The app's answer to the method's error is the one to save, by its status (`settleFailure`). */
     const answerFailure = () => {
       failedInMethod = true;

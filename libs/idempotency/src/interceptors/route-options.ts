@@ -5,6 +5,7 @@ import { savesStatus, type ResolvedIdempotencyOptions, type SavesStatus } from '
 import type { ErrorFormat } from '../errors/problem-details.js';
 import type { FailMode } from '../idempotency.options.js';
 import { describeKeyPath } from '../keys/key-expression.js';
+import { ROUTE_ARGS_METADATA, takesStartMark } from './handler-start.js';
 import { answersAtSeveralPaths, routeKeyPath, type RouteSite } from './route-paths.js';
 
 /**
@@ -63,6 +64,8 @@ export interface GuardedRoute {
    * `saveStatuses`, the route's over the module's); undefined: every error releases the key.
    */
   savesStatus: SavesStatus | undefined;
+  /** Nest hands the route's method watcher the request's run (`markMethodStart`): no AsyncLocalStorage to know it began. */
+  takesStartMark: boolean;
   skipIf: ((ctx: ExecutionContext) => boolean) | undefined;
 }
 
@@ -102,6 +105,7 @@ export function routeOptions(
     takesLeaseSignal: takesLeaseSignal(ctx, method),
     required: options.required ?? defaults.required,
     savesStatus: options.saveStatuses === undefined ? defaults.savesStatus : savesStatus(options.saveStatuses),
+    takesStartMark: ctx.getType() === 'http' && takesStartMark(ctx.getHandler()),
     skipIf: options.skipIf,
     requestMethods: metadata.requestMethods && new Set(metadata.requestMethods),
   };
@@ -126,8 +130,7 @@ function methodName(ctx: ExecutionContext): string {
   return controllerMethods(ctx.getClass().prototype).find((method) => method.handler === handler)?.name ?? handler.name;
 }
 
-/** `@nestjs/common`'s ROUTE_ARGS_METADATA and RouteParamtypes.RESPONSE / NEXT (stable since Nest 5). */
-const ROUTE_ARGS_METADATA = '__routeArguments__';
+/** `@nestjs/common`'s RouteParamtypes.RESPONSE / NEXT (stable since Nest 5). */
 /** `@nestjs/common`'s RENDER_METADATA, which `@Render()` sets on the handler (stable since Nest 5). */
 const RENDER_METADATA = '__renderTemplate__';
 const RESPONSE_ARG = 1;
