@@ -70,6 +70,48 @@ class Ticket {
   version!: number;
 }
 
+/** A state column under a transformer: 'PENDING' in JavaScript, 'pending' in the database. */
+@Entity({ name: 'refunds' })
+class Refund {
+  @PrimaryGeneratedColumn('uuid')
+  id!: string;
+
+  @Column({
+    type: 'varchar',
+    length: 16,
+    default: 'pending',
+    transformer: { to: (state?: string) => state?.toLowerCase(), from: (stored: string | null) => stored?.toUpperCase() ?? null },
+  })
+  status!: string;
+
+  @Column({ type: 'integer', default: 1 })
+  version!: number;
+}
+
+/** The state and the version in an embedded column group (`lifecycle.status`, `lifecycle.version`). */
+class Lifecycle {
+  @Column({ type: 'varchar', length: 16, default: 'PENDING' })
+  status!: string;
+
+  @Column({ type: 'integer', default: 1 })
+  version!: number;
+
+  @Column({ type: 'varchar', length: 16, nullable: true })
+  note!: string | null;
+}
+
+@Entity({ name: 'invoices' })
+class Invoice {
+  @PrimaryGeneratedColumn('uuid')
+  id!: string;
+
+  @Column(() => Lifecycle)
+  lifecycle!: Lifecycle;
+
+  @Column({ name: 'paid_by', type: 'varchar', length: 16, nullable: true })
+  paidBy!: string | null;
+}
+
 describe('transition (PostgreSQL)', () => {
   const schema = testSchemaName();
   let dataSource: DataSource;
@@ -80,7 +122,7 @@ describe('transition (PostgreSQL)', () => {
 
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
-      entities: [Payment, Shipment, Ticket],
+      entities: [Payment, Shipment, Ticket, Refund, Invoice],
       extra: { max: 30 },
       synchronize: true,
     });
@@ -296,5 +338,51 @@ describe('transition (PostgreSQL)', () => {
     await expect(transition(tickets, { where: { id }, from: [null as unknown as string], to: 'OPEN' })).rejects.toThrow(
       'transition: `from` holds null, which no row is IN; give the state a value (a NOT NULL column with a default)',
     );
+  });
+
+  // An adversarial helper: `from` went to the database as given while `to` went through the
+  // column's transformer, so IN ('PENDING') never matched the stored 'pending', and 30 of 30
+  // parallel calls answered version_conflict, the row never moved.
+  it("compares `from` as the column's transformer stores it: one of 20 parallel calls moves the row", async () => {
+    const refunds = dataSource.getRepository(Refund);
+    const { id } = await refunds.save(refunds.create({}));
+    const results = await Promise.all(Array.from({ length: 20 }, () => transition(refunds, { where: { id }, from: ['PENDING'], to: 'REFUNDED' })));
+    const stored = await dataSource.query(`SELECT status, version FROM "${schema}"."refunds" WHERE id = $1`, [id]);
+    expect({
+      changed: results.filter((result) => result.changed).length,
+      alreadyDone: results.filter((result) => !result.changed && result.reason === 'already_done').length,
+      stored,
+    }).toEqual({ changed: 1, alreadyDone: 19, stored: [{ status: 'refunded', version: 2 }] });
+    expect(await transition(refunds, { where: { id }, from: ['NEW'], to: 'PENDING' })).toMatchObject({ changed: false, reason: 'not_allowed' });
+  });
+
+  // An adversarial helper: `statusProperty: 'lifecycle.status'` was set as a property named
+  // 'lifecycle.status', which TypeORM wrote as NULL (and the version as NULL), answering changed.
+  it('moves a state and a version kept in an embedded column group, once among 20 parallel calls', async () => {
+    const invoices = dataSource.getRepository(Invoice);
+    const { id } = await invoices.save(invoices.create({ lifecycle: { note: 'kept' } }));
+    const results = await Promise.all(
+      Array.from({ length: 20 }, (_, i) =>
+        transition(invoices, {
+          where: { id },
+          from: ['PENDING'],
+          to: 'PAID',
+          set: { paidBy: `u${i}`, lifecycle: { note: `by u${i}` } },
+          statusProperty: 'lifecycle.status',
+          versionProperty: 'lifecycle.version',
+        }),
+      ),
+    );
+    const winner = results.find((result) => result.changed);
+    const stored = await dataSource.query(
+      `SELECT "lifecycleStatus" AS status, "lifecycleVersion" AS version, "lifecycleNote" AS note, paid_by FROM "${schema}"."invoices" WHERE id = $1`,
+      [id],
+    );
+    expect({
+      changed: results.filter((result) => result.changed).length,
+      alreadyDone: results.filter((result) => !result.changed && result.reason === 'already_done').length,
+      winner: winner?.entity.lifecycle,
+    }).toEqual({ changed: 1, alreadyDone: 19, winner: { status: 'PAID', version: 2, note: `by ${winner?.entity.paidBy}` } });
+    expect(stored).toEqual([{ status: 'PAID', version: 2, note: `by ${winner?.entity.paidBy}`, paid_by: winner?.entity.paidBy }]);
   });
 });

@@ -4,6 +4,9 @@ import { coverNewConnections } from '../postgres/new-connections.js';
 import { findOnPrimary } from './find-on-primary.js';
 import { inCallersTransaction } from './routed-repositories.js';
 
+/** A property of `T`, or a path into one of its embedded column groups (`'lifecycle.status'`). */
+export type PropertyPath<T> = (keyof T & string) | `${keyof T & string}.${string}`;
+
 /** A state change `transition` applies only from the states it names. */
 export interface TransitionSpec<T> {
   /** Identifies the row (entity columns only, no relations), e.g. `{ id }`; one that names none is refused. */
@@ -14,10 +17,10 @@ export interface TransitionSpec<T> {
   to: string;
   /** Other fields the change sets, e.g. `{ paidAt: () => 'now()', transactionId }`. */
   set?: QueryDeepPartialEntity<T>;
-  /** The state property. Default `'status'`. */
-  statusProperty?: keyof T & string;
-  /** The counter bumped by every change, or `false` for none. Default `'version'`. */
-  versionProperty?: (keyof T & string) | false;
+  /** The state property, or a path into an embedded column group (`'lifecycle.status'`). Default `'status'`. */
+  statusProperty?: PropertyPath<T>;
+  /** The counter bumped by every change (a property or a path, as `statusProperty`), or `false` for none. Default `'version'`. */
+  versionProperty?: PropertyPath<T> | false;
   /** Change only if the row still has this version (optimistic locking). */
   expectedVersion?: number;
 }
@@ -84,19 +87,26 @@ export async function transition<T extends ObjectLiteral>(
   }
   coverNewConnections(repo.manager.connection);
   const statusColumn = columnOf(repo, statusProperty);
-  knowsStates(repo, statusColumn, [...spec.from, spec.to]);
-  const versionColumn = versionProperty === false ? undefined : columnOf(repo, versionProperty);
   const driver = repo.manager.connection.driver;
+  // The states as the column stores them: `to` goes through its transformer in the SET, and so
+  // must `from` in the WHERE (given as they were, IN ('PENDING') never matched a stored 'pending':
+  // an adversarial helper, 30 of 30 calls answered version_conflict and the row never moved).
+  const stored = (state: string): unknown => driver.preparePersistentValue(state, statusColumn);
+  knowsStates(repo, statusColumn, [...spec.from, spec.to], stored);
+  const versionColumn = versionProperty === false ? undefined : columnOf(repo, versionProperty);
   const quoted = (column: ColumnMetadata) => driver.escape(column.databaseName);
 
-  const patch: Record<string, unknown> = { ...spec.set, [statusProperty]: spec.to };
-  if (versionColumn) patch[versionColumn.propertyPath] = () => `${quoted(versionColumn)} + 1`;
+  // By property path, nested: a state or version in an embedded column group ('lifecycle.status')
+  // set as a property of that name was written NULL, and answered changed (an adversarial helper).
+  const patch: Record<string, unknown> = { ...spec.set };
+  setPath(patch, statusColumn.propertyPath, spec.to);
+  if (versionColumn) setPath(patch, versionColumn.propertyPath, () => `${quoted(versionColumn)} + 1`);
   const update = repo
     .createQueryBuilder()
     .update()
     .set(patch as QueryDeepPartialEntity<T>)
     .where(spec.where)
-    .andWhere(`${quoted(statusColumn)} IN (:...transitionFrom)`, { transitionFrom: [...spec.from] });
+    .andWhere(`${quoted(statusColumn)} IN (:...transitionFrom)`, { transitionFrom: spec.from.map(stored) });
   // A soft-deleted row is absent, as TypeORM's finds (and the read below) take it: its UPDATE adds no such condition.
   const deleteDateColumn = repo.metadata.deleteDateColumn;
   if (deleteDateColumn) update.andWhere(`${quoted(deleteDateColumn)} IS NULL`);
@@ -185,6 +195,22 @@ function shown(where: unknown): string {
   }
 }
 
+/**
+ * Sets `value` at a property path of `patch` (`lifecycle.status`: `patch.lifecycle.status`),
+ * copying the plain objects on the way, so that the caller's `set` is never changed.
+ */
+function setPath(patch: Record<string, unknown>, path: string, value: unknown): void {
+  const names = path.split('.');
+  let target = patch;
+  for (const name of names.slice(0, -1)) {
+    const inner = target[name];
+    const copy: Record<string, unknown> = typeof inner === 'object' && inner !== null && !Array.isArray(inner) ? { ...inner } : {};
+    target[name] = copy;
+    target = copy;
+  }
+  target[names[names.length - 1]!] = value;
+}
+
 function columnOf<T extends ObjectLiteral>(repo: Repository<T>, property: string): ColumnMetadata {
   const column = repo.metadata.findColumnWithPropertyPath(property);
   if (!column) throw new RangeError(`transition: ${repo.metadata.name} has no column "${property}"`);
@@ -195,10 +221,15 @@ function columnOf<T extends ObjectLiteral>(repo: Repository<T>, property: string
  * Refuses a state an enum column does not know, as transition's own error: PostgreSQL's
  * `invalid input value for enum` (22P02) named neither the entity nor the states it takes.
  */
-function knowsStates<T extends ObjectLiteral>(repo: Repository<T>, column: ColumnMetadata, states: readonly string[]): void {
+function knowsStates<T extends ObjectLiteral>(
+  repo: Repository<T>,
+  column: ColumnMetadata,
+  states: readonly string[],
+  stored: (state: string) => unknown,
+): void {
   if (!column.enum) return;
   const known = column.enum.map(String);
-  const unknown = states.find((state) => !known.includes(String(state)));
+  const unknown = states.find((state) => !known.includes(String(stored(state))));
   if (unknown === undefined) return;
   throw new RangeError(
     `transition: ${repo.metadata.name}.${column.propertyPath} has no state ${JSON.stringify(unknown)} (its states: ${known.join(', ')})`,
