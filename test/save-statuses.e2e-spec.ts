@@ -17,7 +17,9 @@ import {
   Post,
   UseGuards,
   ValidationPipe,
+  type ArgumentMetadata,
   type ArgumentsHost,
+  type PipeTransform,
   type CanActivate,
   type ExceptionFilter,
   type CallHandler,
@@ -26,7 +28,7 @@ import {
   type NestInterceptor,
 } from '@nestjs/common';
 import { APP_INTERCEPTOR, HttpAdapterHost } from '@nestjs/core';
-import { IsInt, IsString, Min } from 'class-validator';
+import { IsInt, IsOptional, IsString, Min } from 'class-validator';
 import type { Redis } from 'ioredis';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomUUID } from 'node:crypto';
@@ -326,6 +328,96 @@ describe.each<Adapter>(['express', 'fastify'])('saveStatuses behind a strict glo
     }).toEqual({ statuses: [409, 409, 402, 402, 400, 409], replayed: [false, true, false, true, false, false], runs: [2, 1] });
   });
 });
+
+/** A page size: a class, so a strict ValidationPipe validates a parameter of this type. */
+class Paging {
+  @IsOptional()
+  @IsInt()
+  size?: number;
+}
+
+/** What each call of `list` got: how many arguments, and its default parameter. */
+const listCalls: { args: number; size: number | undefined }[] = [];
+
+class BaseLists {
+  @Post()
+  list(@Body() dto: CreateOrderDto, paging: Paging = { size: 20 }) {
+    listCalls.push({ args: arguments.length, size: paging.size });
+    ran('list');
+    throw new ConflictException({ code: 'LISTED', sku: dto.sku });
+  }
+
+  @Post('count')
+  count() {
+    listCalls.push({ args: arguments.length, size: undefined });
+    ran('count');
+    throw new ConflictException({ code: 'COUNTED' });
+  }
+}
+
+@Controller('lists')
+@NoRepeatSubmit({ saveStatuses: [409] })
+class GuardedLists extends BaseLists {}
+
+/** The same method, unguarded: it must get what it gets without the guard. */
+@Controller('plain-lists')
+class PlainLists extends BaseLists {}
+
+/** Global pipes as apps have them; each sees every parameter Nest pipes (body, query, params, custom ones). */
+const globalPipes: Record<string, PipeTransform> = {
+  'a strict ValidationPipe': new ValidationPipe({ transform: true, whitelist: true, forbidNonWhitelisted: true, validateCustomDecorators: true }),
+  'a pipe that copies every object': { transform: (value: unknown) => (typeof value === 'object' && value !== null ? { ...value } : value) },
+  'a pipe that makes undefined null': { transform: (value: unknown) => (value === undefined ? null : value) },
+  'a pipe that refuses custom parameters it does not know': {
+    transform: (value: unknown, metadata: ArgumentMetadata) => {
+      if (metadata.type === 'custom' && !metadata.metatype) throw new BadRequestException('unknown custom parameter');
+      return value;
+    },
+  },
+};
+
+// An adversarial helper: the guard's start mark was a custom parameter, which every global pipe
+// saw: validated as a default parameter's class (400 "property began should not exist"),
+// copied (the method got an extra argument, refusals unsaved), made null on routes without the
+// option, refused (every route answered 400).
+describe.each(Object.keys(globalPipes).flatMap((pipe) => (['express', 'fastify'] as const).map((adapter) => [pipe, adapter] as const)))(
+  'saveStatuses behind %s (%s)',
+  (pipe, adapter) => {
+    const options: IdempotencyModuleOptions = { store: { redis: REDIS_URL }, keyPrefix: `save-statuses-pipes-${randomUUID()}`, saveStatuses: [409] };
+    let edge: EdgeApp;
+    beforeAll(async () => {
+      edge = await makeApp(adapter, [GuardedLists, PlainLists], options, { setup: (app) => void app.useGlobalPipes(globalPipes[pipe]!) });
+    });
+    afterAll(() => edge.close());
+
+    it("saves the method's refusal, and the method gets only its own arguments, guarded or not", async () => {
+      for (const name of Object.keys(runs)) delete runs[name];
+      listCalls.length = 0;
+      const key = randomUUID();
+      const body = { sku: 'L-1', quantity: 1 };
+      const first = await send(edge.url, '/lists', { key, body });
+      const retry = await send(edge.url, '/lists', { key, body });
+      const plain = await send(edge.url, '/plain-lists', { key: randomUUID(), body });
+      const countKey = randomUUID();
+      const counted = [await send(edge.url, '/lists/count', { key: countKey }), await send(edge.url, '/lists/count', { key: countKey })];
+      expect({
+        statuses: [first.status, retry.status, plain.status, ...counted.map((answer) => answer.status)],
+        replayed: [replayed(retry), replayed(counted[1]!)],
+        runs: [runs.list, runs.count],
+        calls: listCalls,
+      }).toEqual({
+        statuses: [409, 409, 409, 409, 409],
+        replayed: [true, true],
+        runs: [2, 1],
+        calls: [
+          { args: 1, size: 20 },
+          { args: 1, size: 20 },
+          { args: 0, size: undefined },
+        ],
+      });
+    });
+  },
+);
 
 describe.each<Adapter>(['express', 'fastify'])('saveStatuses under an outer retry() (%s)', (adapter) => {
   const options: IdempotencyModuleOptions = { store: { redis: REDIS_URL }, keyPrefix: `save-statuses-retry-${randomUUID()}`, saveStatuses: [409] };

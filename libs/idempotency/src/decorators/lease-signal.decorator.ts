@@ -56,6 +56,10 @@ export function rememberLeaseSignal(ctx: ExecutionContext, source: SignalSource)
   else sealed.set(call, entry);
 }
 
+/** TypeScript's record of a method's parameter types (`emitDecoratorMetadata`). */
+const PARAMTYPES_METADATA = 'design:paramtypes';
+const leaseSignalParameter = createParamDecorator(leaseSignalOf);
+
 /**
  * A handler parameter: the `AbortSignal` that aborts when the guard loses this call's claim while
  * the handler runs (a renewal refused, the store down until the lease ended, `maxHoldSeconds`
@@ -73,7 +77,22 @@ export function rememberLeaseSignal(ctx: ExecutionContext, source: SignalSource)
  * }
  * ```
  */
-export const LeaseSignal = createParamDecorator(leaseSignalOf);
+export function LeaseSignal(): ParameterDecorator {
+  const decorate = leaseSignalParameter();
+  return (target, key, index) => {
+    decorate(target, key, index);
+    // Declared `AbortSignal`, as above: a global ValidationPipe({ transform: true,
+    // validateCustomDecorators: true }) rebuilt the parameter as that class, and `new
+    // AbortSignal()` throws (500 on every request, an adversarial helper). Recorded as `Object`,
+    // which pipes leave as it is; TypeScript records the types before parameter decorators run.
+    if (key === undefined) return;
+    const types: unknown = Reflect.getMetadata(PARAMTYPES_METADATA, target, key);
+    if (!Array.isArray(types) || types[index] !== AbortSignal) return;
+    const recorded = [...(types as unknown[])];
+    recorded[index] = Object;
+    Reflect.defineMetadata(PARAMTYPES_METADATA, recorded, target, key);
+  };
+}
 
 /** What `@LeaseSignal()` gives a handler (Nest keeps it as the parameter's factory). */
 export function leaseSignalOf(_data: unknown, ctx: ExecutionContext): AbortSignal {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { Body, Controller, HttpCode, Param, Post, SetMetadata, type ExecutionContext } from '@nestjs/common';
+import { Body, Controller, HttpCode, Param, Post, SetMetadata } from '@nestjs/common';
 import { AsyncResource } from 'node:async_hooks';
 import { defer, lastValueFrom, of } from 'rxjs';
 import { NoRepeatSubmit } from '../decorators/no-repeat-submit.decorator.js';
@@ -83,16 +83,24 @@ describe('watchHandler', () => {
 });
 
 describe('markMethodStart', () => {
-  type Param = { index: number; factory?: (data: unknown, ctx: ExecutionContext) => unknown };
+  type Param = { index: number };
   const paramsOf = (target: object, name: string) =>
-    Object.values(Reflect.getMetadata(ROUTE_ARGS_METADATA, target, name) as Record<string, Param>).sort((a, b) => a.index - b.index);
-  /** What Nest's router does per request: each parameter's value from its factory, then the method. */
+    Object.entries(Reflect.getMetadata(ROUTE_ARGS_METADATA, target, name) as Record<string, Param>)
+      .map(([key, { index }]) => [key, index] as const)
+      .sort((a, b) => a[1] - b[1]);
+  /** What Nest's router does per request: an array as long as the parameters, each in its place, then the method. */
   const callAsNest = (instance: object, name: string, req: object, own: unknown[]) => {
-    const mark = paramsOf(instance.constructor, name).find((param) => param.factory)!;
-    const ctx = { switchToHttp: () => ({ getRequest: () => req }) } as unknown as ExecutionContext;
-    return (instance as Record<string, (...args: unknown[]) => unknown>)[name](...own, mark.factory!(undefined, ctx));
+    const params = paramsOf(instance.constructor, name);
+    const args: unknown[] = new Array(params[params.length - 1]![1] + 1).fill(undefined);
+    own.forEach((value, i) => (args[i] = value));
+    args[params.find(([key]) => key.startsWith('0:'))![1]] = req;
+    return (instance as Record<string, (...args: unknown[]) => unknown>)[name](...args);
   };
+  const request = () => ({ method: 'POST', headers: {} });
 
+  class Paging {
+    size = 20;
+  }
   class OrdersController {
     seen: unknown[][] = [];
     @Post(':id')
@@ -101,25 +109,48 @@ describe('markMethodStart', () => {
       this.seen.push([...arguments]);
       return { dto, id };
     }
+
+    @Post()
+    @NoRepeatSubmit({ saveStatuses: [409] })
+    list(@Body() dto: unknown, paging: Paging = new Paging()) {
+      this.seen.push([arguments.length, paging.size]);
+      return dto;
+    }
   }
   const watcher = watchRouteMethod(OrdersController.prototype, 'create');
+  watchRouteMethod(OrdersController.prototype, 'list');
   markMethodStart(OrdersController.prototype, 'create');
   markMethodStart(OrdersController.prototype, 'create');
+  markMethodStart(OrdersController.prototype, 'list');
 
-  it("adds one parameter after the method's own, through which Nest hands the watcher the request's run", async () => {
-    expect(paramsOf(OrdersController, 'create').map((param) => param.index)).toEqual([0, 1, 2]);
+  it("adds Nest's own @Req() after the method's parameters (no pipe sees it), through which the watcher finds the request's run", async () => {
+    expect(paramsOf(OrdersController, 'create')).toEqual([
+      ['3:0', 0],
+      ['5:1', 1],
+      ['0:2', 2],
+    ]);
     expect(takesStartMark(watcher)).toBe(true);
     const route = new OrdersController();
-    const req = {};
+    const req = request();
     const watched = watchHandler(nextCalling(() => callAsNest(route, 'create', req, [{ sku: 'A' }, '7'])), req);
     expect(watched.began()).toBe(false);
     await expect(lastValueFrom(watched.handled)).resolves.toEqual({ dto: { sku: 'A' }, id: '7' });
     expect({ began: watched.began(), seen: route.seen }).toEqual({ began: true, seen: [[{ sku: 'A' }, '7']] });
   });
 
-  it('takes off an empty mark (a request no run watches) and leaves calls of its own alone', () => {
+  it("puts it past a default parameter without a decorator, which keeps its default", () => {
+    expect(paramsOf(OrdersController, 'list')).toEqual([
+      ['3:0', 0],
+      ['0:2', 2],
+    ]);
     const route = new OrdersController();
-    callAsNest(route, 'create', {}, [1, '2']);
+    callAsNest(route, 'list', request(), [{ sku: 'B' }]);
+    expect(route.seen).toEqual([[1, 20]]);
+  });
+
+  it('takes the request off where no run watches it, and leaves calls of its own alone', () => {
+    const route = new OrdersController();
+    callAsNest(route, 'create', request(), [1, '2']);
     route.create(3, '4');
     (route.create as (...args: unknown[]) => unknown)(5, '6', 'an argument of the caller');
     expect(route.seen).toEqual([[1, '2'], [3, '4'], [5, '6', 'an argument of the caller']]);
@@ -127,18 +158,18 @@ describe('markMethodStart', () => {
 
   it("is not told by another request's run", async () => {
     const route = new OrdersController();
-    const req = {};
+    const req = request();
     const watched = watchHandler({ handle: () => of('elsewhere') }, req);
-    callAsNest(route, 'create', {}, [1, '2']);
+    callAsNest(route, 'create', request(), [1, '2']);
     await lastValueFrom(watched.handled);
     expect(watched.began()).toBe(false);
   });
 
   it('hands the run over a frozen request too', async () => {
     const route = new OrdersController();
-    const req = Object.freeze({});
+    const req = Object.freeze(request());
     const watched = watchHandler(nextCalling(() => callAsNest(route, 'create', req, [1, '2'])), req);
     await lastValueFrom(watched.handled);
-    expect(watched.began()).toBe(true);
+    expect({ began: watched.began(), seen: route.seen }).toEqual({ began: true, seen: [[1, '2']] });
   });
 });

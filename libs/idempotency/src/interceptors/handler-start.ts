@@ -1,4 +1,4 @@
-import { createParamDecorator, type CallHandler, type ExecutionContext } from '@nestjs/common';
+import { Req, type CallHandler } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Observable } from 'rxjs';
 
@@ -19,11 +19,18 @@ const RUN = Symbol('nestjs-idempotency.run');
 const sealedRuns = new WeakMap<object, WatchedRun>();
 type WithRun = { [RUN]?: WatchedRun };
 
-/** The start mark's parameter: the request's run, handed to the method's watcher by Nest itself. */
-const StartMark = createParamDecorator((_data: unknown, ctx: ExecutionContext): WatchedRun | undefined => {
-  const req = ctx.switchToHttp().getRequest<object>();
-  return Object.isExtensible(req) ? (req as WithRun)[RUN] : sealedRuns.get(req);
-});
+const runOf = (req: object): WatchedRun | undefined => (Object.isExtensible(req) ? (req as WithRun)[RUN] : sealedRuns.get(req));
+
+/**
+ * Whether the start mark's argument is what Nest hands it, the request (Express's, Fastify's,
+ * light-my-request's for `app.inject()`), rather than an argument of a caller's own.
+ */
+function isRequest(value: unknown): value is object {
+  if (typeof value !== 'object' || value === null) return false;
+  if (runOf(value)) return true;
+  const { method, headers } = value as { method?: unknown; headers?: unknown };
+  return typeof method === 'string' && typeof headers === 'object' && headers !== null;
+}
 
 /**
  * Runs a method without the start mark reports to, in an AsyncLocalStorage. Only for a route that
@@ -33,8 +40,15 @@ const StartMark = createParamDecorator((_data: unknown, ctx: ExecutionContext): 
  */
 const runs = new AsyncLocalStorage<WatchedRun>();
 
-/** Each watcher `watchRouteMethod` put in place, with the index of its start mark (-1: none). */
-const watchers = new WeakMap<object, { markAt: number }>();
+/**
+ * Each watcher `watchRouteMethod` put in place: the index of its start mark (-1: none), and how
+ * many arguments Nest gives the method itself (its own parameters').
+ */
+interface Slot {
+  markAt: number;
+  own: number;
+}
+const watchers = new WeakMap<object, Slot>();
 
 type Method = (this: unknown, ...args: unknown[]) => unknown;
 
@@ -52,14 +66,14 @@ type Method = (this: unknown, ...args: unknown[]) => unknown;
 export function watchRouteMethod(declaredOn: object, name: string): object {
   const original = (declaredOn as Record<string, unknown>)[name] as Method;
   if (watchers.has(original)) return original;
-  const slot = { markAt: -1 };
+  const slot: Slot = { markAt: -1, own: 0 };
   const watcher = {
     [name](this: unknown, ...args: unknown[]): unknown {
       const at = slot.markAt;
-      if (at >= 0 && args.length === at + 1 && (args[at] === undefined || args[at] instanceof WatchedRun)) {
-        const marked = args[at] as WatchedRun | undefined;
+      if (at >= 0 && args.length === at + 1 && isRequest(args[at])) {
+        const marked = runOf(args[at] as object);
         if (marked) marked.began = true;
-        args.length = at;
+        args.length = slot.own;
       }
       const run = runs.getStore();
       if (run) run.began = true;
@@ -78,17 +92,27 @@ export function watchRouteMethod(declaredOn: object, name: string): object {
 
 /**
  * Gives the watcher of `declaredOn[name]` (put there by `watchRouteMethod`) a parameter of its
- * own after the method's, through which Nest hands it the request's run (`watchHandler`) as it
- * calls the method: after the guards, interceptors and pipes, so the method itself began. The
- * watcher takes it off before calling the method. Once per method; for routes that save statuses.
+ * own after the method's: Nest's own `@Req()`, which no pipe sees (Nest pipes only the body,
+ * query, params, files and custom parameters; a custom one, which every global pipe saw, was
+ * validated against a default parameter's class, copied, or refused by a strict pipe: an
+ * adversarial helper). Nest hands it the request as it calls the method, after the guards,
+ * interceptors and pipes, so the method itself began: the watcher tells the request's run
+ * (`watchHandler`) and takes the argument off, so the method gets the arguments Nest gives it
+ * without the mark. Its index is past every parameter the method declares (a default one
+ * without a decorator, typed by a class, included). Once per method; for routes that save
+ * statuses.
  */
 export function markMethodStart(declaredOn: object, name: string): void {
-  const slot = watchers.get((declaredOn as Record<string, unknown>)[name] as object);
+  const method = (declaredOn as Record<string, unknown>)[name] as Method;
+  const slot = watchers.get(method);
   if (!slot || slot.markAt >= 0) return;
   const target = (declaredOn as { constructor: object }).constructor;
   const params = (Reflect.getMetadata(ROUTE_ARGS_METADATA, target, name) ?? {}) as Record<string, { index: number }>;
-  const at = Math.max(-1, ...Object.values(params).map((param) => param.index)) + 1;
-  StartMark()(declaredOn, name, at);
+  const own = Math.max(-1, ...Object.values(params).map((param) => param.index)) + 1;
+  const declared = (Reflect.getMetadata('design:paramtypes', declaredOn, name) as unknown[] | undefined)?.length ?? 0;
+  const at = Math.max(own, declared, method.length);
+  Req()(declaredOn, name, at);
+  slot.own = own;
   slot.markAt = at;
 }
 
