@@ -1,5 +1,6 @@
 import { describe, expect, it } from '@jest/globals';
 import { Body, Controller, HttpCode, Param, Post, SetMetadata } from '@nestjs/common';
+import { MessagePattern } from '@nestjs/microservices';
 import { AsyncResource } from 'node:async_hooks';
 import { defer, lastValueFrom, of } from 'rxjs';
 import { NoRepeatSubmit } from '../decorators/no-repeat-submit.decorator.js';
@@ -96,7 +97,7 @@ describe('markMethodStart', () => {
     args[params.find(([key]) => key.startsWith('0:'))![1]] = req;
     return (instance as Record<string, (...args: unknown[]) => unknown>)[name](...args);
   };
-  const request = () => ({ method: 'POST', headers: {} });
+  const request = () => ({ method: 'POST', headers: {}, socket: {} });
 
   class Paging {
     size = 20;
@@ -153,7 +154,8 @@ describe('markMethodStart', () => {
     callAsNest(route, 'create', request(), [1, '2']);
     route.create(3, '4');
     (route.create as (...args: unknown[]) => unknown)(5, '6', 'an argument of the caller');
-    expect(route.seen).toEqual([[1, '2'], [3, '4'], [5, '6', 'an argument of the caller']]);
+    (route.create as (...args: unknown[]) => unknown)(7, '8', { method: 'POST', headers: {} });
+    expect(route.seen).toEqual([[1, '2'], [3, '4'], [5, '6', 'an argument of the caller'], [7, '8', { method: 'POST', headers: {} }]]);
   });
 
   it("is not told by another request's run", async () => {
@@ -171,5 +173,19 @@ describe('markMethodStart', () => {
     const watched = watchHandler(nextCalling(() => callAsNest(route, 'create', req, [1, '2'])), req);
     await lastValueFrom(watched.handled);
     expect({ began: watched.began(), seen: route.seen }).toEqual({ began: true, seen: [[1, '2']] });
+  });
+
+  it('leaves a route that is a message handler too to the AsyncLocalStorage (its RPC calls would get a null @Req())', () => {
+    class SumController {
+      @Post('sum')
+      @MessagePattern('sum')
+      @NoRepeatSubmit({ saveStatuses: [409] })
+      sum(@Body() data: number[]) {
+        return data.reduce((a, b) => a + b, 0);
+      }
+    }
+    const sum = watchRouteMethod(SumController.prototype, 'sum');
+    markMethodStart(SumController.prototype, 'sum');
+    expect({ marked: takesStartMark(sum), params: paramsOf(SumController, 'sum') }).toEqual({ marked: false, params: [['3:0', 0]] });
   });
 });

@@ -23,14 +23,18 @@ const runOf = (req: object): WatchedRun | undefined => (Object.isExtensible(req)
 
 /**
  * Whether the start mark's argument is what Nest hands it, the request (Express's, Fastify's,
- * light-my-request's for `app.inject()`), rather than an argument of a caller's own.
+ * light-my-request's for `app.inject()`: each has a method, headers and a socket or the raw
+ * request), rather than an argument of a caller's own (a test calling the method directly).
  */
 function isRequest(value: unknown): value is object {
   if (typeof value !== 'object' || value === null) return false;
   if (runOf(value)) return true;
   const { method, headers } = value as { method?: unknown; headers?: unknown };
-  return typeof method === 'string' && typeof headers === 'object' && headers !== null;
+  return typeof method === 'string' && typeof headers === 'object' && headers !== null && ('socket' in value || 'raw' in value);
 }
+
+/** `@nestjs/microservices`' PATTERN_METADATA: the method is a message handler too. */
+const PATTERN_METADATA = 'microservices:pattern';
 
 /**
  * Runs a method without the start mark reports to, in an AsyncLocalStorage. Only for a route that
@@ -100,12 +104,17 @@ export function watchRouteMethod(declaredOn: object, name: string): object {
  * (`watchHandler`) and takes the argument off, so the method gets the arguments Nest gives it
  * without the mark. Its index is past every parameter the method declares (a default one
  * without a decorator, typed by a class, included). Once per method; for routes that save
- * statuses.
+ * statuses. A call of its own with more arguments than the method declares, the last one a
+ * request, loses the last ones as Nest's would.
  */
 export function markMethodStart(declaredOn: object, name: string): void {
   const method = (declaredOn as Record<string, unknown>)[name] as Method;
   const slot = watchers.get(method);
   if (!slot || slot.markAt >= 0) return;
+  // A message handler too: Nest's RPC context reads the same parameters and hands an `@Req()` null
+  // (an adversarial helper: the RPC call got two arguments more). Such a route keeps the
+  // AsyncLocalStorage (`watchHandler` without a request).
+  if (Reflect.hasMetadata(PATTERN_METADATA, method)) return;
   const target = (declaredOn as { constructor: object }).constructor;
   const params = (Reflect.getMetadata(ROUTE_ARGS_METADATA, target, name) ?? {}) as Record<string, { index: number }>;
   const own = Math.max(-1, ...Object.values(params).map((param) => param.index)) + 1;
