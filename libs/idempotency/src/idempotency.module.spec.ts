@@ -1,11 +1,13 @@
 import { afterEach, describe, expect, it, jest } from '@jest/globals';
 import { Controller, Injectable, Logger, Module, Post } from '@nestjs/common';
+import { APP_INTERCEPTOR } from '@nestjs/core';
 import { Test } from '@nestjs/testing';
 import { Redis } from 'ioredis';
 import { REDIS_URL } from '../../../test/support/services.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency.config.js';
 import { NoRepeatSubmit } from './decorators/no-repeat-submit.decorator.js';
 import { IdempotencyModule } from './idempotency.module.js';
+import { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
 import { IdempotencyStore } from './stores/idempotency-store.js';
 import { MemoryIdempotencyStore } from './stores/memory/memory-idempotency.store.js';
 import { RedisIdempotencyStore } from './stores/redis/redis-idempotency.store.js';
@@ -32,6 +34,22 @@ describe('IdempotencyModule', () => {
     expect(warn).toHaveBeenCalledTimes(1);
     expect(String(warn.mock.calls[0][0])).toMatch(/one process/);
     await moduleRef.close();
+  });
+
+  // An adversarial helper: forRoot() with no argument was a compile error (TS2554), every option being optional.
+  it('takes forRoot() with no argument: the memory store, global, every default', async () => {
+    jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    const definition = IdempotencyModule.forRoot();
+    const moduleRef = await Test.createTestingModule({ imports: [definition] }).compile();
+    expect({ global: definition.global, store: moduleRef.get(IdempotencyStore) instanceof MemoryIdempotencyStore }).toEqual({ global: true, store: true });
+    await moduleRef.close();
+  });
+
+  // An adversarial helper: Nest's own "can't resolve dependencies of the IdempotencyInterceptor (?, ...)" said nothing of the module.
+  it('names the missing IdempotencyModule when the guard is an APP_INTERCEPTOR of an app without it', async () => {
+    await expect(Test.createTestingModule({ providers: [{ provide: APP_INTERCEPTOR, useClass: IdempotencyInterceptor }] }).compile()).rejects.toThrow(
+      /IdempotencyInterceptor is built where no IdempotencyModule is: import IdempotencyModule\.forRoot/,
+    );
   });
 
   // An adversarial helper: a second global module was ignored in silence (its options, its store).

@@ -1,4 +1,4 @@
-import { Module } from '@nestjs/common';
+import { Module, type DynamicModule } from '@nestjs/common';
 import { ModulesContainer } from '@nestjs/core';
 import { IdempotencyAdmin } from './admin/idempotency-admin.service.js';
 import { IdempotencyEvents } from './events/idempotency-events.js';
@@ -11,7 +11,7 @@ import { metricsListener } from './metrics/metrics-listener.js';
 import { createPrometheusSink } from './metrics/prometheus-metrics.js';
 import { documentDecoratedRoutes } from './openapi/idempotency-openapi.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, resolveOptions, type ResolvedIdempotencyOptions } from './idempotency.config.js';
-import { ConfigurableIdempotencyModule, IDEMPOTENCY_MODULE_OPTIONS } from './idempotency.module-definition.js';
+import { ConfigurableIdempotencyModule, IDEMPOTENCY_MODULE_OPTIONS, IDEMPOTENCY_OPTIONS_TYPE } from './idempotency.module-definition.js';
 import type { IdempotencyModuleOptions } from './idempotency.options.js';
 import { createStore } from './stores/create-store.js';
 import { IdempotencyStore } from './stores/idempotency-store.js';
@@ -79,4 +79,9 @@ const IDEMPOTENCY_PASSPORT_USER = Symbol('IDEMPOTENCY_PASSPORT_USER');
   // where it is named, before start-up takes it off or refuses it.
   exports: [IDEMPOTENCY_RESOLVED_OPTIONS, IdempotencyStore, IdempotencyCounters, IdempotencyEvents, IdempotencyAdmin, IdempotencyInterceptor, GuardMemory],
 })
-export class IdempotencyModule extends ConfigurableIdempotencyModule {}
+export class IdempotencyModule extends ConfigurableIdempotencyModule {
+  /** The module, global by default; `forRoot()` alone is the memory store with every default (`forRoot({})`). */
+  static override forRoot(options: typeof IDEMPOTENCY_OPTIONS_TYPE = {}): DynamicModule {
+    return super.forRoot(options);
+  }
+}

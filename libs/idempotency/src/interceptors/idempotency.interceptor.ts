@@ -2,6 +2,7 @@ import {
   Inject,
   Injectable,
   Logger,
+  Optional,
   type CallHandler,
   type ExecutionContext,
   type NestInterceptor,
@@ -10,7 +11,7 @@ import { HttpAdapterHost } from '@nestjs/core';
 import { performance } from 'node:perf_hooks';
 import { Observable, type Subscription } from 'rxjs';
 import { guardedRouteMetadata } from '../decorators/no-repeat-submit.metadata.js';
-import { IdempotencyError, IdempotencyKeyError } from '../errors/idempotency.errors.js';
+import { IdempotencyConfigError, IdempotencyError, IdempotencyKeyError } from '../errors/idempotency.errors.js';
 import { CallEvents } from '../events/call-events.js';
 import type { IdempotencyTransport } from '../events/idempotency-event.js';
 import { IdempotencyEvents } from '../events/idempotency-events.js';
@@ -47,15 +48,23 @@ import { RpcExchange } from './rpc-exchange.js';
 export class IdempotencyInterceptor implements NestInterceptor {
   private readonly logger = new Logger('Idempotency');
   private readonly answers: ClaimAnswers;
+  // Optional, so that a guard named where no IdempotencyModule is (APP_INTERCEPTOR,
+  // @UseInterceptors()) is told what to do, not Nest's "can't resolve dependencies ... at index [1]".
   constructor(
     private readonly adapterHost: HttpAdapterHost,
-    store: IdempotencyStore,
-    counters: IdempotencyCounters,
-    @Inject(IDEMPOTENCY_RESOLVED_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
-    private readonly events: IdempotencyEvents,
+    @Optional() store: IdempotencyStore,
+    @Optional() counters: IdempotencyCounters,
+    @Optional() @Inject(IDEMPOTENCY_RESOLVED_OPTIONS) private readonly options: ResolvedIdempotencyOptions,
+    @Optional() private readonly events: IdempotencyEvents,
     /** Each route's options and what was logged once: the module's, however often Nest builds the guard. */
-    private readonly memory: GuardMemory,
+    @Optional() private readonly memory: GuardMemory,
   ) {
+    if (!store || !counters || !options || !events || !memory) {
+      throw new IdempotencyConfigError(
+        `${new.target.name} is built where no IdempotencyModule is: import IdempotencyModule.forRoot({...}) (or forRootAsync) in the ` +
+          'root module, and put @NoRepeatSubmit() on the routes to guard; do not name the guard in APP_INTERCEPTOR or @UseInterceptors()',
+      );
+    }
     const calls = memory.storeCalls(() => new StoreCalls(store, counters, this.logger, options.shutdownWaitSeconds));
     this.answers = new ClaimAnswers(store, counters, calls);
   }
