@@ -33,7 +33,7 @@ import type { Redis } from 'ioredis';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomUUID } from 'node:crypto';
 import { retry, type Observable } from 'rxjs';
-import { NoRepeatSubmit, buildStorageKey, type IdempotencyModuleOptions } from '../libs/idempotency/src/index.js';
+import { NoRepeatSubmit, SkipIdempotency, buildStorageKey, type IdempotencyModuleOptions } from '../libs/idempotency/src/index.js';
 import { makeApp, replayed, send, sleep, type Adapter, type EdgeApp, type RawAnswer } from './support/edge-app.js';
 import { REDIS_URL, connectRedis } from './support/services.js';
 
@@ -418,6 +418,81 @@ describe.each(Object.keys(globalPipes).flatMap((pipe) => (['express', 'fastify']
     });
   },
 );
+
+/** What each override of `CrudOrders.create` got: how many arguments, and whether its second was a request. */
+const overrideCalls: { route: string; args: number; secondIsRequest: boolean }[] = [];
+const noteOverride = (route: string, args: IArguments) =>
+  overrideCalls.push({ route, args: args.length, secondIsRequest: typeof args[1] === 'object' && args[1] !== null && 'headers' in args[1] });
+
+abstract class CrudOrders {
+  @Post()
+  @NoRepeatSubmit()
+  create(@Body() dto: CreateOrderDto) {
+    noteOverride('base', arguments);
+    ran('crud');
+    throw new ConflictException({ code: 'CRUD', sku: dto.sku });
+  }
+}
+
+@Controller('crud-users')
+class CrudUsers extends CrudOrders {}
+
+/** Overrides without parameter decorators of their own: Nest hands them the base's parameters. */
+@Controller('crud-orders')
+class CrudOrdersOverride extends CrudOrders {
+  @Post()
+  @NoRepeatSubmit()
+  override create(dto: CreateOrderDto, options?: { dryRun?: boolean }) {
+    noteOverride('guarded override', arguments);
+    ran('override');
+    throw new ConflictException({ code: 'OVERRIDE', sku: dto.sku, dryRun: options?.dryRun ?? false });
+  }
+}
+
+@Controller('crud-archive')
+class CrudArchive extends CrudOrders {
+  @Post()
+  @SkipIdempotency()
+  override create(dto: CreateOrderDto, options?: { dryRun?: boolean }) {
+    noteOverride('unguarded override', arguments);
+    return { archived: dto.sku, dryRun: options?.dryRun ?? false };
+  }
+}
+
+// A reviewer: the start mark the base's method got was inherited by overrides that declare no
+// parameters of their own (Nest hands them the base's), so an override got the request as its
+// second argument, guarded or not.
+describe.each<Adapter>(['express', 'fastify'])('saveStatuses on a base class and its overrides (%s)', (adapter) => {
+  const options: IdempotencyModuleOptions = { store: { redis: REDIS_URL }, keyPrefix: `save-statuses-crud-${randomUUID()}`, saveStatuses: [409] };
+  let edge: EdgeApp;
+  beforeAll(async () => {
+    edge = await makeApp(adapter, [CrudUsers, CrudOrdersOverride, CrudArchive], options, { setup });
+  });
+  afterAll(() => edge.close());
+
+  it('gives each method its own arguments only, and saves each guarded refusal', async () => {
+    for (const name of Object.keys(runs)) delete runs[name];
+    overrideCalls.length = 0;
+    const body = { sku: 'O-1', quantity: 1 };
+    const [usersKey, ordersKey] = [randomUUID(), randomUUID()];
+    const answers = [
+      await send(edge.url, '/crud-users', { key: usersKey, body }),
+      await send(edge.url, '/crud-users', { key: usersKey, body }),
+      await send(edge.url, '/crud-orders', { key: ordersKey, body }),
+      await send(edge.url, '/crud-orders', { key: ordersKey, body }),
+      await send(edge.url, '/crud-archive', { key: randomUUID(), body }),
+    ];
+    expect({ statuses: answers.map((answer) => answer.status), replayed: answers.map(replayed), calls: overrideCalls }).toEqual({
+      statuses: [409, 409, 409, 409, 201],
+      replayed: [false, true, false, true, false],
+      calls: [
+        { route: 'base', args: 1, secondIsRequest: false },
+        { route: 'guarded override', args: 1, secondIsRequest: false },
+        { route: 'unguarded override', args: 1, secondIsRequest: false },
+      ],
+    });
+  });
+});
 
 describe.each<Adapter>(['express', 'fastify'])('saveStatuses under an outer retry() (%s)', (adapter) => {
   const options: IdempotencyModuleOptions = { store: { redis: REDIS_URL }, keyPrefix: `save-statuses-retry-${randomUUID()}`, saveStatuses: [409] };

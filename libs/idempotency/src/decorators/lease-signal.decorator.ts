@@ -77,8 +77,8 @@ const leaseSignalParameter = createParamDecorator(leaseSignalOf);
  * }
  * ```
  */
-export function LeaseSignal(): ParameterDecorator {
-  const decorate = leaseSignalParameter();
+export function LeaseSignal(...dataOrPipes: Parameters<typeof leaseSignalParameter>): ParameterDecorator {
+  const decorate = leaseSignalParameter(...dataOrPipes);
   return (target, key, index) => {
     decorate(target, key, index);
     // Declared `AbortSignal`, as above: a global ValidationPipe({ transform: true,

@@ -5,7 +5,7 @@ import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import { describeKeyPath } from '../keys/key-expression.js';
-import { markMethodStart, watchRouteMethod } from './handler-start.js';
+import { dropForeignMarks, markMethodStart, watchRouteMethod } from './handler-start.js';
 import { noteRoutedModules } from './route-paths.js';
 import { IdempotencyInterceptor } from './idempotency.interceptor.js';
 import { NoRepeatSubmitInterceptor } from './no-repeat-submit.interceptor.js';
@@ -120,6 +120,8 @@ export function placeGuards(modules: ModulesContainer, options: ResolvedIdempote
       }
     }
   }
+  // Once every mark is placed: an override reads its base method's parameters, mark included.
+  for (const controller of seen) dropForeignMarks(controller, controllerMethods(controller.prototype));
   const refuseMadeOutsideControllers = refuseGuardsOutsideControllers(modules, seen);
   return {
     onApplicationBootstrap: () => {

@@ -53,6 +53,13 @@ interface Slot {
   own: number;
 }
 const watchers = new WeakMap<object, Slot>();
+/**
+ * The start marks' entries in Nest's parameter metadata. Nest copies a class's entries by
+ * reference into a subclass's when it adds parameters there, and a subclass that declares none
+ * of its own reads its base class's: each mark is told by its entry.
+ */
+const markEntries = new WeakSet<object>();
+type RouteArgs = Record<string, { index: number }>;
 
 type Method = (this: unknown, ...args: unknown[]) => unknown;
 
@@ -116,13 +123,41 @@ export function markMethodStart(declaredOn: object, name: string): void {
   // AsyncLocalStorage (`watchHandler` without a request).
   if (Reflect.hasMetadata(PATTERN_METADATA, method)) return;
   const target = (declaredOn as { constructor: object }).constructor;
-  const params = (Reflect.getMetadata(ROUTE_ARGS_METADATA, target, name) ?? {}) as Record<string, { index: number }>;
-  const own = Math.max(-1, ...Object.values(params).map((param) => param.index)) + 1;
+  const params = Object.values((Reflect.getMetadata(ROUTE_ARGS_METADATA, target, name) ?? {}) as RouteArgs).filter((param) => !markEntries.has(param));
+  const own = Math.max(-1, ...params.map((param) => param.index)) + 1;
   const declared = (Reflect.getMetadata('design:paramtypes', declaredOn, name) as unknown[] | undefined)?.length ?? 0;
   const at = Math.max(own, declared, method.length);
   Req()(declaredOn, name, at);
+  // The new entry is this method's mark; a base class's method's mark it read along is not.
+  const entries = Reflect.getOwnMetadata(ROUTE_ARGS_METADATA, target, name) as RouteArgs;
+  const mark = entries[`0:${at}`]!;
+  markEntries.add(mark);
+  Reflect.defineMetadata(ROUTE_ARGS_METADATA, withoutMarks(entries, mark), target, name);
   slot.own = own;
   slot.markAt = at;
+}
+
+/** `entries` without the start marks other than `kept`. */
+function withoutMarks(entries: RouteArgs, kept?: object): RouteArgs {
+  return Object.fromEntries(Object.entries(entries).filter(([, entry]) => entry === kept || !markEntries.has(entry)));
+}
+
+/**
+ * Takes from `controller`'s parameters the start marks of methods that are not the one it runs:
+ * an override that declares no parameters of its own reads its base class's, the base method's
+ * mark included, and got the request as an argument (a reviewer; guarded or not). Call once the
+ * app's marks are placed.
+ */
+export function dropForeignMarks(controller: object, methods: readonly { name: string; handler: unknown }[]): void {
+  for (const { name, handler } of methods) {
+    const entries = Reflect.getMetadata(ROUTE_ARGS_METADATA, controller, name) as RouteArgs | undefined;
+    if (!entries) continue;
+    const markAt = watchers.get(handler as object)?.markAt ?? -1;
+    const foreign = Object.values(entries).some((entry) => markEntries.has(entry) && entry.index !== markAt);
+    if (!foreign) continue;
+    const own = Object.values(entries).find((entry) => markEntries.has(entry) && entry.index === markAt);
+    Reflect.defineMetadata(ROUTE_ARGS_METADATA, withoutMarks(entries, own), controller, name);
+  }
 }
 
 /** Whether Nest hands this route's watcher its run (`markMethodStart`). */

@@ -130,9 +130,9 @@ function methodName(ctx: ExecutionContext): string {
   return controllerMethods(ctx.getClass().prototype).find((method) => method.handler === handler)?.name ?? handler.name;
 }
 
-/** `@nestjs/common`'s RouteParamtypes.RESPONSE / NEXT (stable since Nest 5). */
 /** `@nestjs/common`'s RENDER_METADATA, which `@Render()` sets on the handler (stable since Nest 5). */
 const RENDER_METADATA = '__renderTemplate__';
+/** `@nestjs/common`'s RouteParamtypes.RESPONSE / NEXT (stable since Nest 5). */
 const RESPONSE_ARG = 1;
 const NEXT_ARG = 2;
 

@@ -17,6 +17,7 @@ import { PROBLEM_JSON_CONTENT_TYPE, PROBLEM_TYPE_PREFIX, type ErrorFormat } from
 import { MAX_KEY_LENGTH, NO_REPEAT_SUBMIT_METADATA, REPLAYED_HEADER } from '../idempotency.constants.js';
 import type { FailMode } from '../idempotency.options.js';
 import { describeKeyPath } from '../keys/key-expression.js';
+import { ROUTE_ARGS_METADATA } from '../interceptors/handler-start.js';
 
 /** A place `@NoRepeatSubmit()` decorated: a method (with its descriptor) or a controller class. */
 interface DecoratedPlace {
@@ -199,8 +200,7 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   }
 }
 
-/** `@nestjs/common`'s ROUTE_ARGS_METADATA and RouteParamtypes.HEADERS (stable since Nest 5). */
-const ROUTE_ARGS_METADATA = '__routeArguments__';
+/** `@nestjs/common`'s RouteParamtypes.HEADERS (stable since Nest 5). */
 const HEADERS_ARG = 6;
 
 /** The name a `@Headers(name)` parameter of the handler reads header `header` by (any case), if one does. */

@@ -10,6 +10,7 @@ export { uniqueViolationOf, type UniqueViolation } from './helpers/unique-violat
 export { insertOnce, type InsertOnceResult } from './helpers/insert-once.js';
 export {
   transition,
+  type PropertyPath,
   type TransitionRefusal,
   type TransitionResult,
   type TransitionSpec,
