@@ -45,10 +45,11 @@ const PATTERN_METADATA = 'microservices:pattern';
 const runs = new AsyncLocalStorage<WatchedRun>();
 
 /**
- * Each watcher `watchRouteMethod` put in place: the index of its start mark (-1: none), and how
- * many arguments Nest gives the method itself (its own parameters').
+ * Each watcher `watchRouteMethod` put in place: its start mark's entry and index (-1: none), and
+ * how many arguments Nest gives the method itself (its own parameters').
  */
 interface Slot {
+  mark?: object;
   markAt: number;
   own: number;
 }
@@ -133,6 +134,7 @@ export function markMethodStart(declaredOn: object, name: string): void {
   const mark = entries[`0:${at}`]!;
   markEntries.add(mark);
   Reflect.defineMetadata(ROUTE_ARGS_METADATA, withoutMarks(entries, mark), target, name);
+  slot.mark = mark;
   slot.own = own;
   slot.markAt = at;
 }
@@ -152,10 +154,8 @@ export function dropForeignMarks(controller: object, methods: readonly { name: s
   for (const { name, handler } of methods) {
     const entries = Reflect.getMetadata(ROUTE_ARGS_METADATA, controller, name) as RouteArgs | undefined;
     if (!entries) continue;
-    const markAt = watchers.get(handler as object)?.markAt ?? -1;
-    const foreign = Object.values(entries).some((entry) => markEntries.has(entry) && entry.index !== markAt);
-    if (!foreign) continue;
-    const own = Object.values(entries).find((entry) => markEntries.has(entry) && entry.index === markAt);
+    const own = watchers.get(handler as object)?.mark;
+    if (!Object.values(entries).some((entry) => entry !== own && markEntries.has(entry))) continue;
     Reflect.defineMetadata(ROUTE_ARGS_METADATA, withoutMarks(entries, own), controller, name);
   }
 }
