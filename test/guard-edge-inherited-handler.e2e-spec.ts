@@ -6,10 +6,16 @@
 // guarded, the unguarded sibling either turned the guard off for the guarded one (called first)
 // or was guarded under the other's name (called second). Routes are now resolved per class.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, Controller, HttpCode, Post } from '@nestjs/common';
+import { Body, ConflictException, Controller, HttpCode, Module, Post, type Type } from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { ClientProxyFactory, EventPattern, Payload, Transport } from '@nestjs/microservices';
+import { ExpressAdapter } from '@nestjs/platform-express';
+import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { randomUUID } from 'node:crypto';
-import { NoRepeatSubmit } from '../libs/idempotency/src/index.js';
-import { makeApp, replayed, send, type Adapter, type EdgeApp } from './support/edge-app.js';
+import { firstValueFrom } from 'rxjs';
+import { IdempotencyModule, NoRepeatSubmit } from '../libs/idempotency/src/index.js';
+import { makeApp, replayed, send, sleep, until, type Adapter, type EdgeApp } from './support/edge-app.js';
+import { REDIS_URL } from './support/services.js';
 
 const runs: string[] = [];
 
@@ -57,10 +63,25 @@ class PlainAudit extends AuditBase {
   protected readonly kind = 'plain';
 }
 
+// A base message handler, one guarded subclass and one unguarded.
+abstract class EventsBase {
+  @EventPattern('inherited.audit')
+  record(@Payload() data: { id: string }) {
+    runs.push(`event ${data.id}`);
+  }
+}
+
+@Controller()
+@NoRepeatSubmit({ idempotentKey: '#data.id' })
+class GuardedEvents extends EventsBase {}
+
+@Controller()
+class PlainEvents extends EventsBase {}
+
 describe.each<Adapter>(['express', 'fastify'])('guarded subclasses sharing a base method (%s)', (adapter) => {
   let app: EdgeApp;
   beforeAll(async () => {
-    app = await makeApp(adapter, [UsersController, OrdersController, PlainAudit, GuardedAudit]);
+    app = await makeApp(adapter, [UsersController, OrdersController, PlainAudit, GuardedAudit, GuardedEvents]);
   });
   afterAll(() => app.close());
 
@@ -86,5 +107,94 @@ describe.each<Adapter>(['express', 'fastify'])('guarded subclasses sharing a bas
     expect(first.status).toBe(200);
     // Observed: both ran (no replay): the guard is off on /guarded-audit.
     expect({ runs: runs.length - before, replayed: replayed(second) }).toEqual({ runs: 1, replayed: true });
+  });
+
+  it('leaves the base method unguarded for a later app that holds only the unguarded siblings, without IdempotencyModule', async () => {
+    // A test module of the same process: the guard was put on the base's method function itself,
+    // and this app refused to start (`does not see IdempotencyModule`): helper-191.
+    @Module({ controllers: [PlainAudit, PlainEvents] })
+    class PlainModule {}
+    const plain =
+      adapter === 'fastify'
+        ? await NestFactory.create(PlainModule, new FastifyAdapter(), { logger: false, abortOnError: false })
+        : await NestFactory.create(PlainModule, new ExpressAdapter(), { logger: false, abortOnError: false });
+    try {
+      await plain.listen(0, '127.0.0.1');
+      const url = `http://127.0.0.1:${(plain.getHttpServer().address() as { port: number }).port}`;
+      const key = randomUUID();
+      const answers = [await send(url, '/plain-audit', { key, body: { name: 'q' } }), await send(url, '/plain-audit', { key, body: { name: 'q' } })];
+      expect(answers.map((a) => [a.status, replayed(a)])).toEqual([
+        [200, false],
+        [200, false],
+      ]);
+    } finally {
+      await plain.close();
+    }
+  });
+});
+
+describe('a guarded subclass of a base message handler', () => {
+  it('runs each event id once: the subclass takes the guard on a method of its own', async () => {
+    const { hostname, port } = new URL(REDIS_URL);
+    const transport = { transport: Transport.REDIS, options: { host: hostname, port: Number(port || 6379) } } as const;
+    @Module({ imports: [IdempotencyModule.forRoot({ store: { redis: REDIS_URL }, keyPrefix: `inherited-${randomUUID().slice(0, 8)}` })], controllers: [GuardedEvents] })
+    class EventsModule {}
+    const server = await NestFactory.createMicroservice(EventsModule, { ...transport, logger: false });
+    await server.listen();
+    const client = ClientProxyFactory.create(transport);
+    try {
+      await client.connect();
+      const id = randomUUID();
+      await Promise.all([1, 2, 3].map(() => firstValueFrom(client.emit('inherited.audit', { id }))));
+      await until(() => runs.includes(`event ${id}`), 3000, 'the event to run');
+      await sleep(300);
+      expect(runs.filter((run) => run === `event ${id}`)).toHaveLength(1);
+    } finally {
+      await client.close();
+      await server.close();
+    }
+  });
+});
+
+// A guarded controller whose subclass is a guarded controller too, saving its 409s: each route
+// takes its own start mark, whichever class is placed first.
+function guardedPair(path: string): [Type, Type] {
+  @Controller(`${path}-base`)
+  @NoRepeatSubmit({ saveStatuses: [409] })
+  class GuardedBase {
+    @Post()
+    create(@Body() body: { name: string }) {
+      runs.push(`${path} ${body.name} ${arguments.length}`);
+      throw new ConflictException({ code: 'EXISTS', name: body.name });
+    }
+  }
+  @Controller(`${path}-sub`)
+  class GuardedSub extends GuardedBase {}
+  return [GuardedBase, GuardedSub];
+}
+
+describe.each<Adapter>(['express', 'fastify'])('a guarded controller and its guarded subclass, saving 409s (%s)', (adapter) => {
+  const [baseFirst, subAfter] = guardedPair(`${adapter}-bf`);
+  const [baseAfter, subFirst] = guardedPair(`${adapter}-sf`);
+  const apps: Record<string, EdgeApp> = {};
+  beforeAll(async () => {
+    // Two apps: the class names of a pair are the same.
+    apps.bf = await makeApp(adapter, [baseFirst, subAfter], { store: { redis: REDIS_URL }, keyPrefix: `inh-${randomUUID()}` });
+    apps.sf = await makeApp(adapter, [subFirst, baseAfter], { store: { redis: REDIS_URL }, keyPrefix: `inh-${randomUUID()}` });
+  });
+  afterAll(async () => {
+    await apps.bf?.close();
+    await apps.sf?.close();
+  });
+
+  it.each(['bf-base', 'bf-sub', 'sf-base', 'sf-sub'])('/%s runs once, its 409 replayed, the method given its own arguments', async (route) => {
+    const app = apps[route.slice(0, 2)]!;
+    const key = randomUUID();
+    const name = randomUUID();
+    const answers = await Promise.all([1, 2, 3, 4, 5].map(() => send(app.url, `/${adapter}-${route}`, { key, body: { name } })));
+    expect(answers.map((a) => a.status)).toEqual([409, 409, 409, 409, 409]);
+    const later = await send(app.url, `/${adapter}-${route}`, { key, body: { name } });
+    expect([later.status, replayed(later), JSON.parse(later.text).name]).toEqual([409, true, name]);
+    expect(runs.filter((run) => run.includes(` ${name} `))).toEqual([`${adapter}-${route.slice(0, 2)} ${name} 1`]);
   });
 });

@@ -157,17 +157,22 @@ describe('saveStatuses under review (express)', () => {
   });
 
   it('keeps the metadata decorators put on the method (path, HttpCode, swagger, param decorators)', () => {
-    const method = BaseOrders.prototype.create;
+    // The guarded subclass has a method of its own in front of the inherited one.
+    const method = GuardedOrders.prototype.create;
+    expect(method).not.toBe(BaseOrders.prototype.create);
     expect(Reflect.getMetadata('path', method)).toBe(':id');
     expect(Reflect.getMetadata('__httpCode__', method)).toBe(202);
     expect(Reflect.getMetadata('swagger/apiResponse', method)).toBeDefined();
     // The method's own two parameters, and after them the guard's start mark, Nest's @Req() (see markMethodStart).
-    const params = (Reflect.getMetadata('__routeArguments__', BaseOrders, 'create') ?? {}) as Record<string, { index: number }>;
-    expect(Object.entries(params).map(([key, { index }]) => [key, index])).toEqual([
+    const params = (clazz: object) => Object.entries((Reflect.getMetadata('__routeArguments__', clazz, 'create') ?? {}) as Record<string, { index: number }>);
+    expect(params(GuardedOrders).map(([key, { index }]) => [key, index])).toEqual([
       ['3:1', 1],
       ['5:0', 0],
       ['0:2', 2],
     ]);
+    // The base class's, which PlainOrders shares, are left as they were.
+    expect(params(BaseOrders).map(([key]) => key)).toEqual(['3:1', '5:0']);
+    expect(Reflect.getMetadata('__interceptors__', BaseOrders.prototype.create)).toBeUndefined();
   });
 
   it('a guarded subclass saves the 409 of an inherited, wrapped method; an unguarded sibling runs every time', async () => {

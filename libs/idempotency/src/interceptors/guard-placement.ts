@@ -46,7 +46,8 @@ interface GlobalInterceptors {
  * - leaves `@Sse()` routes of a guarded controller unguarded (a stream of events is no answer to
  *   replay, and `EventSource` cannot send a key), with a warning;
  * - puts a watcher in front of each guarded HTTP route's method (`watchRouteMethod`), so that the
- *   guard knows whether a failed call failed in the method itself (`saveStatuses`) or before it;
+ *   guard knows whether a failed call failed in the method itself (`saveStatuses`) or before it
+ *   (and in front of a method a guarded controller inherits, on the controller: the guard goes on it);
  *   on routes that save statuses (the route's `saveStatuses`, else `options`'), Nest hands the
  *   watcher its run (`markMethodStart`).
  */
@@ -95,17 +96,21 @@ export function placeGuards(modules: ModulesContainer, options: ResolvedIdempote
               `would find its own claim: 409). Give it as IdempotencyModule.forRoot({ interceptor: ${subclass.name} }): @NoRepeatSubmit() then runs it.`,
           );
         }
-        // A handler a base class shares with other controllers gets the guard for all of them;
-        // the guard resolves each (controller, handler) on its own, so an unguarded one passes.
         if (Reflect.getMetadata(SSE_METADATA, declared)) {
           Reflect.defineMetadata(INTERCEPTORS_METADATA, withoutGuard(interceptorsOf(declared)), declared);
           logger.warn(`${controller.name}.${method} is an @Sse() route: @NoRepeatSubmit does not guard it`);
           continue;
         }
         // The function the router will call: for an HTTP route, a watcher in front of the method.
-        const handler = isHttpRoute ? watchRouteMethod(declaredOn, method) : declared;
+        // A method a base class shares with other controllers gets one on this controller, which
+        // takes the guard: put on the base's, it went to every subclass, and an app holding only
+        // an unguarded one, without IdempotencyModule, refused to start (an adversarial helper).
+        const inherited = declaredOn !== controller.prototype;
+        const handler = isHttpRoute || inherited ? watchRouteMethod(controller.prototype, method, declaredOn) : declared;
         const { saveStatuses } = guarded.options;
-        if (isHttpRoute && (saveStatuses === undefined ? options.savesStatus : savesStatus(saveStatuses))) markMethodStart(declaredOn, method);
+        if (isHttpRoute && (saveStatuses === undefined ? options.savesStatus : savesStatus(saveStatuses))) {
+          markMethodStart(controller.prototype, method);
+        }
         const others = withoutGuard(interceptorsOf(handler));
         Reflect.defineMetadata(INTERCEPTORS_METADATA, [...others, NoRepeatSubmitInterceptor], handler);
         const name = `${controller.name}.${method}`;

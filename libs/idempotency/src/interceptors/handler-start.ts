@@ -49,6 +49,8 @@ const runs = new AsyncLocalStorage<WatchedRun>();
  * how many arguments Nest gives the method itself (its own parameters').
  */
 interface Slot {
+  /** The method it calls. */
+  original: Method;
   mark?: object;
   markAt: number;
   own: number;
@@ -65,20 +67,23 @@ type RouteArgs = Record<string, { index: number }>;
 type Method = (this: unknown, ...args: unknown[]) => unknown;
 
 /**
- * Puts, on the prototype that declares a guarded route's method, a method that calls it and
- * first tells the guarded run it is called from (if any) that the method began. Returns the
- * function now there: the handler Nest's router calls. Called at start-up, before the routes are
- * built; a method already put there is returned as it is.
+ * Puts, on `on` (a guarded controller's prototype, or the base class's that declares the method),
+ * a method that calls `declaredOn[name]` and first tells the guarded run it is called from (if
+ * any) that the method began. Returns the function now there: the handler Nest's router calls.
+ * Called at start-up, before the routes are built; a method already put on `on` is returned as
+ * it is. Put on a subclass, the base's method stays as it was for the classes that share it.
  *
  * The new method carries everything the original had: every metadata key (`@Post()`,
  * `@HttpCode()`, `@NoRepeatSubmit()`, `@ApiResponse()`... the decorators set them on the
  * function), its `name`, its `length` and any other own property. Outside a guarded run that
  * watches (`watchHandler`) it only calls the original.
  */
-export function watchRouteMethod(declaredOn: object, name: string): object {
-  const original = (declaredOn as Record<string, unknown>)[name] as Method;
-  if (watchers.has(original)) return original;
-  const slot: Slot = { markAt: -1, own: 0 };
+export function watchRouteMethod(on: object, name: string, declaredOn: object = on): object {
+  const there = (declaredOn as Record<string, unknown>)[name] as Method;
+  if (watchers.has(there) && on === declaredOn) return there;
+  // A base class's watcher (its own route, or another app's): the subclass's watches its method.
+  const original = watchers.get(there)?.original ?? there;
+  const slot: Slot = { original, markAt: -1, own: 0 };
   const watcher = {
     [name](this: unknown, ...args: unknown[]): unknown {
       const at = slot.markAt;
@@ -97,7 +102,7 @@ export function watchRouteMethod(declaredOn: object, name: string): object {
     Reflect.defineMetadata(key, Reflect.getOwnMetadata(key, original), watcher);
   }
   const descriptor = Object.getOwnPropertyDescriptor(declaredOn, name)!;
-  Object.defineProperty(declaredOn, name, { ...descriptor, value: watcher });
+  Object.defineProperty(on, name, { ...descriptor, value: watcher });
   watchers.set(watcher, slot);
   return watcher;
 }
