@@ -175,6 +175,9 @@ describe('IdempotencyAdmin', () => {
   it('keys a message handler\'s record by the empty user, and refuses a user id the guard never keys by', () => {
     expect(admin.storageKeyOf({ user: '', handler: 'OrdersRpc.create', key: 'm-1' })).toBe('adm::OrdersRpc.create:m-1');
     expect(admin.storageKeyOf({ user: { ip: '::1' }, handler: HANDLER, key: 'a' })).toBe('adm:ip:%3A%3A1:PaymentsController.pay:a');
+    // A call keyed by its fingerprint, apart from a client key that spells it.
+    expect(admin.storageKeyOf({ user: 42, handler: HANDLER, fingerprint: 'ab12' })).toBe('adm:42:PaymentsController.pay:fp=ab12');
+    expect(admin.storageKeyOf({ user: 42, handler: HANDLER, key: 'ab12' })).toBe('adm:42:PaymentsController.pay:ab12');
     expect(() => admin.storageKeyOf({ user: Number.NaN, handler: HANDLER, key: 'a' })).toThrow(IdempotencyError);
     // The parts of a user id, as a getUser giving [tenantId, sub] keys them; a missing part is no user.
     expect(admin.storageKeyOf({ user: ['t1', 42], handler: HANDLER, key: 'a' })).toBe('adm:t1,42:PaymentsController.pay:a');

@@ -15,12 +15,14 @@ export type IdempotencyRecordUser = string | number | bigint | readonly (string 
 
 /**
  * One record: by what the guard keys it on (`user`, `handler` as `Controller.method`, the client
- * `key`: the `Idempotency-Key` header's value, the body field an `idempotentKey` reads, or the
- * fingerprint on a `useRequestFingerprint` route), or by its storage key as it stands, e.g.
- * `'no_repeat:42:OrdersController.create:A-1'` (a string, or `{ storageKey }`).
+ * `key`: the `Idempotency-Key` header's value or the body field an `idempotentKey` reads; or the
+ * request's `fingerprint`, for a call without a key on a `useRequestFingerprint` route), or by its
+ * storage key as it stands, e.g. `'no_repeat:42:OrdersController.create:A-1'` (a string, or
+ * `{ storageKey }`).
  */
 export type IdempotencyRecordRef =
   | { user: IdempotencyRecordUser; handler: string; key: string }
+  | { user: IdempotencyRecordUser; handler: string; fingerprint: string }
   | { storageKey: string }
   | string;
 
@@ -87,7 +89,8 @@ export class IdempotencyAdmin {
   storageKeyOf(ref: IdempotencyRecordRef): string {
     if (typeof ref === 'string') return ref;
     if ('storageKey' in ref) return ref.storageKey;
-    return buildStorageKey({ prefix: this.options.keyPrefix, user: keyUser(ref.user), handler: ref.handler, key: ref.key });
+    const key = 'fingerprint' in ref ? { fingerprint: ref.fingerprint } : ref.key;
+    return buildStorageKey({ prefix: this.options.keyPrefix, user: keyUser(ref.user), handler: ref.handler, key });
   }
 
   /**

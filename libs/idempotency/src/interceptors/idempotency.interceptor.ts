@@ -180,9 +180,8 @@ export class IdempotencyInterceptor implements NestInterceptor {
       // Its bytes are lost: under the client's key it runs once, and matches no other call (see UNMATCHABLE_RETRY).
       fingerprint = unmatchableFingerprint(claimToken());
     }
-    const keySegment = clientKey ?? fingerprint;
     const handler = exchange.keyHandler?.() ?? route.handler;
-    const storageKey = buildStorageKey({ prefix: this.options.keyPrefix, user, handler, key: keySegment });
+    const storageKey = buildStorageKey({ prefix: this.options.keyPrefix, user, handler, key: clientKey ?? { fingerprint } });
     const input = { key: storageKey, token: claimToken(), fingerprint, leaseMs: route.leaseMs };
     const events =
       startedAt === undefined

@@ -2,7 +2,7 @@ import { describe, it, expect } from '@jest/globals';
 import { buildStorageKey, type StorageKeyParts } from './storage-key.js';
 
 const PREFIX = 'no_repeat';
-const build = (user: StorageKeyParts['user'], handler: string, key: string) =>
+const build = (user: StorageKeyParts['user'], handler: string, key: StorageKeyParts['key']) =>
   buildStorageKey({ prefix: PREFIX, user, handler, key });
 
 /** Inverse of buildStorageKey for one prefix: if it always recovers the triple, no two collide. */
@@ -17,13 +17,14 @@ function parse(storageKey: string): Omit<StorageKeyParts, 'prefix'> {
     }
     return out;
   };
+  const key = (s: string) => (s.startsWith('fp=') ? { fingerprint: dec(s.slice(3)) } : dec(s));
   if (parts.length === 3) {
     const user = parts[0].includes(',') ? { parts: parts[0].split(',').map(dec) } : { id: dec(parts[0]) };
-    return { user, handler: dec(parts[1]), key: dec(parts[2]) };
+    return { user, handler: dec(parts[1]), key: key(parts[2]) };
   }
   expect(parts).toHaveLength(4);
   expect(parts[0]).toBe('ip');
-  return { user: { ip: dec(parts[1]) }, handler: dec(parts[2]), key: dec(parts[3]) };
+  return { user: { ip: dec(parts[1]) }, handler: dec(parts[2]), key: key(parts[3]) };
 }
 
 describe('buildStorageKey', () => {
@@ -53,6 +54,8 @@ describe('buildStorageKey', () => {
     ['parts vs an id with a colon', [{ parts: ['t1', '42'] }, 'h', 'k'], [{ id: 't1:42' }, 'h', 'k']],
     ['parts vs parts with a comma inside', [{ parts: ['a,b', 'c'] }, 'h', 'k'], [{ parts: ['a', 'b,c'] }, 'h', 'k']],
     ['parts vs more parts', [{ parts: ['a', 'b'] }, 'h', 'k'], [{ parts: ['a', 'b', 'c'] }, 'h', 'k']],
+    ['a client key equal to a fingerprint', [{ id: 'u' }, 'h', 'ab12'], [{ id: 'u' }, 'h', { fingerprint: 'ab12' }]],
+    ['a client key that spells a fingerprint\'s segment', [{ id: 'u' }, 'h', 'fp=ab12'], [{ id: 'u' }, 'h', { fingerprint: 'ab12' }]],
   ] as const)('separates %s', (_name, a, b) => {
     const [ka, kb] = [build(a[0], a[1], a[2]), build(b[0], b[1], b[2])];
     expect(ka).not.toBe(kb);
@@ -71,7 +74,7 @@ describe('buildStorageKey', () => {
   });
 
   it('round-trips random triples over a hostile alphabet (so no two collide)', () => {
-    const alphabet = [':', '%', '3', 'A', 'i', 'p', '{', '}', '.', '', 'é', '😀', '\ud800', 'u', '%u'];
+    const alphabet = [':', '%', '3', 'A', 'i', 'p', '{', '}', '.', '', 'é', '😀', '\ud800', 'u', '%u', 'f', '=', 'fp='];
     let seed = 7;
     const rand = (n: number) => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) % n;
     const text = () => Array.from({ length: rand(5) }, () => alphabet[rand(alphabet.length)]).join('');
@@ -81,7 +84,7 @@ describe('buildStorageKey', () => {
       const part = () => text() || 'x';
       const kind = rand(3);
       const user = kind === 0 ? { id: text() } : kind === 1 ? { ip: text() } : { parts: Array.from({ length: 2 + rand(3) }, part) };
-      const triple = { user, handler: text(), key: text() };
+      const triple = { user, handler: text(), key: rand(4) === 0 ? { fingerprint: text() } : text() };
       const storageKey = build(triple.user, triple.handler, triple.key);
       expect(parse(storageKey)).toEqual(triple);
       const id = JSON.stringify(triple);

@@ -13,8 +13,8 @@ export interface StorageKeyParts {
   user: KeyUser;
   /** `ControllerName.methodName`. */
   handler: string;
-  /** The client's key, or the request fingerprint. */
-  key: string;
+  /** The client's key, or the request fingerprint where the call carries none. */
+  key: string | { fingerprint: string };
 }
 
 const LONE_SURROGATE = /\p{Cs}/u;
@@ -39,8 +39,9 @@ function encodeSegment(value: string): string {
 
 /**
  * The store key `<prefix>:<user>:<handler>:<key>`, where `<user>` is the encoded user id, the
- * encoded parts of one joined with ',', `ip:<encoded address>` for an anonymous client keyed by address, or `anon:` for the shared
- * namespace of anonymous clients.
+ * encoded parts of one joined with ',', `ip:<encoded address>` for an anonymous client keyed by
+ * address, or `anon:` for the shared namespace of anonymous clients, and `<key>` the encoded
+ * client key, or `fp=<fingerprint>` for a call keyed by its fingerprint.
  *
  * No two different (user, handler, key) triples give the same string, whatever they hold
  * (':', '{', '}', '%', unicode, empty strings):
@@ -52,7 +53,11 @@ function encodeSegment(value: string): string {
  *   and the tag tells those apart: user id `ip:1.2.3.4` is `ip%3A1.2.3.4`, never the client at
  *   1.2.3.4, and user id `anon` is never the anonymous namespace;
  * - an encoded segment never contains ',' either (`%2C`), so parts joined with ',' are never a
- *   user id (`['t1', '42']` is `t1,42`, the id `t1,42` is `t1%2C42`), nor other parts.
+ *   user id (`['t1', '42']` is `t1,42`, the id `t1,42` is `t1%2C42`), nor other parts;
+ * - a request's fingerprint is written `fp=<fingerprint>`, and an encoded client key never holds
+ *   '=' (`%3D`): a client key equal to a fingerprint (no secret: a SHA-256 of the request, the
+ *   same for every user) keys a record of its own, not the keyless request's (an adversarial
+ *   helper: the keyless request was refused 422, or its answer replayed to the keyed one).
  * The guarantee holds for one prefix, as a prefix is one deployment's namespace. Encoding also
  * keeps callers from injecting a Redis Cluster `{hash tag}` to pick a slot.
  */
@@ -65,5 +70,6 @@ export function buildStorageKey({ prefix, user, handler, key }: StorageKeyParts)
         : 'ip' in user
           ? `ip:${encodeSegment(user.ip)}`
           : 'anon:';
-  return `${prefix}:${userSegment}:${encodeSegment(handler)}:${encodeSegment(key)}`;
+  const keySegment = typeof key === 'string' ? encodeSegment(key) : `fp=${encodeSegment(key.fingerprint)}`;
+  return `${prefix}:${userSegment}:${encodeSegment(handler)}:${keySegment}`;
 }
