@@ -13,6 +13,7 @@ import {
   Param,
   ParseIntPipe,
   Post,
+  Req,
   Res,
   Scope,
   UsePipes,
@@ -99,6 +100,12 @@ class MiscController {
       delay(1),
       mergeMap(() => throwError(() => new ConflictException({ code: 'METHOD', id }))),
     );
+  }
+
+  /** What a copy of the request (`{ ...req }`, a logger's serializer) takes along of the guard's. */
+  @Post('spread')
+  spread(@Req() req: object) {
+    return { copied: Object.getOwnPropertySymbols({ ...req }).map((symbol) => symbol.description).filter((name) => name?.startsWith('nestjs-idempotency')) };
   }
 
   @Post('own')
@@ -198,6 +205,12 @@ describe('saveStatuses under review (express)', () => {
     const a = await send(two.url, '/guarded/3', { key, body: { sku: 'b' } });
     const b = await send(two.url, '/guarded/3', { key, body: { sku: 'b' } });
     expect([a.status, replayed(b), runs['create:number:b']]).toEqual([409, true, 1]);
+  });
+
+  it('leaves nothing of its own on the request that a copy of it takes along (helper-193)', async () => {
+    const answer = await send(one.url, '/misc/spread', { key: randomUUID(), body: {} });
+    // Observed before: { copied: ['nestjs-idempotency.run'] } (an enumerable symbol).
+    expect([answer.status, JSON.parse(answer.text)]).toEqual([201, { copied: [] }]);
   });
 
   it('an asynchronous 409 (Observable error after 30 ms) is saved', async () => {

@@ -191,7 +191,8 @@ export interface WatchedHandler {
 export function watchHandler(next: CallHandler, req?: object): WatchedHandler {
   const run = new WatchedRun();
   if (req === undefined) return { handled: runs.run(run, () => next.handle()), began: () => run.began };
-  if (Object.isExtensible(req)) (req as WithRun)[RUN] = run;
+  // Not enumerable: a copy of the request (`{ ...req }`, a logger's serializer) takes none of it.
+  if (Object.isExtensible(req)) Object.defineProperty(req, RUN, { value: run, writable: true, configurable: true });
   else sealedRuns.set(req, run);
   return { handled: next.handle(), began: () => run.began };
 }
