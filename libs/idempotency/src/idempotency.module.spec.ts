@@ -7,6 +7,7 @@ import { REDIS_URL } from '../../../test/support/services.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency.config.js';
 import { NoRepeatSubmit } from './decorators/no-repeat-submit.decorator.js';
 import { IdempotencyModule } from './idempotency.module.js';
+import { IdempotencyAdmin } from './admin/idempotency-admin.service.js';
 import { IdempotencyInterceptor } from './interceptors/idempotency.interceptor.js';
 import { IdempotencyStore } from './stores/idempotency-store.js';
 import { MemoryIdempotencyStore } from './stores/memory/memory-idempotency.store.js';
@@ -150,6 +151,35 @@ describe('IdempotencyModule', () => {
       }
     }
     await expect(Test.createTestingModule({ controllers: [OrdersController] }).compile()).rejects.toThrow(
+      /does not see IdempotencyModule: import IdempotencyModule\.forRoot/,
+    );
+  });
+
+  // An adversarial helper's first ten minutes: `imports: [IdempotencyModule]` in a feature module,
+  // as with other Nest modules, failed with Nest's UnknownExportException (the class alone has no options).
+  it('takes a bare IdempotencyModule in a feature module beside forRoot() in the root: the feature sees the global one', async () => {
+    @Injectable()
+    class Support {
+      constructor(readonly admin: IdempotencyAdmin) {}
+    }
+    @Module({ imports: [IdempotencyModule], providers: [Support], exports: [Support] })
+    class SupportModule {}
+    const moduleRef = await Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ keyPrefix: 'bare' }), SupportModule] }).compile();
+    expect(moduleRef.get(Support).admin).toBe(moduleRef.get(IdempotencyAdmin));
+    expect(moduleRef.get(IdempotencyAdmin).storageKeyOf({ user: 1, handler: 'A.b', key: 'k' })).toBe('bare:1:A.b:k');
+    await moduleRef.close();
+  });
+
+  it('names forRoot() where a bare IdempotencyModule is the only one', async () => {
+    @Controller('orders')
+    class OrdersController {
+      @Post()
+      @NoRepeatSubmit()
+      create() {
+        return {};
+      }
+    }
+    await expect(Test.createTestingModule({ imports: [IdempotencyModule], controllers: [OrdersController] }).compile()).rejects.toThrow(
       /does not see IdempotencyModule: import IdempotencyModule\.forRoot/,
     );
   });
