@@ -6,10 +6,11 @@
 // guarded, the unguarded sibling either turned the guard off for the guarded one (called first)
 // or was guarded under the other's name (called second). Routes are now resolved per class.
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
-import { Body, ConflictException, Controller, HttpCode, Module, Post, type Type } from '@nestjs/common';
+import { Body, ConflictException, Controller, HttpCode, Module, Post, Scope, type Type } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ClientProxyFactory, EventPattern, Payload, Transport } from '@nestjs/microservices';
 import { ExpressAdapter } from '@nestjs/platform-express';
+import { DocumentBuilder, SwaggerModule } from '@nestjs/swagger';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { randomUUID } from 'node:crypto';
 import { firstValueFrom } from 'rxjs';
@@ -196,5 +197,90 @@ describe.each<Adapter>(['express', 'fastify'])('a guarded controller and its gua
     const later = await send(app.url, `/${adapter}-${route}`, { key, body: { name } });
     expect([later.status, replayed(later), JSON.parse(later.text).name]).toEqual([409, true, name]);
     expect(runs.filter((run) => run.includes(` ${name} `))).toEqual([`${adapter}-${route.slice(0, 2)} ${name} 1`]);
+  });
+});
+
+// OpenAPI: a route a guarded controller inherits is documented as guarded (helper-197: after the
+// subclass got a method of its own, the documentation went on the base's method only: a method
+// decorated on its base class, and a controller under a guarded controller, showed no key header
+// and none of the guard's answers).
+/** Made per test: declared at import, the classes were documented by an earlier app before any placement. */
+function docsControllers(): Type[] {
+  abstract class PaymentsBase {
+    @Post()
+    @NoRepeatSubmit()
+    pay(@Body() body: { amount: number }) {
+      return { paid: body.amount };
+    }
+  }
+  @Controller('docs-pay')
+  class DocsPay extends PaymentsBase {}
+
+  abstract class ActionsBase {
+    @Post()
+    act(@Body() body: { name: string }) {
+      return { acted: body.name };
+    }
+  }
+  @Controller('docs-mid')
+  @NoRepeatSubmit()
+  class DocsMid extends ActionsBase {}
+  @Controller('docs-leaf')
+  class DocsLeaf extends DocsMid {}
+  return [DocsPay, DocsMid, DocsLeaf];
+}
+
+describe.each<Adapter>(['express', 'fastify'])('OpenAPI of inherited guarded routes (%s)', (adapter) => {
+  it.each(['/docs-pay', '/docs-mid', '/docs-leaf'])('documents %s with the key header and the guard\'s answers', async (path) => {
+    const app = await makeApp(adapter, docsControllers());
+    try {
+      const document = SwaggerModule.createDocument(app.app, new DocumentBuilder().build());
+      const operation = document.paths[path]!.post!;
+      expect({
+        header: (operation.parameters ?? []).some((parameter) => 'name' in parameter && parameter.name === 'Idempotency-Key'),
+        statuses: Object.keys(operation.responses).sort(),
+      }).toEqual({ header: true, statuses: ['201', '400', '409', '422', '500', '503'] });
+    } finally {
+      await app.close();
+    }
+  });
+});
+
+// helper-197: a request-scoped guarded subclass (no saved statuses: no start mark of its own) read
+// the start mark a later app put on its guarded base controller (saving 409s): Nest builds a
+// request-scoped route's parameters at its first request, and the subclass's method got the
+// request as a third argument.
+function markedPair(): [Type, Type] {
+  @Controller('marked-base')
+  @NoRepeatSubmit({ saveStatuses: [409] })
+  class MarkedBase {
+    @Post()
+    create(@Body() body: { name: string }) {
+      return { name: body.name, args: arguments.length };
+    }
+  }
+  @Controller({ path: 'scoped-leaf', scope: Scope.REQUEST })
+  @NoRepeatSubmit({ saveStatuses: [] })
+  class ScopedLeaf extends MarkedBase {}
+  return [MarkedBase, ScopedLeaf];
+}
+
+describe.each<Adapter>(['express', 'fastify'])('a request-scoped guarded subclass of a base a later app marks (%s)', (adapter) => {
+  it('gets its own arguments only', async () => {
+    const [MarkedBase, ScopedLeaf] = markedPair();
+    const leafApp = await makeApp(adapter, [ScopedLeaf]);
+    const baseApp = await makeApp(adapter, [MarkedBase]);
+    try {
+      const leaf = await send(leafApp.url, '/scoped-leaf', { key: randomUUID(), body: { name: 'l' } });
+      const base = await send(baseApp.url, '/marked-base', { key: randomUUID(), body: { name: 'b' } });
+      // Observed before: { name: 'l', args: 2 } on /scoped-leaf.
+      expect([JSON.parse(leaf.text), JSON.parse(base.text)]).toEqual([
+        { name: 'l', args: 1 },
+        { name: 'b', args: 1 },
+      ]);
+    } finally {
+      await leafApp.close();
+      await baseApp.close();
+    }
   });
 });

@@ -51,10 +51,12 @@ const PROVIDERS: Provider[] = [
   },
   {
     // Places the guard innermost on each guarded handler; runs while the app is created, so
-    // before its routes are built.
+    // before its routes are built. After the OpenAPI documentation: a guarded controller's own
+    // method in front of an inherited one takes the inherited one's metadata as it is then
+    // (documented after, an inherited route showed no key header: an adversarial helper).
     provide: IDEMPOTENCY_PLACEMENT,
-    inject: [ModulesContainer, IDEMPOTENCY_RESOLVED_OPTIONS],
-    useFactory: placeGuards,
+    inject: [ModulesContainer, IDEMPOTENCY_RESOLVED_OPTIONS, IDEMPOTENCY_OPENAPI],
+    useFactory: (modules: ModulesContainer, options: ResolvedIdempotencyOptions) => placeGuards(modules, options),
   },
   {
     // Documents decorated routes in OpenAPI when @nestjs/swagger is installed; resolved while

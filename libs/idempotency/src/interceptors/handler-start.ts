@@ -104,7 +104,22 @@ export function watchRouteMethod(on: object, name: string, declaredOn: object = 
   const descriptor = Object.getOwnPropertyDescriptor(declaredOn, name)!;
   Object.defineProperty(on, name, { ...descriptor, value: watcher });
   watchers.set(watcher, slot);
+  if (on !== declaredOn) pinParameters(on, name);
   return watcher;
+}
+
+/**
+ * Gives `on`'s class parameters of its own for `name`, as it reads them now without start marks:
+ * a start mark put later on its base class (another app's route that saves statuses) is then not
+ * read by this class, whose watcher does not take it off. Nest builds a request-scoped route's
+ * parameters at its first request, after every app started (an adversarial helper: the method got
+ * the request as one argument more).
+ */
+function pinParameters(on: object, name: string): void {
+  const target = (on as { constructor: object }).constructor;
+  if (Reflect.hasOwnMetadata(ROUTE_ARGS_METADATA, target, name)) return;
+  const entries = (Reflect.getMetadata(ROUTE_ARGS_METADATA, target, name) ?? {}) as RouteArgs;
+  Reflect.defineMetadata(ROUTE_ARGS_METADATA, withoutMarks(entries), target, name);
 }
 
 /**
