@@ -1,8 +1,21 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import { randomUUID } from 'node:crypto';
 import type { Pool } from 'pg';
-import { Column, DataSource, DeleteDateColumn, Entity, In, PrimaryGeneratedColumn, type FindOptionsWhere, type Repository } from 'typeorm';
+import {
+  Column,
+  DataSource,
+  DeleteDateColumn,
+  Entity,
+  EventSubscriber,
+  In,
+  PrimaryGeneratedColumn,
+  type EntitySubscriberInterface,
+  type FindOptionsWhere,
+  type Repository,
+  type UpdateEvent,
+} from 'typeorm';
 import { transition } from './conditional-transition.js';
+import { insertOnce } from './insert-once.js';
 import { dropSchemaDataSource, openSchemaDataSource, testSchemaName } from '../../../../../test/support/test-schema.js';
 
 /** An embedded column group: `where: { channel: {} }` names none of its columns. */
@@ -110,6 +123,28 @@ class Invoice {
 
   @Column({ name: 'paid_by', type: 'varchar', length: 16, nullable: true })
   paidBy!: string | null;
+}
+
+/** A row an update subscriber writes with insertOnce, from inside transition's UPDATE. */
+@Entity({ name: 'payment_audits' })
+class PaymentAudit {
+  @PrimaryGeneratedColumn('uuid')
+  id!: string;
+
+  @Column({ name: 'payment_id', type: 'uuid', unique: true })
+  paymentId!: string;
+}
+
+@EventSubscriber()
+class PaymentAuditor implements EntitySubscriberInterface<Payment> {
+  listenTo() {
+    return Payment;
+  }
+  async afterUpdate(event: UpdateEvent<Payment>) {
+    // A query builder's UPDATE hands its subscribers the values it sets.
+    const paymentId = (event.entity as Partial<Payment> | undefined)?.transactionId;
+    if (paymentId) await insertOnce(event.manager.getRepository(PaymentAudit), { paymentId }, () => ({ paymentId }));
+  }
 }
 
 describe('transition (PostgreSQL)', () => {
@@ -384,5 +419,50 @@ describe('transition (PostgreSQL)', () => {
       winner: winner?.entity.lifecycle,
     }).toEqual({ changed: 1, alreadyDone: 19, winner: { status: 'PAID', version: 2, note: `by ${winner?.entity.paidBy}` } });
     expect(stored).toEqual([{ status: 'PAID', version: 2, note: `by ${winner?.entity.paidBy}`, paid_by: winner?.entity.paidBy }]);
+  });
+
+  // An adversarial helper (helper-198): beside insertOnce on one transaction (Promise.all over one
+  // manager), the UPDATE went out inside insertOnce's savepoint, which its duplicate rolled back:
+  // transition answered changed, the transaction committed, and the row had not moved (20 of 20).
+  it.each(['insertOnce first', 'transition first'])('moves the row beside an insertOnce duplicate on one transaction (%s)', async (order) => {
+    for (let trial = 0; trial < 10; trial++) {
+      const id = await newPayment();
+      const results = await dataSource.transaction(async (manager) => {
+        const repo = manager.getRepository(Payment);
+        const insert = () => insertOnce(repo, { id, status: 'PENDING' }, () => ({ id }));
+        const move = () => transition(repo, { where: { id }, from: ['PENDING'], to: 'PAID' });
+        if (order === 'insertOnce first') {
+          const [inserted, moved] = await Promise.all([insert(), move()]);
+          return { created: inserted.created, changed: moved.changed };
+        }
+        const [moved, inserted] = await Promise.all([move(), insert()]);
+        return { created: inserted.created, changed: moved.changed };
+      });
+      const row = await payments.findOneByOrFail({ id });
+      expect({ ...results, status: row.status, version: row.version }).toEqual({ created: false, changed: true, status: 'PAID', version: 2 });
+    }
+  });
+
+  // Taking its turn, a transition whose UPDATE runs a subscriber that calls insertOnce on the same
+  // transaction lets that call run inside its own turn (waiting for the transaction's turn, it
+  // would wait for the transition that waits on it, and the transaction would hang).
+  it('lets a subscriber of its UPDATE call insertOnce on the same transaction, beside another insertOnce', async () => {
+    const audited = await openSchemaDataSource(testSchemaName(), { entities: [Payment, PaymentAudit], subscribers: [PaymentAuditor], synchronize: true });
+    try {
+      const repo = audited.getRepository(Payment);
+      const { id } = await repo.save(repo.create({ status: 'PENDING' }));
+      const results = await audited.transaction(async (manager) => {
+        const inTransaction = manager.getRepository(Payment);
+        const [moved, inserted] = await Promise.all([
+          transition(inTransaction, { where: { id }, from: ['PENDING'], to: 'PAID', set: { transactionId: id } }),
+          insertOnce(inTransaction, { id, status: 'PENDING' }, () => ({ id })),
+        ]);
+        return { changed: moved.changed, created: inserted.created };
+      });
+      const audits = await audited.getRepository(PaymentAudit).countBy({ paymentId: id });
+      expect({ ...results, status: (await repo.findOneByOrFail({ id })).status, audits }).toEqual({ changed: true, created: false, status: 'PAID', audits: 1 });
+    } finally {
+      await dropSchemaDataSource(audited);
+    }
   });
 });

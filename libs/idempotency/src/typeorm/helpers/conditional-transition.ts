@@ -2,6 +2,7 @@ import type { FindOptionsWhere, ObjectLiteral, QueryDeepPartialEntity, Repositor
 import type { ColumnMetadata } from 'typeorm/metadata/ColumnMetadata.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { findOnPrimary } from './find-on-primary.js';
+import { inItsTurn } from './insert-once.js';
 import { inCallersTransaction } from './routed-repositories.js';
 
 /** A property of `T`, or a path into one of its embedded column groups (`'lifecycle.status'`). */
@@ -119,27 +120,30 @@ export async function transition<T extends ObjectLiteral>(
   const fixedWidth = FIXED_WIDTH.has(String(statusColumn.type));
   const state = (value: unknown) => (fixedWidth && typeof value === 'string' ? value.trimEnd() : value);
 
-  for (let attempt = 1; ; attempt++) {
-    const result = await update.execute();
-    if ((result.affected ?? 0) > 0) {
-      const rows = result.raw as ObjectLiteral[];
-      const entity = returning && rows[0] ? hydrate(repo, rows[0]) : await findOnPrimary(repo, spec.where);
-      // Only a delete between the UPDATE and the read (no RETURNING) leaves nothing to show.
-      if (entity) return { changed: true, entity };
+  // In its turn among insertOnce calls beside it on the same transaction (see inItsTurn).
+  return inItsTurn(repo, async (): Promise<TransitionResult<T>> => {
+    for (let attempt = 1; ; attempt++) {
+      const result = await update.execute();
+      if ((result.affected ?? 0) > 0) {
+        const rows = result.raw as ObjectLiteral[];
+        const entity = returning && rows[0] ? hydrate(repo, rows[0]) : await findOnPrimary(repo, spec.where);
+        // Only a delete between the UPDATE and the read (no RETURNING) leaves nothing to show.
+        if (entity) return { changed: true, entity };
+      }
+      const current = await findOnPrimary(repo, spec.where);
+      if (!current) return { changed: false, reason: 'not_found' };
+      const status = state(statusColumn.getEntityValue(current));
+      if (status === state(spec.to)) return { changed: false, reason: 'already_done', entity: current };
+      if (!spec.from.some((from) => state(from) === status)) return { changed: false, reason: 'not_allowed', entity: current };
+      // The state allows the change now: the version differed, or a concurrent change moved the
+      // row into a `from` state after the UPDATE looked (PENDING when it ran, PAID when read). That
+      // one is tried again: answered `version_conflict` though no version was given, a caller
+      // took a change that would go through for a conflict (an adversarial helper: 6 of 50).
+      const versionDiffers =
+        versionColumn !== undefined && expectedVersion !== undefined && Number(versionColumn.getEntityValue(current)) !== expectedVersion;
+      if (versionDiffers || attempt >= MAX_ATTEMPTS) return { changed: false, reason: 'version_conflict', entity: current };
     }
-    const current = await findOnPrimary(repo, spec.where);
-    if (!current) return { changed: false, reason: 'not_found' };
-    const status = state(statusColumn.getEntityValue(current));
-    if (status === state(spec.to)) return { changed: false, reason: 'already_done', entity: current };
-    if (!spec.from.some((from) => state(from) === status)) return { changed: false, reason: 'not_allowed', entity: current };
-    // The state allows the change now: the version differed, or a concurrent change moved the
-    // row into a `from` state after the UPDATE looked (PENDING when it ran, PAID when read). That
-    // one is tried again: answered `version_conflict` though no version was given, a caller
-    // took a change that would go through for a conflict (an adversarial helper: 6 of 50).
-    const versionDiffers =
-      versionColumn !== undefined && expectedVersion !== undefined && Number(versionColumn.getEntityValue(current)) !== expectedVersion;
-    if (versionDiffers || attempt >= MAX_ATTEMPTS) return { changed: false, reason: 'version_conflict', entity: current };
-  }
+  });
 }
 
 /** How many times a transition's UPDATE runs when the row moved into a `from` state meanwhile. */

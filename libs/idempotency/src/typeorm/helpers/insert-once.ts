@@ -214,7 +214,14 @@ const inSection = new AsyncLocalStorage<Section>();
  * transaction ended, is refused and runs nothing: run then, its INSERT went in after the
  * ROLLBACK, outside any transaction, and committed (adversarial helpers, three rounds).
  */
-function underSavepoint<R>(queryRunner: QueryRunner, generation: number, work: () => Promise<R>, duplicate: (error: unknown) => boolean): Promise<R> {
+function underSavepoint<R>(
+  queryRunner: QueryRunner,
+  generation: number,
+  work: () => Promise<R>,
+  duplicate: (error: unknown) => boolean,
+  helper: 'insertOnce' | 'transition' = 'insertOnce',
+): Promise<R> {
+  const savepoint = helper === 'insertOnce';
   const enclosing = inSection.getStore();
   const scope = enclosing?.queryRunner === queryRunner ? enclosing : queryRunner;
   let turns = turnsOf.get(scope);
@@ -223,12 +230,16 @@ function underSavepoint<R>(queryRunner: QueryRunner, generation: number, work: (
   const failuresBefore = mineTurns.failures;
   const turn = (): Promise<R> => {
     if (mineTurns.failures !== failuresBefore) {
-      throw new IdempotencyError('insertOnce: a call beside this one on the same transaction failed, so this one did not run');
+      throw new IdempotencyError(`${helper}: a call beside this one on the same transaction failed, so this one did not run`);
     }
     if (queryRunner.isReleased || endedSince(queryRunner, generation) || !(queryRunner.isTransactionActive || beganWithRawSql(queryRunner))) {
-      throw new IdempotencyError('insertOnce: the transaction ended before this call had its turn, so it did not run');
+      throw new IdempotencyError(`${helper}: the transaction ended before this call had its turn, so it did not run`);
     }
-    return inSection.run({ queryRunner, generation }, () => savepointSection(queryRunner, generation, work));
+    const section = { queryRunner, generation };
+    if (savepoint) return inSection.run(section, () => savepointSection(queryRunner, generation, work));
+    // Only a subscriber of the statement's events can call a helper from inside it: without one,
+    // no AsyncLocalStorage (on Node 20, one run turns on async hooks for the whole process).
+    return queryRunner.connection.subscribers.length > 0 ? inSection.run(section, work) : work();
   };
   const mine = (mineTurns.tail ?? Promise.resolve()).then(turn);
   // A duplicate is an answer (`created: false`), not a failure.
@@ -237,6 +248,22 @@ function underSavepoint<R>(queryRunner: QueryRunner, generation: number, work: (
     (error: unknown) => void (duplicate(error) || mineTurns.failures++),
   );
   return mine;
+}
+
+/**
+ * Runs `work`, another helper's statements on the repository's transaction (transition's UPDATE
+ * and its reads), in its turn among the insertOnce calls on that transaction, without a savepoint
+ * of its own. Beside such a call (`Promise.all` over one manager), its UPDATE went out inside
+ * that call's savepoint, which a duplicate rolled back: transition answered `changed`, the
+ * transaction committed, and the row had not moved (an adversarial helper, 20 of 20). Outside a
+ * transaction, at once.
+ */
+export function inItsTurn<R>(repo: Repository<ObjectLiteral>, work: () => Promise<R>): Promise<R> {
+  const queryRunner = repo.manager.queryRunner;
+  if (queryRunner === undefined) return work();
+  watchTransactions(repo.manager.connection);
+  if (!(queryRunner.isTransactionActive || beganWithRawSql(queryRunner))) return work();
+  return underSavepoint(queryRunner, stateOf(queryRunner).generation, work, () => false, 'transition');
 }
 
 /**
