@@ -22,7 +22,7 @@ import { buildStorageKey } from '../keys/storage-key.js';
 import { IdempotencyStore, type ClaimResult, type StoredRecord } from '../stores/idempotency-store.js';
 import { MemoryIdempotencyStore } from '../stores/memory/memory-idempotency.store.js';
 import { RedisIdempotencyStore } from '../stores/redis/redis-idempotency.store.js';
-import { IdempotencyAdmin } from './idempotency-admin.service.js';
+import { IdempotencyAdmin, type IdempotencyRecordRef } from './idempotency-admin.service.js';
 
 /** Lets a test hold handler runs until it opens the gate. */
 let gate: Promise<void> = Promise.resolve();
@@ -176,8 +176,21 @@ describe('IdempotencyAdmin', () => {
     expect(admin.storageKeyOf({ user: '', handler: 'OrdersRpc.create', key: 'm-1' })).toBe('adm::OrdersRpc.create:m-1');
     expect(admin.storageKeyOf({ user: { ip: '::1' }, handler: HANDLER, key: 'a' })).toBe('adm:ip:%3A%3A1:PaymentsController.pay:a');
     // A call keyed by its fingerprint, apart from a client key that spells it.
-    expect(admin.storageKeyOf({ user: 42, handler: HANDLER, fingerprint: 'ab12' })).toBe('adm:42:PaymentsController.pay:fp=ab12');
-    expect(admin.storageKeyOf({ user: 42, handler: HANDLER, key: 'ab12' })).toBe('adm:42:PaymentsController.pay:ab12');
+    const fingerprint = 'ab12'.repeat(16);
+    expect(admin.storageKeyOf({ user: 42, handler: HANDLER, fingerprint })).toBe(`adm:42:PaymentsController.pay:fp=${fingerprint}`);
+    expect(admin.storageKeyOf({ user: 42, handler: HANDLER, key: fingerprint })).toBe(`adm:42:PaymentsController.pay:${fingerprint}`);
+    // No record the guard keeps (helper-197: fp=undefined, an empty segment, or the fingerprint of the two, in silence).
+    for (const ref of [
+      { fingerprint: undefined as unknown as string },
+      { fingerprint: '' },
+      { fingerprint: 'ab12' },
+      { key: '' },
+      { key: 'a\u0000b' },
+      { key: 42 as unknown as string },
+      { key: 'k', fingerprint },
+    ]) {
+      expect(() => admin.storageKeyOf({ user: 42, handler: HANDLER, ...ref } as IdempotencyRecordRef)).toThrow(IdempotencyError);
+    }
     expect(() => admin.storageKeyOf({ user: Number.NaN, handler: HANDLER, key: 'a' })).toThrow(IdempotencyError);
     // The parts of a user id, as a getUser giving [tenantId, sub] keys them; a missing part is no user.
     expect(admin.storageKeyOf({ user: ['t1', 42], handler: HANDLER, key: 'a' })).toBe('adm:t1,42:PaymentsController.pay:a');

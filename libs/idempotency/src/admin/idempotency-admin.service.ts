@@ -2,6 +2,7 @@ import { Inject, Injectable, Logger } from '@nestjs/common';
 import { IdempotencyError, IdempotencyNotARecordError } from '../errors/idempotency.errors.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
 import { userOfId } from '../interceptors/key-user.js';
+import { validateKey } from '../keys/idempotency-key.js';
 import { buildStorageKey, type KeyUser } from '../keys/storage-key.js';
 import { IdempotencyStore, type ForgetResult, type SavedResponse, type StoredRecord, type UnreplayableReason } from '../stores/idempotency-store.js';
 
@@ -89,8 +90,7 @@ export class IdempotencyAdmin {
   storageKeyOf(ref: IdempotencyRecordRef): string {
     if (typeof ref === 'string') return ref;
     if ('storageKey' in ref) return ref.storageKey;
-    const key = 'fingerprint' in ref ? { fingerprint: ref.fingerprint } : ref.key;
-    return buildStorageKey({ prefix: this.options.keyPrefix, user: keyUser(ref.user), handler: ref.handler, key });
+    return buildStorageKey({ prefix: this.options.keyPrefix, user: keyUser(ref.user), handler: ref.handler, key: keyOf(ref) });
   }
 
   /**
@@ -130,6 +130,27 @@ export class IdempotencyAdmin {
 }
 
 /** The user segment, as the guard makes it from a user id (`key-user.ts`). */
+const FINGERPRINT = /^[0-9a-f]{64}$/;
+
+/**
+ * The record's key as the guard keys it: a client key it would accept, or a fingerprint (a
+ * SHA-256 in hex). An empty, missing or unusable one named no record the guard keeps, and both
+ * given took the fingerprint in silence (an adversarial helper).
+ */
+function keyOf(ref: { key?: unknown; fingerprint?: unknown }): string | { fingerprint: string } {
+  const { key, fingerprint } = ref;
+  if ('fingerprint' in ref) {
+    if ('key' in ref) throw new IdempotencyError('IdempotencyAdmin: give a record its key or its fingerprint, not both');
+    if (typeof fingerprint !== 'string' || !FINGERPRINT.test(fingerprint)) {
+      throw new IdempotencyError(`IdempotencyAdmin: ${String(fingerprint)} is not a request fingerprint (64 hexadecimal digits)`);
+    }
+    return { fingerprint };
+  }
+  const invalid = typeof key === 'string' ? validateKey(key) : 'it is not a text';
+  if (invalid !== undefined) throw new IdempotencyError(`IdempotencyAdmin: ${JSON.stringify(key) ?? String(key)} is not a key the guard keys by: ${invalid}`);
+  return key as string;
+}
+
 function keyUser(user: IdempotencyRecordUser): KeyUser {
   if (typeof user === 'object' && user !== null && !Array.isArray(user)) {
     // `{ parts }` as the guard makes it: two or more non-empty texts (one part is a plain id).

@@ -71,7 +71,7 @@ export const contentHashMissing = (format?: ErrorFormat) =>
     ContentHashErrorCode.MISSING,
     HttpStatus.BAD_REQUEST,
     'Bad Request',
-    'Send the SHA-256 of the body as X-Content-Hash: <hex> or If-Match: "sha256:<hex>".',
+    'Send the SHA-256 of the body as Content-Digest: sha-256=:<base64>:, X-Content-Hash: <hex> or If-Match: "sha256:<hex>".',
     {},
     format,
   );
