@@ -110,9 +110,12 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
   assertErrorFormat(options.errorFormat);
   assertShared(options);
   for (const name of ['getUser', 'onSkippedMessage', 'onEvent'] as const) assertFunction(name, options[name], 'IdempotencyModule');
-  const { memoryMaxEntries } = options as { memoryMaxEntries?: unknown };
+  const { memoryMaxEntries, memoryMaxBytes } = options as { memoryMaxEntries?: unknown; memoryMaxBytes?: unknown };
   if (memoryMaxEntries !== undefined && !(Number.isInteger(memoryMaxEntries) && (memoryMaxEntries as number) >= 1)) {
     throw new IdempotencyConfigError(`IdempotencyModule: memoryMaxEntries must be a whole number, 1 or more (got ${shown(memoryMaxEntries)})`);
+  }
+  if (memoryMaxBytes !== undefined && !(Number.isSafeInteger(memoryMaxBytes) && (memoryMaxBytes as number) >= 1)) {
+    throw new IdempotencyConfigError(`IdempotencyModule: memoryMaxBytes must be a whole number, 1 or more (got ${shown(memoryMaxBytes)})`);
   }
   resolveLocalCache(options.localCache);
   for (const extra of ['interceptor', 'isGlobal'] as const) {

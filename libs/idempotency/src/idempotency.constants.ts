@@ -26,6 +26,7 @@ export const DEFAULTS = Object.freeze({
   maxResponseBytes: 1_048_576,
   replayHeaders: Object.freeze(['content-type', 'location', 'etag', 'content-location', 'content-disposition', 'cache-control']),
   memoryMaxEntries: 100_000,
+  memoryMaxBytes: 67_108_864,
   localCacheMaxEntries: 10_000,
   localCacheMaxBytes: 33_554_432,
   redisCommandTimeoutMs: 1000,

@@ -190,7 +190,17 @@ describe('IdempotencyModule', () => {
     ).rejects.toThrow(/store\.redis is empty/);
   });
 
-  it.each([{ keyPrefix: 'a:b' }, { keyPrefix: '' }, { keyPrefix: 'p\uD800' }, { expireSeconds: 0 }, { leaseSeconds: -5 }])(
+  it('bounds the default memory store by memoryMaxEntries and memoryMaxBytes (64 MiB unless given)', async () => {
+    jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
+    const given = await Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ memoryMaxEntries: 7, memoryMaxBytes: 5000 })] }).compile();
+    expect(given.get(IdempotencyStore)).toMatchObject({ maxEntries: 7, maxBytes: 5000 });
+    const byDefault = await Test.createTestingModule({ imports: [IdempotencyModule.forRoot()] }).compile();
+    expect(byDefault.get(IdempotencyStore)).toMatchObject({ maxEntries: 100_000, maxBytes: 64 * 1024 * 1024 });
+    await given.close();
+    await byDefault.close();
+  });
+
+  it.each([{ keyPrefix: 'a:b' }, { keyPrefix: '' }, { keyPrefix: 'p\uD800' }, { expireSeconds: 0 }, { leaseSeconds: -5 }, { memoryMaxBytes: 0 }, { memoryMaxBytes: 1.5 }])(
     'refuses %p at start-up',
     async (options) => {
       await expect(

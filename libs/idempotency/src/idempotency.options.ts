@@ -144,6 +144,12 @@ export interface IdempotencyModuleOptions {
   /** Maximum entries of the default memory store. Default 100,000. */
   memoryMaxEntries?: number;
   /**
+   * Maximum bytes the default memory store's records hold (keys and saved answers). An answer
+   * past it is kept without its body (not replayable: never a second run), a new key past it
+   * follows the outage policy. Default 64 MiB.
+   */
+  memoryMaxBytes?: number;
+  /**
    * Keeps the completed records this process has replayed (a replay the store answered) in
    * memory, so that replaying one again costs no store round trip; never the answers it saves,
    * so first requests cost what they cost without it. Default off. `true` for the

@@ -54,7 +54,10 @@ async function createBackingStore(options: IdempotencyModuleOptions): Promise<Id
     new Logger('IdempotencyModule').warn(
       'No store configured: using the in-memory store, which guards one process only. Configure Redis for more than one instance.',
     );
-    return new MemoryIdempotencyStore({ maxEntries: options.memoryMaxEntries ?? DEFAULTS.memoryMaxEntries });
+    return new MemoryIdempotencyStore({
+      maxEntries: options.memoryMaxEntries ?? DEFAULTS.memoryMaxEntries,
+      maxBytes: options.memoryMaxBytes ?? DEFAULTS.memoryMaxBytes,
+    });
   }
   const { redis, waitForReplicas } = store;
   if (!redis) {

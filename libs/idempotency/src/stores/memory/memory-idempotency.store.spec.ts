@@ -88,6 +88,33 @@ describe('MemoryIdempotencyStore', () => {
     });
   });
 
+  // helper-203: bounded by entries only, answers of ~900 KiB under unique keys grew the heap
+  // 0.88 MiB a record until the process died (JavaScript heap out of memory), every record with it.
+  it('keeps the bytes it holds within maxBytes: an answer past them is kept unreplayable, a key past them refused', async () => {
+    const store = new MemoryIdempotencyStore({ maxBytes: 100_000 });
+    const answer = (n: number) => ({ statusCode: 201, headers: { 'content-type': 'text/plain' }, body: 'x'.repeat(n) });
+    await claimIn(store, 'first');
+    expect(await store.complete('first', 't-first', answer(60_000), 60_000)).toBe(true);
+    await claimIn(store, 'second');
+    // It completes (no second run), but holds no body: its duplicates get 409 not replayable.
+    expect(await store.complete('second', 't-second', answer(60_000), 60_000)).toBe(true);
+    expect(await claimIn(store, 'first')).toMatchObject({ status: 'completed', response: { body: 'x'.repeat(60_000) } });
+    expect(await claimIn(store, 'second')).toEqual({ status: 'completed', response: { statusCode: 201, headers: { 'content-type': 'text/plain' }, unreplayable: 'too_large' } });
+    expect(store.bytes).toBeLessThanOrEqual(100_000);
+    // A key longer than the room left (a 40,000-character user id) is refused as a full store.
+    await expect(claimIn(store, 'k'.repeat(40_000))).rejects.toThrow(/memory store full: .* bytes; raise memoryMaxBytes or use Redis/);
+    // Room comes back as records go: forgotten, released, expired.
+    expect(await store.forget('first')).toEqual({ forgotten: true });
+    await claimIn(store, 'third');
+    expect(await store.complete('third', 't-third', answer(60_000), 60_000)).toBe(true);
+    expect(await claimIn(store, 'third')).toMatchObject({ status: 'completed', response: { body: 'x'.repeat(60_000) } });
+    jest.advanceTimersByTime(60_001);
+    await claimIn(store, 'fourth');
+    expect(await store.complete('fourth', 't-fourth', answer(90_000), 60_000)).toBe(true);
+    expect(await claimIn(store, 'fourth')).toMatchObject({ status: 'completed', response: { body: 'x'.repeat(90_000) } });
+    expect(store.bytes).toBeLessThanOrEqual(100_000);
+  });
+
   it('makes room in a full store by dropping expired entries only, however old the live ones are', async () => {
     const store = new MemoryIdempotencyStore({ maxEntries: 10 });
     const live = ['live-0', 'live-1', 'live-2', 'live-3', 'live-4', 'live-5'];

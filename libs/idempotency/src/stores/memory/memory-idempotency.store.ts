@@ -8,6 +8,7 @@ import {
   type SettleWatch,
   type StoredRecord,
 } from '../idempotency-store.js';
+import { entryBytes } from '../local-cache/completed-records.js';
 import { SettleWatchers } from '../settle-watchers.js';
 import { ExpiryHeap } from './expiry-heap.js';
 
@@ -48,7 +49,12 @@ interface Entry {
   response?: SavedResponse;
   /** By the monotonic clock (`monotonicNow`), never the wall clock. */
   expiresAt: number;
+  /** What it counts against `maxBytes` (`entryBytes`). */
+  bytes: number;
 }
+
+/** A claim's record: no answer yet. */
+const NO_ANSWER: SavedResponse = { statusCode: 0, headers: {} };
 
 export interface MemoryIdempotencyStoreOptions {
   /**
@@ -56,16 +62,24 @@ export interface MemoryIdempotencyStoreOptions {
    * new key fails with `IdempotencyStoreError` (the route's outage policy applies). Default 100,000.
    */
   maxEntries?: number;
+  /**
+   * Most bytes its records hold (keys, fingerprints, saved bodies and headers, as the local
+   * cache counts them). Expired records make room first; an answer that would go past it is kept
+   * without its body (its duplicates get 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE`, never a
+   * second run), and a claim that would go past it fails as a full store. Default 64 MiB.
+   */
+  maxBytes?: number;
 }
 
 /**
  * In-process store with the same semantics as the Redis store. One process only: two instances
  * of an app each have their own, so duplicates that reach different instances both run.
  *
- * Bounded by `maxEntries`, and it never drops a live record (a claim in progress, or a response
- * within its retention): expired records go as soon as a claim passes them, and when it is full
- * of live records, a claim of a new key throws `IdempotencyStoreError` ("memory store full")
- * rather than forget a key whose duplicate would then run again. Claims of keys it holds still
+ * Bounded by `maxEntries` and `maxBytes`, and it never drops a live record (a claim in progress,
+ * or a response within its retention): expired records go as soon as a claim passes them, and
+ * when it is full of live records, a claim of a new key throws `IdempotencyStoreError` ("memory
+ * store full") rather than forget a key whose duplicate would then run again; an answer that
+ * would go past `maxBytes` is kept without its body (not replayable). Claims of keys it holds still
  * answer as usual. Expiry order is kept in a min-heap, so a claim costs O(log n).
  */
 export class MemoryIdempotencyStore extends IdempotencyStore {
@@ -78,35 +92,56 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   private readonly expiries = new ExpiryHeap<Entry>();
   private readonly watchers = new SettleWatchers();
   readonly maxEntries: number;
+  readonly maxBytes: number;
+  private held = 0;
 
   constructor(options: MemoryIdempotencyStoreOptions = {}) {
     super();
     this.maxEntries = options.maxEntries ?? 100_000;
+    this.maxBytes = options.maxBytes ?? 64 * 1024 * 1024;
     if (!(this.maxEntries >= 1)) throw new RangeError('maxEntries must be at least 1');
+    if (!(this.maxBytes >= 1)) throw new RangeError('maxBytes must be at least 1');
   }
 
   get size(): number {
     return this.entries.size;
   }
 
+  /** The bytes its records hold, as `maxBytes` counts them. */
+  get bytes(): number {
+    return this.held;
+  }
+
   async claim({ key, token, fingerprint, leaseMs }: ClaimInput): Promise<ClaimResult> {
     const now = monotonicNow();
     const entry = this.live(key, now);
     if (!entry) {
-      this.insert({ key, state: 'processing', token, fingerprint, expiresAt: now + leaseMs }, now);
+      this.insert({ key, state: 'processing', token, fingerprint, expiresAt: now + leaseMs, bytes: entryBytes(key, { fingerprint, response: NO_ANSWER }) }, now);
       return { status: 'acquired', token };
     }
     if (fingerprint !== '' && entry.fingerprint !== '' && entry.fingerprint !== fingerprint) {
       return { status: 'mismatch' };
     }
     if (entry.state === 'completed') return { status: 'completed', response: entry.response! };
-    return { status: 'in_progress', retryAfterMs: entry.expiresAt - now };
+    // Whole milliseconds: a float difference of the clock's readings came out past the lease (3000.0000000000005).
+    return { status: 'in_progress', retryAfterMs: Math.round(entry.expiresAt - now) };
   }
 
   async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
     const now = monotonicNow();
     const entry = this.live(key, now);
     if (entry?.state !== 'processing' || entry.token !== token) return false;
+    let bytes = entryBytes(key, { fingerprint: entry.fingerprint, response });
+    if (this.held - entry.bytes + bytes > this.maxBytes) {
+      this.dropExpired(now);
+      if (this.held - entry.bytes + bytes > this.maxBytes && response.body !== undefined) {
+        // Kept, so that no duplicate runs again, without the body that would not fit.
+        response = { statusCode: response.statusCode, headers: response.headers, unreplayable: 'too_large' };
+        bytes = entryBytes(key, { fingerprint: entry.fingerprint, response });
+      }
+    }
+    this.held += bytes - entry.bytes;
+    entry.bytes = bytes;
     entry.state = 'completed';
     entry.response = response;
     entry.expiresAt = now + retentionMs;
@@ -118,7 +153,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   async release(key: string, token: string): Promise<boolean> {
     const entry = this.live(key, monotonicNow());
     if (entry?.state !== 'processing' || entry.token !== token) return false;
-    this.entries.delete(key);
+    this.remove(entry);
     this.watchers.notify(key);
     return true;
   }
@@ -142,7 +177,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     if (!entry) return { forgotten: false, reason: 'absent' };
     if (entry.state !== 'completed') return { forgotten: false, reason: 'in_progress' };
     // Its heap slot goes stale (the map no longer holds this entry), as after a release.
-    this.entries.delete(key);
+    this.remove(entry);
     return { forgotten: true };
   }
 
@@ -161,10 +196,15 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
   private live(key: string, now: number): Entry | undefined {
     const entry = this.entries.get(key);
     if (entry && entry.expiresAt <= now) {
-      this.entries.delete(key);
+      this.remove(entry);
       return undefined;
     }
     return entry;
+  }
+
+  private remove(entry: Entry): void {
+    this.entries.delete(entry.key);
+    this.held -= entry.bytes;
   }
 
   /** Adds a record for a key it does not hold; throws when every record it holds is live. */
@@ -175,7 +215,13 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
         `memory store full: ${this.entries.size} live records; raise memoryMaxEntries or use Redis`,
       );
     }
+    if (this.held + entry.bytes > this.maxBytes) {
+      throw new IdempotencyStoreError(
+        `memory store full: its live records hold ${this.held} bytes, and this claim needs ${entry.bytes} bytes; raise memoryMaxBytes or use Redis`,
+      );
+    }
     this.entries.set(entry.key, entry);
+    this.held += entry.bytes;
     this.schedule(entry);
   }
 
@@ -196,7 +242,7 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
       const current = this.entries.get(top.key) === top && top.expiresAt === at;
       if (current && at > now) return;
       this.expiries.pop();
-      if (current) this.entries.delete(top.key);
+      if (current) this.remove(top);
     }
   }
 }
