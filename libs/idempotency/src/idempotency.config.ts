@@ -77,6 +77,19 @@ const defaultGetUser = (ctx: ExecutionContext, location: UserLocation): string |
   return chosen === undefined || chosen === null ? undefined : '';
 };
 
+/**
+ * The options as given, refused when they are no object: a `forRootAsync()` factory written
+ * `() => { store: ... }` (a block, not an object) returns undefined, which failed as a TypeError
+ * reading `keyPrefix` (an adversarial helper).
+ */
+export function givenOptions(options: unknown): IdempotencyModuleOptions {
+  if (typeof options === 'object' && options !== null && !Array.isArray(options)) return options as IdempotencyModuleOptions;
+  throw new IdempotencyConfigError(
+    `IdempotencyModule: the options are ${shown(options)}, not an object: a forRootAsync() factory (useFactory, or the create() ` +
+      'of useClass / useExisting) must return them, e.g. useFactory: () => ({ store: ... }) (in parentheses: `() => { store: ... }` is a block that returns nothing)',
+  );
+}
+
 export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdempotencyOptions {
   const userLocation: UserLocation = { properties: ['user'] };
   const resolved: ResolvedIdempotencyOptions = {

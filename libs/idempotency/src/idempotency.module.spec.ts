@@ -190,6 +190,12 @@ describe('IdempotencyModule', () => {
     ).rejects.toThrow(/store\.redis is empty/);
   });
 
+  it.each([undefined, null, 'redis://x'])('says a forRootAsync() factory returned no options object (%p)', async (returned) => {
+    await expect(
+      Test.createTestingModule({ imports: [IdempotencyModule.forRootAsync({ useFactory: () => returned as never })] }).compile(),
+    ).rejects.toThrow(/IdempotencyModule: the options are .*, not an object: a forRootAsync\(\) factory/);
+  });
+
   it('bounds the default memory store by memoryMaxEntries and memoryMaxBytes (64 MiB unless given)', async () => {
     jest.spyOn(Logger.prototype, 'warn').mockImplementation(() => undefined);
     const given = await Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ memoryMaxEntries: 7, memoryMaxBytes: 5000 })] }).compile();

@@ -10,7 +10,7 @@ import { IdempotencyCounters } from './metrics/idempotency-counters.js';
 import { metricsListener } from './metrics/metrics-listener.js';
 import { createPrometheusSink } from './metrics/prometheus-metrics.js';
 import { documentDecoratedRoutes } from './openapi/idempotency-openapi.js';
-import { IDEMPOTENCY_RESOLVED_OPTIONS, resolveOptions, type ResolvedIdempotencyOptions } from './idempotency.config.js';
+import { IDEMPOTENCY_RESOLVED_OPTIONS, givenOptions, resolveOptions, type ResolvedIdempotencyOptions } from './idempotency.config.js';
 import {
   ConfigurableIdempotencyModule,
   IDEMPOTENCY_ASYNC_OPTIONS_TYPE,
@@ -30,19 +30,20 @@ const PROVIDERS: Provider[] = [
   {
     provide: IDEMPOTENCY_RESOLVED_OPTIONS,
     inject: [IDEMPOTENCY_MODULE_OPTIONS],
-    useFactory: (options: IdempotencyModuleOptions) => resolveOptions(options),
+    useFactory: (options: IdempotencyModuleOptions) => resolveOptions(givenOptions(options)),
   },
   {
     provide: IdempotencyStore,
     inject: [IDEMPOTENCY_MODULE_OPTIONS],
-    useFactory: (options: IdempotencyModuleOptions) => createStore(options),
+    useFactory: (options: IdempotencyModuleOptions) => createStore(givenOptions(options)),
   },
   // Totals in process; the metrics, like `onEvent`, listen to the events.
   { provide: IdempotencyCounters, useFactory: () => new IdempotencyCounters() },
   {
     provide: IdempotencyEvents,
     inject: [IDEMPOTENCY_MODULE_OPTIONS],
-    useFactory: async ({ metrics, onEvent }: IdempotencyModuleOptions) => {
+    useFactory: async (options: IdempotencyModuleOptions) => {
+      const { metrics, onEvent } = givenOptions(options);
       const events = new IdempotencyEvents();
       if (metrics) events.subscribe(metricsListener(await createPrometheusSink(metrics === true ? {} : metrics)));
       if (onEvent) events.subscribe(onEvent);
