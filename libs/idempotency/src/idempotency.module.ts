@@ -9,7 +9,7 @@ import { passportUser } from './interceptors/passport-user.js';
 import { IdempotencyCounters } from './metrics/idempotency-counters.js';
 import { metricsListener } from './metrics/metrics-listener.js';
 import { createPrometheusSink } from './metrics/prometheus-metrics.js';
-import { documentDecoratedRoutes } from './openapi/idempotency-openapi.js';
+import { routeDocumenter, type RouteDocumenter } from './openapi/idempotency-openapi.js';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, givenOptions, resolveOptions, type ResolvedIdempotencyOptions } from './idempotency.config.js';
 import {
   ConfigurableIdempotencyModule,
@@ -51,21 +51,16 @@ const PROVIDERS: Provider[] = [
     },
   },
   {
-    // Places the guard innermost on each guarded handler; runs while the app is created, so
-    // before its routes are built. After the OpenAPI documentation: a guarded controller's own
-    // method in front of an inherited one takes the inherited one's metadata as it is then
-    // (documented after, an inherited route showed no key header: an adversarial helper).
+    // Places the guard innermost on each guarded handler, and documents the routes this module
+    // guards in OpenAPI (with @nestjs/swagger installed); runs while the app is created, so
+    // before its routes are built and before SwaggerModule.createDocument().
     provide: IDEMPOTENCY_PLACEMENT,
     inject: [ModulesContainer, IDEMPOTENCY_RESOLVED_OPTIONS, IDEMPOTENCY_OPENAPI],
-    useFactory: (modules: ModulesContainer, options: ResolvedIdempotencyOptions) => placeGuards(modules, options),
+    useFactory: (modules: ModulesContainer, options: ResolvedIdempotencyOptions, documenter: RouteDocumenter | undefined) =>
+      placeGuards(modules, options, documenter),
   },
-  {
-    // Documents decorated routes in OpenAPI when @nestjs/swagger is installed; resolved while
-    // the app is created, so before SwaggerModule.createDocument().
-    provide: IDEMPOTENCY_OPENAPI,
-    inject: [IDEMPOTENCY_RESOLVED_OPTIONS],
-    useFactory: (options: ResolvedIdempotencyOptions) => documentDecoratedRoutes(options),
-  },
+  // What documents routes in OpenAPI: undefined without @nestjs/swagger.
+  { provide: IDEMPOTENCY_OPENAPI, useFactory: routeDocumenter },
   {
     // Where Passport puts the user, when the app registered it with another `property`.
     provide: IDEMPOTENCY_PASSPORT_USER,

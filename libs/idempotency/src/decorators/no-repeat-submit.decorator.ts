@@ -5,7 +5,6 @@ import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempot
 import type { NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { NoRepeatSubmitInterceptor } from '../interceptors/no-repeat-submit.interceptor.js';
 import { parseKeyExpression } from '../keys/key-expression.js';
-import { rememberDecoratedPlace } from '../openapi/idempotency-openapi.js';
 import type { NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
 
 /**
@@ -88,7 +87,6 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
       UseInterceptors(NoRepeatSubmitInterceptor),
     );
     decorate(target, propertyKey!, descriptor!);
-    rememberDecoratedPlace({ target, propertyKey, descriptor, metadata });
   };
 }
 

@@ -1,6 +1,7 @@
 import { Logger, type NestInterceptor, type OnApplicationBootstrap, type Type } from '@nestjs/common';
 import { APP_INTERCEPTOR, type ModulesContainer } from '@nestjs/core';
-import { savesStatus, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
+import { IDEMPOTENCY_RESOLVED_OPTIONS, savesStatus, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
+import type { RouteDocumenter } from '../openapi/idempotency-openapi.js';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
@@ -51,7 +52,7 @@ interface GlobalInterceptors {
  *   on routes that save statuses (the route's `saveStatuses`, else `options`'), Nest hands the
  *   watcher its run (`markMethodStart`).
  */
-export function placeGuards(modules: ModulesContainer, options: ResolvedIdempotencyOptions): OnApplicationBootstrap {
+export function placeGuards(modules: ModulesContainer, options: ResolvedIdempotencyOptions, documenter?: RouteDocumenter): OnApplicationBootstrap {
   const logger = new Logger('IdempotencyModule');
   refuseAppInterceptors(modules);
   noteRoutedModules(modules);
@@ -113,6 +114,10 @@ export function placeGuards(modules: ModulesContainer, options: ResolvedIdempote
         }
         const others = withoutGuard(interceptorsOf(handler));
         Reflect.defineMetadata(INTERCEPTORS_METADATA, [...others, NoRepeatSubmitInterceptor], handler);
+        // Documented by the module that guards it, with its options (see guardOptionsOf).
+        if (documenter && isHttpRoute && (guardOptionsOf(module, modules) ?? options) === options) {
+          documenter.document(controller.prototype, method, guarded, options);
+        }
         const name = `${controller.name}.${method}`;
         const other = names.get(name);
         if (other && other !== controller) {
@@ -134,6 +139,20 @@ export function placeGuards(modules: ModulesContainer, options: ResolvedIdempote
       checkGlobalGuards(modules, logger);
     },
   };
+}
+
+type NestModule = ModulesContainer extends Map<string, infer M> ? M : never;
+
+/**
+ * The resolved options of the `IdempotencyModule` whose guard runs a controller of `module`, as
+ * Nest finds the guard for it: the first of its imports that exports it (its own `isGlobal: false`
+ * module's, before the global ones Nest adds to every module's imports), else a global one.
+ * Undefined while that module's options are not made yet (its own placement documents then).
+ */
+function guardOptionsOf(module: NestModule, modules: ModulesContainer): unknown {
+  const exporting = (candidate: NestModule) => candidate.providers.has(IdempotencyInterceptor) && candidate.exports.has(IdempotencyInterceptor);
+  const serving = [...module.imports].find(exporting) ?? [...modules.values()].find((candidate) => candidate.isGlobal && exporting(candidate));
+  return serving?.providers.get(IDEMPOTENCY_RESOLVED_OPTIONS)?.instance ?? undefined;
 }
 
 /** Apps already told they import two global IdempotencyModules (each module's placement runs). */

@@ -15,7 +15,7 @@ import { NoRepeatSubmit } from '../decorators/no-repeat-submit.decorator.js';
 import { IdempotencyErrorCode } from '../errors/idempotency-http.exceptions.js';
 import { IdempotencyModule } from '../idempotency.module.js';
 import { MemoryIdempotencyStore } from '../stores/memory/memory-idempotency.store.js';
-import { documentDecoratedRoutes } from './idempotency-openapi.js';
+import type { IdempotencyModuleOptions } from '../idempotency.options.js';
 
 class OrderDto {
   @ApiProperty()
@@ -102,8 +102,13 @@ class LegacyController {
 }
 
 async function openApiDocument(...controllers: (new (...args: never[]) => unknown)[]): Promise<OpenAPIObject> {
+  return openApiDocumentUnder({ failMode: 'closed' }, ...controllers);
+}
+
+/** The document of an app whose module has `options`. */
+async function openApiDocumentUnder(options: IdempotencyModuleOptions, ...controllers: (new (...args: never[]) => unknown)[]): Promise<OpenAPIObject> {
   const moduleRef = await Test.createTestingModule({
-    imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore(), failMode: 'closed' })],
+    imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore(), ...options })],
     controllers,
   }).compile();
   const app = moduleRef.createNestApplication({ logger: false });
@@ -266,7 +271,6 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
       @NoRepeatSubmit({ failMode: 'open' })
       open() {}
     }
-    await documentDecoratedRoutes({ failMode: 'closed' });
     @Controller('open-by-module')
     class OpenByModuleController {
       @Post()
@@ -277,9 +281,9 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
       @NoRepeatSubmit({ failMode: 'closed' })
       closed() {}
     }
-    await documentDecoratedRoutes({ failMode: 'open' });
-    const document = await openApiDocument(ClosedByModuleController, OpenByModuleController);
-    const unavailable = (path: string) => (document.paths[path].post!.responses as Record<string, any>)['503'].description as string;
+    const documents = [await openApiDocumentUnder({ failMode: 'closed' }, ClosedByModuleController), await openApiDocumentUnder({ failMode: 'open' }, OpenByModuleController)];
+    const unavailable = (path: string) =>
+      (documents.find((document) => document.paths[path])!.paths[path].post!.responses as Record<string, any>)['503'].description as string;
     expect(unavailable('/closed-by-module')).toContain('unreachable');
     expect(unavailable('/closed-by-module/open')).not.toContain('unreachable');
     expect(unavailable('/open-by-module')).not.toContain('unreachable');
@@ -300,16 +304,15 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
       @NoRepeatSubmit({ errorFormat: 'nest' })
       nest() {}
     }
-    await documentDecoratedRoutes({ errorFormat: 'problem+json' });
     @Controller('problem-by-route')
     class ProblemByRouteController {
       @Post()
       @NoRepeatSubmit({ errorFormat: 'problem+json' })
       create() {}
     }
-    const document = await openApiDocument(ProblemByModuleController, ProblemByRouteController);
+    const documents = [await openApiDocumentUnder({ errorFormat: 'problem+json' }, ProblemByModuleController), await openApiDocument(ProblemByRouteController)];
     for (const path of ['/problem-by-module', '/problem-by-route']) {
-      const responses = document.paths[path].post!.responses as Record<string, any>;
+      const responses = documents.find((document) => document.paths[path])!.paths[path].post!.responses as Record<string, any>;
       for (const status of ['400', '409', '422', '500', '503']) {
         expect([path, status, Object.keys(responses[status].content)]).toEqual([path, status, ['application/problem+json']]);
         const { required, properties } = responses[status].content['application/problem+json'].schema;
@@ -319,7 +322,7 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
       }
       expect(responses['409'].headers).toHaveProperty('Retry-After');
     }
-    expect(Object.keys((document.paths['/problem-by-module/nest'].post!.responses as Record<string, any>)['400'].content)).toEqual(['application/json']);
+    expect(Object.keys((documents[0].paths['/problem-by-module/nest'].post!.responses as Record<string, any>)['400'].content)).toEqual(['application/json']);
   });
 
   it('adds the Idempotency-Key header and the 400/409/422/503 answers', async () => {

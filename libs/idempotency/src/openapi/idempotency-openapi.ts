@@ -1,6 +1,6 @@
 import { HttpStatus, RequestMethod } from '@nestjs/common';
 import { HTTP_CODE_METADATA, METHOD_METADATA, PATH_METADATA } from '@nestjs/common/constants.js';
-import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
+import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import {
   IdempotencyErrorCode,
   inProgress,
@@ -14,26 +14,10 @@ import {
   type IdempotencyHttpException,
 } from '../errors/idempotency-http.exceptions.js';
 import { PROBLEM_JSON_CONTENT_TYPE, PROBLEM_TYPE_PREFIX, type ErrorFormat } from '../errors/problem-details.js';
-import { MAX_KEY_LENGTH, NO_REPEAT_SUBMIT_METADATA, REPLAYED_HEADER } from '../idempotency.constants.js';
+import { MAX_KEY_LENGTH, REPLAYED_HEADER } from '../idempotency.constants.js';
 import type { FailMode } from '../idempotency.options.js';
 import { describeKeyPath } from '../keys/key-expression.js';
 import { ROUTE_ARGS_METADATA } from '../interceptors/handler-start.js';
-
-/** A place `@NoRepeatSubmit()` decorated: a method (with its descriptor) or a controller class. */
-interface DecoratedPlace {
-  target: object;
-  propertyKey?: string | symbol;
-  descriptor?: PropertyDescriptor;
-  metadata: NoRepeatSubmitMetadata;
-}
-
-const places: DecoratedPlace[] = [];
-const documented = new WeakSet<DecoratedPlace>();
-
-/** Called by `@NoRepeatSubmit()`: the place is documented once the module loads `@nestjs/swagger`. */
-export function rememberDecoratedPlace(place: DecoratedPlace): void {
-  places.push(place);
-}
 
 /** One answer of the guard as OpenAPI shows it: its code, its status, whether it sends Retry-After. */
 interface GuardAnswer {
@@ -165,20 +149,39 @@ interface Documenting {
   defaults?: { failMode?: FailMode; keyHeader?: string; required?: boolean; errorFormat?: ErrorFormat };
 }
 
+/** Per route handler: its own swagger metadata before the guard's, and the options it was documented under. */
+const documentedRoutes = new WeakMap<object, { responses: unknown; parameters: unknown; under: string }>();
+
 function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prototype: object, key: string | symbol, metadata: NoRepeatSubmitMetadata): void {
   const descriptor = Object.getOwnPropertyDescriptor(prototype, key);
   const handler: unknown = descriptor?.value;
   if (typeof handler !== 'function' || Reflect.getMetadata(PATH_METADATA, handler) === undefined) return;
   const { API_RESPONSE, API_PARAMETERS, API_HEADERS } = swagger.DECORATORS;
-  if (!Reflect.hasOwnMetadata(API_RESPONSE, handler)) swagger.ApiResponse(defaultSuccess(prototype, key, handler))(prototype, key, descriptor!);
-  const own: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, handler);
-  const onClass: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, prototype.constructor) ?? {};
 
   const { options, key: keyFrom } = metadata;
   const keyHeader = options.keyHeader ?? defaults?.keyHeader ?? 'Idempotency-Key';
   const keySource = 'path' in keyFrom ? describeKeyPath(keyFrom.path) : 'header' in keyFrom ? `the ${keyHeader} header` : 'the request';
   const failsOpen = (options.failMode ?? defaults?.failMode) === 'open';
   const format = options.errorFormat ?? defaults?.errorFormat ?? 'nest';
+  const required = (options.required ?? defaults?.required ?? true) && !options.useRequestFingerprint;
+  const under = JSON.stringify([keyHeader, keySource, failsOpen, format, required]);
+  const before = documentedRoutes.get(handler);
+  if (before?.under === under) return;
+  if (before) {
+    // Documented under other options: from the route's own metadata again.
+    for (const [name, value] of [[API_RESPONSE, before.responses], [API_PARAMETERS, before.parameters]] as const) {
+      if (value === undefined) Reflect.deleteMetadata(name, handler);
+      else Reflect.defineMetadata(name, value, handler);
+    }
+  }
+  documentedRoutes.set(handler, {
+    responses: before ? before.responses : Reflect.getOwnMetadata(API_RESPONSE, handler),
+    parameters: before ? before.parameters : Reflect.getOwnMetadata(API_PARAMETERS, handler),
+    under,
+  });
+  if (!Reflect.hasOwnMetadata(API_RESPONSE, handler)) swagger.ApiResponse(defaultSuccess(prototype, key, handler))(prototype, key, descriptor!);
+  const own: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, handler);
+  const onClass: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, prototype.constructor) ?? {};
   const responses = { ...own };
   for (const [status, answers] of answersByStatus) {
     const ours = guardResponse(status, answers, keySource, failsOpen, format);
@@ -193,7 +196,7 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
     swagger.ApiHeader({
       // Under the name the handler's own @Headers() reads it by, which Swagger documents too: one parameter, not two.
       name: headerParameterName(prototype, key, keyHeader) ?? keyHeader,
-      required: (options.required ?? defaults?.required ?? true) && !options.useRequestFingerprint,
+      required,
       description: `One unique value per operation, reused on retries (1-${MAX_KEY_LENGTH} printable characters; "key" or key). A repeat gets the first answer again with ${REPLAYED_HEADER}: true.`,
       schema: { type: 'string', minLength: 1, maxLength: MAX_KEY_LENGTH },
     })(prototype, key, descriptor!);
@@ -212,41 +215,32 @@ function headerParameterName(prototype: object, key: string | symbol, header: st
   return undefined;
 }
 
+/** Documents guarded routes in OpenAPI (`routeDocumenter`). */
+export interface RouteDocumenter {
+  /**
+   * Documents the route `prototype[key]` as `metadata` guards it under its module's `defaults`:
+   * the key header where the key is that header, and every answer of the guard per status,
+   * keeping the route's own responses. Documented before under other options (another app of the
+   * process, another module), it is documented again from its own metadata.
+   */
+  document(prototype: object, key: string, metadata: NoRepeatSubmitMetadata, defaults: Documenting['defaults']): void;
+}
+
 /**
- * Documents every decorated route in OpenAPI when `@nestjs/swagger` is installed (does nothing
- * otherwise): the key header where the key is that header, and every answer of the guard per status,
- * keeping the route's own responses (its success response and the user's `@ApiResponse()`s).
- * Runs while the application is created, after every decorator, before
- * `SwaggerModule.createDocument()` reads the metadata. `defaults.failMode` (the module's) tells
- * why a route without its own `failMode` may answer 503: an outage and a shutdown, or (failing
- * open) a shutdown only; unknown, both.
+ * What documents guarded routes, when `@nestjs/swagger` is installed (undefined otherwise).
+ * Each module documents the routes it guards as it places the guard, with its own options,
+ * while the application is created, before `SwaggerModule.createDocument()` reads the metadata:
+ * documented once per process with the first module's options, a feature module's routes showed
+ * the root's key header (a client sending it got 400), and a later app's the first app's (an
+ * adversarial helper).
  */
-export async function documentDecoratedRoutes(defaults?: Documenting['defaults']): Promise<boolean> {
+export async function routeDocumenter(): Promise<RouteDocumenter | undefined> {
   let swagger: Documenting['swagger'];
   try {
     swagger = await import('@nestjs/swagger');
   } catch {
-    return false;
+    return undefined;
   }
-  const documenting: Documenting = { swagger, answersByStatus: guardAnswersByStatus(), defaults };
-  for (const place of places) {
-    if (documented.has(place)) continue;
-    documented.add(place);
-    // As the guard resolves them: a method's options merged over its controller's; a guarded
-    // controller's writes (its `methods`) each with its own success response; no skipped route.
-    const onClass = place.propertyKey === undefined;
-    const controller = (onClass ? place.target : place.target.constructor) as { prototype: object };
-    const methods = onClass
-      ? controllerMethods(controller.prototype)
-      : [{ name: place.propertyKey!, handler: Object.getOwnPropertyDescriptor(place.target, place.propertyKey!)?.value as unknown, declaredOn: place.target }];
-    for (const { name: key, handler, declaredOn } of methods) {
-      if (typeof handler !== 'function') continue;
-      // A method with its own @NoRepeatSubmit() is documented from its own place.
-      if (onClass && Reflect.hasOwnMetadata(NO_REPEAT_SUBMIT_METADATA, handler)) continue;
-      const metadata = guardedRouteMetadata(controller, handler);
-      // Swagger keeps its metadata on the handler function, which subclasses share with their base.
-      if (metadata) documentRoute(documenting, declaredOn, key, metadata);
-    }
-  }
-  return true;
+  const answersByStatus = guardAnswersByStatus();
+  return { document: (prototype, key, metadata, defaults) => documentRoute({ swagger, answersByStatus, defaults }, prototype, key, metadata) };
 }
