@@ -465,4 +465,24 @@ describe('transition (PostgreSQL)', () => {
       await dropSchemaDataSource(audited);
     }
   });
+
+  // helper-201: a PL/pgSQL block earlier in the transaction (its `END;` inside $$ ... $$) was read
+  // as the transaction ending, and every helper call after it refused ("the transaction ended
+  // before this call had its turn"), the row left PENDING, the transaction healthy.
+  it.each([
+    "DO $$ BEGIN PERFORM pg_advisory_xact_lock(42); END; $$",
+    "DO $body$ BEGIN IF true THEN PERFORM 1; END IF; END; $body$",
+    "SELECT 'end; commit' AS text -- rollback; end",
+  ])('is not refused after a statement that only mentions an end of transaction: %s', async (statement) => {
+    const id = await newPayment();
+    const other = await newPayment();
+    const result = await dataSource.transaction(async (manager) => {
+      const repo = manager.getRepository(Payment);
+      // A helper call first: the statement watcher is on from then.
+      await transition(repo, { where: { id: other }, from: ['PENDING'], to: 'PAID' });
+      await manager.query(statement);
+      return transition(repo, { where: { id }, from: ['PENDING'], to: 'PAID' });
+    });
+    expect([result.changed, (await payments.findOneByOrFail({ id })).status]).toEqual([true, 'PAID']);
+  });
 });

@@ -235,11 +235,10 @@ function underSavepoint<R>(
     if (queryRunner.isReleased || endedSince(queryRunner, generation) || !(queryRunner.isTransactionActive || beganWithRawSql(queryRunner))) {
       throw new IdempotencyError(`${helper}: the transaction ended before this call had its turn, so it did not run`);
     }
+    // In its section: a helper called from inside it (a subscriber's) takes its turn among the
+    // section's calls, and a statement of it asked once the transaction ended is refused.
     const section = { queryRunner, generation };
-    if (savepoint) return inSection.run(section, () => savepointSection(queryRunner, generation, work));
-    // Only a subscriber of the statement's events can call a helper from inside it: without one,
-    // no AsyncLocalStorage (on Node 20, one run turns on async hooks for the whole process).
-    return queryRunner.connection.subscribers.length > 0 ? inSection.run(section, work) : work();
+    return inSection.run(section, () => (savepoint ? savepointSection(queryRunner, generation, work) : work()));
   };
   const mine = (mineTurns.tail ?? Promise.resolve()).then(turn);
   // A duplicate is an answer (`created: false`), not a failure.
@@ -305,7 +304,7 @@ const MAY_STEP = /\b(?:rollback|abort|commit|end|prepare|begin|start)\b/i;
 function stepsOf(query: string): TransactionStep[] {
   if (!MAY_STEP.test(query)) return [];
   const steps: TransactionStep[] = [];
-  for (const part of query.replace(COMMENTS, ' ').split(';')) {
+  for (const part of statementsOf(query)) {
     const statement = part.trim().replace(/\s+/g, ' ');
     const end = ENDS.exec(statement);
     if (end) {
@@ -315,6 +314,57 @@ function stepsOf(query: string): TransactionStep[] {
     else if (STARTS.test(statement)) steps.push('start');
   }
   return steps;
+}
+
+const DOLLAR_TAG = /\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$/y;
+
+/**
+ * The statements of `query`, split at the semicolons outside quoted text, dollar-quoted bodies
+ * (`$$ ... $$`, `$tag$ ... $tag$`) and comments, which are left out of them. Split at every
+ * semicolon, a PL/pgSQL block's `END;` (`DO $$ BEGIN ... END; $$`) was read as the transaction's
+ * end, and every helper call after it refused (an adversarial helper).
+ */
+function statementsOf(query: string): string[] {
+  const statements: string[] = [];
+  let from = 0;
+  let current = '';
+  for (let i = 0; i < query.length; ) {
+    const c = query[i]!;
+    let skipTo = -1;
+    if (c === ';') {
+      statements.push(current + query.slice(from, i));
+      current = '';
+      from = ++i;
+      continue;
+    }
+    if (c === "'" || c === '"') {
+      const close = query.indexOf(c, i + 1);
+      i = close < 0 ? query.length : close + 1;
+      continue;
+    }
+    if (c === '-' && query[i + 1] === '-') {
+      const newline = query.indexOf('\n', i);
+      skipTo = newline < 0 ? query.length : newline;
+    } else if (c === '/' && query[i + 1] === '*') {
+      const close = query.indexOf('*/', i + 2);
+      skipTo = close < 0 ? query.length : close + 2;
+    } else if (c === '$') {
+      DOLLAR_TAG.lastIndex = i;
+      const tag = DOLLAR_TAG.exec(query)?.[0];
+      if (tag) {
+        const close = query.indexOf(tag, i + tag.length);
+        skipTo = close < 0 ? query.length : close + tag.length;
+      }
+    }
+    if (skipTo < 0) {
+      i++;
+      continue;
+    }
+    current += `${query.slice(from, i)} `;
+    i = from = skipTo;
+  }
+  statements.push(current + query.slice(from));
+  return statements;
 }
 
 const watching = new WeakSet<DataSource>();
