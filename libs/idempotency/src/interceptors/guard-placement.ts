@@ -50,7 +50,9 @@ interface GlobalInterceptors {
  *   guard knows whether a failed call failed in the method itself (`saveStatuses`) or before it
  *   (and in front of a method a guarded controller inherits, on the controller: the guard goes on it);
  *   on routes that save statuses (the route's `saveStatuses`, else `options`'), Nest hands the
- *   watcher its run (`markMethodStart`).
+ *   watcher its run (`markMethodStart`);
+ * - with a `documenter` (`@nestjs/swagger` installed), documents in OpenAPI the HTTP routes this
+ *   module guards (`guardOptionsOf`), under its options.
  */
 export function placeGuards(modules: ModulesContainer, options: ResolvedIdempotencyOptions, documenter?: RouteDocumenter): OnApplicationBootstrap {
   const logger = new Logger('IdempotencyModule');
