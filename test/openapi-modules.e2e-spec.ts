@@ -33,7 +33,24 @@ class PartnerController {
 })
 class PartnerModule {}
 
-async function documentOf(imports: (DynamicModule | typeof PartnerModule)[], controllers: (typeof OrdersController)[]): Promise<OpenAPIObject> {
+@Controller('feature')
+class FeatureController {
+  @Post()
+  @NoRepeatSubmit()
+  create(@Body() body: unknown) {
+    return body;
+  }
+}
+
+/** A shared module that imports its own IdempotencyModule and exports it to the modules that import it. */
+const featureGuard = IdempotencyModule.forRoot({ isGlobal: false, store: new MemoryIdempotencyStore(), keyHeader: 'X-Feature-Key' });
+@Module({ imports: [featureGuard], exports: [featureGuard] })
+class SharedGuardModule {}
+
+@Module({ imports: [SharedGuardModule], controllers: [FeatureController] })
+class FeatureModule {}
+
+async function documentOf(imports: (DynamicModule | typeof PartnerModule | typeof FeatureModule)[], controllers: (typeof OrdersController)[]): Promise<OpenAPIObject> {
   @Module({ imports, controllers })
   class AppModule {}
   const app: INestApplication = await NestFactory.create(AppModule, { logger: false });
@@ -63,6 +80,12 @@ describe('the OpenAPI document of guarded routes, per module and app', () => {
       { header: 'X-Partner-Key', conflict: ['application/problem+json'] },
     ]);
     expect((document.paths['/partner']!.post!.responses['503'] as { description: string }).description).toContain('unreachable');
+  });
+
+  // helper-204: the module that re-exports the guard's was passed over for the global one.
+  it('documents a route guarded through a re-exported module with that module\'s key header', async () => {
+    const document = await documentOf([root(), FeatureModule], [OrdersController]);
+    expect([keyAndFormat(document, '/orders').header, keyAndFormat(document, '/feature').header]).toEqual(['Idempotency-Key', 'X-Feature-Key']);
   });
 
   it("documents a later app's routes with that app's options", async () => {

@@ -177,6 +177,8 @@ describe('IdempotencyAdmin', () => {
     expect(admin.storageKeyOf({ user: { ip: '::1' }, handler: HANDLER, key: 'a' })).toBe('adm:ip:%3A%3A1:PaymentsController.pay:a');
     // A call keyed by its fingerprint, apart from a client key that spells it.
     const fingerprint = 'ab12'.repeat(16);
+    // A number, as the guard keys a #body number (helper-204: refused by the first check).
+    expect(admin.storageKeyOf({ user: 42, handler: HANDLER, key: 42 as unknown as string })).toBe('adm:42:PaymentsController.pay:42');
     expect(admin.storageKeyOf({ user: 42, handler: HANDLER, fingerprint })).toBe(`adm:42:PaymentsController.pay:fp=${fingerprint}`);
     expect(admin.storageKeyOf({ user: 42, handler: HANDLER, key: fingerprint })).toBe(`adm:42:PaymentsController.pay:${fingerprint}`);
     // No record the guard keeps (helper-197: fp=undefined, an empty segment, or the fingerprint of the two, in silence).
@@ -186,7 +188,8 @@ describe('IdempotencyAdmin', () => {
       { fingerprint: 'ab12' },
       { key: '' },
       { key: 'a\u0000b' },
-      { key: 42 as unknown as string },
+      { key: Number.NaN as unknown as string },
+      { key: {} as unknown as string },
       { key: 'k', fingerprint },
     ]) {
       expect(() => admin.storageKeyOf({ user: 42, handler: HANDLER, ...ref } as IdempotencyRecordRef)).toThrow(IdempotencyError);

@@ -129,13 +129,13 @@ export class IdempotencyAdmin {
   }
 }
 
-/** The user segment, as the guard makes it from a user id (`key-user.ts`). */
 const FINGERPRINT = /^[0-9a-f]{64}$/;
 
 /**
- * The record's key as the guard keys it: a client key it would accept, or a fingerprint (a
- * SHA-256 in hex). An empty, missing or unusable one named no record the guard keeps, and both
- * given took the fingerprint in silence (an adversarial helper).
+ * The record's key as the guard keys it: a client key it would accept (a number as its text, as
+ * the guard keys a `#body` number), or a fingerprint (a SHA-256 in hex). An empty, missing or
+ * unusable one named no record the guard keeps, and both given took the fingerprint in silence
+ * (an adversarial helper).
  */
 function keyOf(ref: { key?: unknown; fingerprint?: unknown }): string | { fingerprint: string } {
   const { key, fingerprint } = ref;
@@ -146,11 +146,13 @@ function keyOf(ref: { key?: unknown; fingerprint?: unknown }): string | { finger
     }
     return { fingerprint };
   }
-  const invalid = typeof key === 'string' ? validateKey(key) : 'it is not a text';
-  if (invalid !== undefined) throw new IdempotencyError(`IdempotencyAdmin: ${JSON.stringify(key) ?? String(key)} is not a key the guard keys by: ${invalid}`);
-  return key as string;
+  const text = typeof key === 'string' ? key : (typeof key === 'number' && Number.isFinite(key)) || typeof key === 'bigint' ? String(key) : undefined;
+  const invalid = text === undefined ? 'it is not a text' : validateKey(text);
+  if (invalid !== undefined) throw new IdempotencyError(`IdempotencyAdmin: ${String(key)} is not a key the guard keys by: ${invalid}`);
+  return text!;
 }
 
+/** The user segment, as the guard makes it from a user id (`key-user.ts`). */
 function keyUser(user: IdempotencyRecordUser): KeyUser {
   if (typeof user === 'object' && user !== null && !Array.isArray(user)) {
     // `{ parts }` as the guard makes it: two or more non-empty texts (one part is a plain id).

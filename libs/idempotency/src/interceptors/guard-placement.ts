@@ -147,14 +147,28 @@ type NestModule = ModulesContainer extends Map<string, infer M> ? M : never;
 
 /**
  * The resolved options of the `IdempotencyModule` whose guard runs a controller of `module`, as
- * Nest finds the guard for it: the first of its imports that exports it (its own `isGlobal: false`
- * module's, before the global ones Nest adds to every module's imports), else a global one.
- * Undefined while that module's options are not made yet (its own placement documents then).
+ * Nest's injector finds the guard for it (`lookupComponentInImports`): depth first through its
+ * imports (its own `isGlobal: false` module's before the global ones Nest adds to every module's
+ * imports), and on through the modules each import re-exports (a shared module that exports the
+ * IdempotencyModule it imports: an adversarial helper). Undefined while that module's options are
+ * not made yet (its own placement documents then).
  */
 function guardOptionsOf(module: NestModule, modules: ModulesContainer): unknown {
-  const exporting = (candidate: NestModule) => candidate.providers.has(IdempotencyInterceptor) && candidate.exports.has(IdempotencyInterceptor);
-  const serving = [...module.imports].find(exporting) ?? [...modules.values()].find((candidate) => candidate.isGlobal && exporting(candidate));
+  const serving = servingModule(module, false, new Set()) ?? [...modules.values()].find((candidate) => candidate.isGlobal && providesGuard(candidate));
   return serving?.providers.get(IDEMPOTENCY_RESOLVED_OPTIONS)?.instance ?? undefined;
+}
+
+const providesGuard = (module: NestModule) => module.providers.has(IdempotencyInterceptor) && module.exports.has(IdempotencyInterceptor);
+
+function servingModule(module: NestModule, traversing: boolean, seen: Set<NestModule>): NestModule | undefined {
+  for (const imported of module.imports) {
+    if (!imported || seen.has(imported) || (traversing && !module.exports.has(imported.metatype as never))) continue;
+    seen.add(imported);
+    if (providesGuard(imported)) return imported;
+    const found = servingModule(imported, true, seen);
+    if (found) return found;
+  }
+  return undefined;
 }
 
 /** Apps already told they import two global IdempotencyModules (each module's placement runs). */

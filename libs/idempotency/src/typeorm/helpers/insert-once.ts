@@ -15,6 +15,7 @@ import { IdempotencyConfigError, IdempotencyError } from '../../index.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { findOnPrimary } from './find-on-primary.js';
 import { inCallersTransaction } from './routed-repositories.js';
+import { stepsOf } from './sql-statements.js';
 import { uniqueViolationOf, type UniqueViolation } from './unique-violation.js';
 
 /** What `insertOnce` did: inserted the row, or found the one a unique constraint protects. */
@@ -292,79 +293,6 @@ function stateOf(queryRunner: QueryRunner): RunnerState {
 function endedSince(queryRunner: QueryRunner, generation: number): boolean {
   const state = stateOf(queryRunner);
   return state.ending !== undefined || state.generation !== generation;
-}
-
-/** What a statement asked of a runner does to its transaction, statement by statement (`;`), comments left out. */
-type TransactionStep = 'start' | 'commit' | 'rollback' | 'chain-commit' | 'chain-rollback';
-const ENDS = /^(?:(rollback|abort)|commit|end)(?:\s+(?:work|transaction|tran))?(?:\s+and\s+(no\s+)?chain)?$/i;
-const PREPARES = /^prepare\s+transaction\b/i;
-const STARTS = /^(?:begin(?:\s+(?:work|transaction|tran))?|start\s+transaction)(?:\s+(?:isolation\s+level|read|not|deferrable)\b.*)?$/i;
-const MAY_STEP = /\b(?:rollback|abort|commit|end|prepare|begin|start)\b/i;
-
-function stepsOf(query: string): TransactionStep[] {
-  if (!MAY_STEP.test(query)) return [];
-  const steps: TransactionStep[] = [];
-  for (const part of statementsOf(query)) {
-    const statement = part.trim().replace(/\s+/g, ' ');
-    const end = ENDS.exec(statement);
-    if (end) {
-      const chained = / and chain$/i.test(statement);
-      steps.push(end[1] ? (chained ? 'chain-rollback' : 'rollback') : chained ? 'chain-commit' : 'commit');
-    } else if (PREPARES.test(statement)) steps.push('rollback');
-    else if (STARTS.test(statement)) steps.push('start');
-  }
-  return steps;
-}
-
-const DOLLAR_TAG = /\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$/y;
-
-/**
- * The statements of `query`, split at the semicolons outside quoted text, dollar-quoted bodies
- * (`$$ ... $$`, `$tag$ ... $tag$`) and comments, which are left out of them. Split at every
- * semicolon, a PL/pgSQL block's `END;` (`DO $$ BEGIN ... END; $$`) was read as the transaction's
- * end, and every helper call after it refused (an adversarial helper).
- */
-function statementsOf(query: string): string[] {
-  const statements: string[] = [];
-  let from = 0;
-  let current = '';
-  for (let i = 0; i < query.length; ) {
-    const c = query[i]!;
-    let skipTo = -1;
-    if (c === ';') {
-      statements.push(current + query.slice(from, i));
-      current = '';
-      from = ++i;
-      continue;
-    }
-    if (c === "'" || c === '"') {
-      const close = query.indexOf(c, i + 1);
-      i = close < 0 ? query.length : close + 1;
-      continue;
-    }
-    if (c === '-' && query[i + 1] === '-') {
-      const newline = query.indexOf('\n', i);
-      skipTo = newline < 0 ? query.length : newline;
-    } else if (c === '/' && query[i + 1] === '*') {
-      const close = query.indexOf('*/', i + 2);
-      skipTo = close < 0 ? query.length : close + 2;
-    } else if (c === '$') {
-      DOLLAR_TAG.lastIndex = i;
-      const tag = DOLLAR_TAG.exec(query)?.[0];
-      if (tag) {
-        const close = query.indexOf(tag, i + tag.length);
-        skipTo = close < 0 ? query.length : close + tag.length;
-      }
-    }
-    if (skipTo < 0) {
-      i++;
-      continue;
-    }
-    current += `${query.slice(from, i)} `;
-    i = from = skipTo;
-  }
-  statements.push(current + query.slice(from));
-  return statements;
 }
 
 const watching = new WeakSet<DataSource>();
