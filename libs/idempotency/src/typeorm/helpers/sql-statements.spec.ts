@@ -9,7 +9,6 @@ describe('stepsOf: the transaction steps of a query, as PostgreSQL splits it', (
     ['end transaction', ['commit']],
     ['ROLLBACK AND CHAIN', ['chain-rollback']],
     ['SELECT 1; ROLLBACK', ['rollback']],
-    ["PREPARE TRANSACTION 'x'", ['rollback']],
     ['ROLLBACK TO SAVEPOINT typeorm_1', []],
     // Text that only mentions an end.
     ["SELECT 'a; commit; b'", []],
@@ -30,6 +29,26 @@ describe('stepsOf: the transaction steps of a query, as PostgreSQL splits it', (
     ['SELECT $1, $2 FROM t WHERE x = $3; COMMIT', ['commit']],
     ['SELECT $tag$ x; commit; $tag$; ROLLBACK', ['rollback']],
     ['SELECT 1 -- a comment\n; ROLLBACK', ['rollback']],
+    // helper-205, a differential fuzzer against PostgreSQL 15 (each disagreed before).
+    ['SELECT 1; -- note\rROLLBACK', ['rollback']],
+    ['COMMIT -- note\rAND CHAIN', ['chain-commit']],
+    ['SELECT 1 AS «$$; ROLLBACK; SELECT 1 AS «$$', ['rollback']],
+    ['SELECT 1 AS 𝑎$$; ROLLBACK', ['rollback']],
+    ['SELECT $€$; COMMIT; $€$', []],
+    ['SELECT 1 AS ß;ROLLBACK', ['rollback']],
+    ['SELECT 1 AS ﬁ;COMMIT', ['commit']],
+    ['SELECT 1 AS ß--; COMMIT', []],
+    ['CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1 AS end; END', []],
+    ['CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1 AS case; END; ROLLBACK', ['rollback']],
+    ['CREATE PROCEDURE pg_temp.p() LANGUAGE sql BEGIN ATOMIC END; COMMIT', ['commit']],
+    ['SELECT 1 end; ROLLBACK', ['rollback']],
+    ['SELECT begin atomic FROM (SELECT 1 AS begin) t; ROLLBACK', ['rollback']],
+    ["SELECT begin, 'x' atomic FROM (SELECT 1 AS begin) t; ROLLBACK", ['rollback']],
+    ['PREPARE transaction AS SELECT 1', []],
+    ["PREPARE TRANSACTION 'gid-1'", ['rollback']],
+    ["SELECT E'x'\n'\\''; ROLLBACK; SELECT ''", ['rollback']],
+    ["SELECT E'x'\n'\\'; COMMIT; SELECT '", []],
+    ["SELECT 'x' 'y'; COMMIT", ['commit']],
   ])('%s', (query, steps) => {
     expect(stepsOf(query)).toEqual(steps);
   });

@@ -2,7 +2,8 @@
 export type TransactionStep = 'start' | 'commit' | 'rollback' | 'chain-commit' | 'chain-rollback';
 
 const ENDS = /^(?:(rollback|abort)|commit|end)(?:\s+(?:work|transaction|tran))?(?:\s+and\s+(no\s+)?chain)?$/i;
-const PREPARES = /^prepare\s+transaction\b/i;
+/** `PREPARE TRANSACTION 'gid'`; not a prepared statement named "transaction" (`PREPARE transaction AS ...`). */
+const PREPARES = /^prepare\s+transaction\s*(?:[eE]|[uU]&)?'/i;
 const STARTS = /^(?:begin(?:\s+(?:work|transaction|tran))?|start\s+transaction)(?:\s+(?:isolation\s+level|read|not|deferrable)\b.*)?$/i;
 const MAY_STEP = /\b(?:rollback|abort|commit|end|prepare|begin|start)\b/i;
 
@@ -22,41 +23,56 @@ export function stepsOf(query: string): TransactionStep[] {
   return steps;
 }
 
-const IDENTIFIER = /[\p{L}\p{N}_$]/u;
-const DOLLAR_TAG = /\$(?:[\p{L}_][\p{L}\p{N}_]*)?\$/uy;
-const WORD = /[\p{L}_][\p{L}\p{N}_$]*/uy;
+/** PostgreSQL's identifier characters: every byte past ASCII is one. */
+const IDENTIFIER = /[A-Za-z0-9_$\u0080-\uffff]/;
+const DOLLAR_TAG = /\$(?:[A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$/y;
+const WORD = /[A-Za-z_\u0080-\uffff][A-Za-z0-9_$\u0080-\uffff]*/y;
 
 /**
  * The statements of `query`, split at its semicolons as PostgreSQL reads them: not inside quoted
  * text (`'...'`, `E'...'` with its backslash escapes, `"..."`), dollar-quoted bodies
  * (`$$ ... $$`, `$tag$ ... $tag$`, never started inside an identifier such as `a$b$c`), comments
- * (`-- ...`, nested `/* ... *\/`), which are left out, nor a SQL-standard function body
- * (`BEGIN ATOMIC ... END`). Split at every semicolon, a PL/pgSQL block's `END;` was read as the
- * transaction's end and every helper call after it refused; and each of these misread as the
- * bounds of a string hid the app's ROLLBACK after it, so an INSERT committed on its own
- * (adversarial helpers).
+ * (`-- ...` to a line end, nested `/* ... *\/`), which are left out, nor the SQL-standard body of
+ * a function or procedure created (`CREATE ... BEGIN ATOMIC ... END`, whose `END` comes at the
+ * start of a statement of the body). Split at every semicolon, a PL/pgSQL block's `END;` was read
+ * as the transaction's end and every helper call after it refused; and each of these misread as
+ * the bounds of a string hid the app's ROLLBACK after it, so an INSERT committed on its own
+ * (adversarial helpers, the last a differential fuzzer against PostgreSQL 15). Not read:
+ * `standard_conforming_strings = off` (backslash escapes in every string).
  */
 export function statementsOf(query: string): string[] {
   const statements: string[] = [];
   let from = 0;
   let current = '';
-  /** Open `BEGIN ATOMIC` bodies and `CASE` expressions in them: `END` closes one. */
-  let atomic = 0;
+  /** Inside a `BEGIN ATOMIC` body. */
+  let atomic = false;
+  /** The statement's first word, and the word just before (`''` after anything but blanks). */
+  let firstWord = '';
   let previousWord = '';
+  /** At the start of a statement (of the query, or of an atomic body). */
+  let atStart = true;
   for (let i = 0; i < query.length; ) {
     const c = query[i]!;
     const afterIdentifier = i > 0 && IDENTIFIER.test(query[i - 1]!);
     let skipTo = -1;
     if (c === ';') {
-      if (atomic > 0) {
+      atStart = true;
+      previousWord = '';
+      if (atomic) {
         i++;
         continue;
       }
       statements.push(current + query.slice(from, i));
       current = '';
       from = ++i;
-      previousWord = '';
+      firstWord = '';
       continue;
+    }
+    if (!/\s/.test(c) && !(c === '-' && query[i + 1] === '-') && !(c === '/' && query[i + 1] === '*')) {
+      if (!(/[A-Za-z_\u0080-\uffff]/.test(c) && !afterIdentifier)) {
+        atStart = false;
+        previousWord = '';
+      }
     }
     if (c === "'" || c === '"') {
       const escapes = c === "'" && /[eE]/.test(query[i - 1] ?? '') && !(i > 1 && IDENTIFIER.test(query[i - 2]!));
@@ -64,8 +80,9 @@ export function statementsOf(query: string): string[] {
       continue;
     }
     if (c === '-' && query[i + 1] === '-') {
-      const newline = query.indexOf('\n', i);
-      skipTo = newline < 0 ? query.length : newline;
+      // To a line end: LF or CR (a CR alone ended it: the ROLLBACK after it was missed).
+      const newline = query.slice(i).search(/[\n\r]/);
+      skipTo = newline < 0 ? query.length : i + newline;
     } else if (c === '/' && query[i + 1] === '*') {
       skipTo = blockCommentEnd(query, i);
     } else if (c === '$' && !afterIdentifier) {
@@ -75,14 +92,17 @@ export function statementsOf(query: string): string[] {
         const close = query.indexOf(tag, i + tag.length);
         skipTo = close < 0 ? query.length : close + tag.length;
       }
-    } else if (!afterIdentifier && /[\p{L}_]/u.test(c)) {
+    } else if (!afterIdentifier && /[A-Za-z_\u0080-\uffff]/.test(c)) {
       WORD.lastIndex = i;
-      const word = WORD.exec(query)![0].toUpperCase();
-      if (word === 'ATOMIC' && previousWord === 'BEGIN') atomic++;
-      else if (atomic > 0 && word === 'CASE') atomic++;
-      else if (atomic > 0 && word === 'END') atomic--;
+      const text = WORD.exec(query)![0];
+      const word = text.toUpperCase();
+      if (!firstWord) firstWord = word;
+      if (!atomic && word === 'ATOMIC' && previousWord === 'BEGIN' && firstWord === 'CREATE') atomic = true;
+      else if (atomic && word === 'END' && (atStart || previousWord === 'ATOMIC')) atomic = false;
       previousWord = word;
-      i += word.length;
+      atStart = false;
+      // By the text's own length: upper-cased, 'ß' is 'SS'.
+      i += text.length;
       continue;
     }
     if (skipTo < 0) {
@@ -96,14 +116,22 @@ export function statementsOf(query: string): string[] {
   return statements;
 }
 
+/** Blanks with a line end, then a quote: a string continued (`'a'` newline `'b'` is `'ab'`, in the first's mode). */
+const CONTINUED = /[ \t\f]*[\n\r]\s*'/y;
+
 /** Where the quoted text opened at `open` ends (past its closing quote); a doubled quote is one inside it. */
 function closingQuote(query: string, open: number, quote: string, backslashEscapes: boolean): number {
   for (let i = open + 1; i < query.length; i++) {
     const c = query[i];
     if (backslashEscapes && c === '\\') i++;
     else if (c === quote) {
-      if (query[i + 1] !== quote) return i + 1;
-      i++;
+      if (query[i + 1] === quote) {
+        i++;
+        continue;
+      }
+      CONTINUED.lastIndex = i + 1;
+      if (quote !== "'" || !CONTINUED.test(query)) return i + 1;
+      i = CONTINUED.lastIndex - 1;
     }
   }
   return query.length;
