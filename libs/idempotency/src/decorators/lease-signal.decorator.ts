@@ -1,4 +1,6 @@
 import { createParamDecorator, type ExecutionContext } from '@nestjs/common';
+// TypeScript's record of a method's parameter types (`emitDecoratorMetadata`).
+import { PARAMTYPES_METADATA } from '@nestjs/common/constants.js';
 
 /** What holds a call's signal: the claim, whose signal is made when first read. */
 interface SignalSource {
@@ -56,8 +58,6 @@ export function rememberLeaseSignal(ctx: ExecutionContext, source: SignalSource)
   else sealed.set(call, entry);
 }
 
-/** TypeScript's record of a method's parameter types (`emitDecoratorMetadata`). */
-const PARAMTYPES_METADATA = 'design:paramtypes';
 const leaseSignalParameter = createParamDecorator(leaseSignalOf);
 
 /**

@@ -1,4 +1,5 @@
 import { Req, type CallHandler } from '@nestjs/common';
+import { PARAMTYPES_METADATA } from '@nestjs/common/constants.js';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Observable } from 'rxjs';
 
@@ -146,7 +147,7 @@ export function markMethodStart(declaredOn: object, name: string): void {
   const target = (declaredOn as { constructor: object }).constructor;
   const params = Object.values((Reflect.getMetadata(ROUTE_ARGS_METADATA, target, name) ?? {}) as RouteArgs).filter((param) => !markEntries.has(param));
   const own = Math.max(-1, ...params.map((param) => param.index)) + 1;
-  const declared = (Reflect.getMetadata('design:paramtypes', declaredOn, name) as unknown[] | undefined)?.length ?? 0;
+  const declared = (Reflect.getMetadata(PARAMTYPES_METADATA, declaredOn, name) as unknown[] | undefined)?.length ?? 0;
   const at = Math.max(own, declared, method.length);
   Req()(declaredOn, name, at);
   // The new entry is this method's mark; a base class's method's mark it read along is not.

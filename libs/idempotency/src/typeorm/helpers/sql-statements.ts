@@ -25,6 +25,7 @@ export function stepsOf(query: string): TransactionStep[] {
 
 /** PostgreSQL's identifier characters: every byte past ASCII is one. */
 const IDENTIFIER = /[A-Za-z0-9_$\u0080-\uffff]/;
+const WORD_START = /[A-Za-z_\u0080-\uffff]/;
 const DOLLAR_TAG = /\$(?:[A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$/y;
 const WORD = /[A-Za-z_\u0080-\uffff][A-Za-z0-9_$\u0080-\uffff]*/y;
 
@@ -54,6 +55,8 @@ export function statementsOf(query: string): string[] {
   for (let i = 0; i < query.length; ) {
     const c = query[i]!;
     const afterIdentifier = i > 0 && IDENTIFIER.test(query[i - 1]!);
+    const startsWord = !afterIdentifier && WORD_START.test(c);
+    const comment = c === '-' && query[i + 1] === '-' ? 'line' : c === '/' && query[i + 1] === '*' ? 'block' : undefined;
     let skipTo = -1;
     if (c === ';') {
       atStart = true;
@@ -68,22 +71,21 @@ export function statementsOf(query: string): string[] {
       firstWord = '';
       continue;
     }
-    if (!/\s/.test(c) && !(c === '-' && query[i + 1] === '-') && !(c === '/' && query[i + 1] === '*')) {
-      if (!(/[A-Za-z_\u0080-\uffff]/.test(c) && !afterIdentifier)) {
-        atStart = false;
-        previousWord = '';
-      }
+    // Anything but blanks, comments and words (a string, a number, an operator) parts two words.
+    if (!startsWord && !comment && !/\s/.test(c)) {
+      atStart = false;
+      previousWord = '';
     }
     if (c === "'" || c === '"') {
       const escapes = c === "'" && /[eE]/.test(query[i - 1] ?? '') && !(i > 1 && IDENTIFIER.test(query[i - 2]!));
       i = closingQuote(query, i, c, escapes);
       continue;
     }
-    if (c === '-' && query[i + 1] === '-') {
+    if (comment === 'line') {
       // To a line end: LF or CR (a CR alone ended it: the ROLLBACK after it was missed).
       const newline = query.slice(i).search(/[\n\r]/);
       skipTo = newline < 0 ? query.length : i + newline;
-    } else if (c === '/' && query[i + 1] === '*') {
+    } else if (comment === 'block') {
       skipTo = blockCommentEnd(query, i);
     } else if (c === '$' && !afterIdentifier) {
       DOLLAR_TAG.lastIndex = i;
@@ -92,7 +94,7 @@ export function statementsOf(query: string): string[] {
         const close = query.indexOf(tag, i + tag.length);
         skipTo = close < 0 ? query.length : close + tag.length;
       }
-    } else if (!afterIdentifier && /[A-Za-z_\u0080-\uffff]/.test(c)) {
+    } else if (startsWord) {
       WORD.lastIndex = i;
       const text = WORD.exec(query)![0];
       const word = text.toUpperCase();
