@@ -99,7 +99,7 @@ describe('MemoryIdempotencyStore', () => {
     // It completes (no second run), but holds no body: its duplicates get 409 not replayable.
     expect(await store.complete('second', 't-second', answer(60_000), 60_000)).toBe(true);
     expect(await claimIn(store, 'first')).toMatchObject({ status: 'completed', response: { body: 'x'.repeat(60_000) } });
-    expect(await claimIn(store, 'second')).toEqual({ status: 'completed', response: { statusCode: 201, headers: { 'content-type': 'text/plain' }, unreplayable: 'too_large' } });
+    expect(await claimIn(store, 'second')).toEqual({ status: 'completed', response: { statusCode: 201, headers: {}, unreplayable: 'too_large' } });
     expect(store.bytes).toBeLessThanOrEqual(100_000);
     // A key longer than the room left (a 40,000-character user id) is refused as a full store.
     await expect(claimIn(store, 'k'.repeat(40_000))).rejects.toThrow(/memory store full: .* bytes; raise memoryMaxBytes or use Redis/);
@@ -112,6 +112,18 @@ describe('MemoryIdempotencyStore', () => {
     await claimIn(store, 'fourth');
     expect(await store.complete('fourth', 't-fourth', answer(90_000), 60_000)).toBe(true);
     expect(await claimIn(store, 'fourth')).toMatchObject({ status: 'completed', response: { body: 'x'.repeat(90_000) } });
+    expect(store.bytes).toBeLessThanOrEqual(100_000);
+  });
+
+  // helper-203/204: only the body was dropped, so a body-less answer with big headers (a 204 with
+  // a 60 KB Link header, say) went past maxBytes as it was.
+  it('keeps a body-less answer whose headers would pass maxBytes unreplayable, without them', async () => {
+    const store = new MemoryIdempotencyStore({ maxBytes: 100_000 });
+    await claimIn(store, 'first');
+    expect(await store.complete('first', 't-first', { statusCode: 204, headers: { link: 'l'.repeat(60_000) } }, 60_000)).toBe(true);
+    await claimIn(store, 'second');
+    expect(await store.complete('second', 't-second', { statusCode: 204, headers: { link: 'l'.repeat(60_000) } }, 60_000)).toBe(true);
+    expect(await claimIn(store, 'second')).toEqual({ status: 'completed', response: { statusCode: 204, headers: {}, unreplayable: 'too_large' } });
     expect(store.bytes).toBeLessThanOrEqual(100_000);
   });
 

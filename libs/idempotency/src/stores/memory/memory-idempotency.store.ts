@@ -134,9 +134,10 @@ export class MemoryIdempotencyStore extends IdempotencyStore {
     let bytes = entryBytes(key, { fingerprint: entry.fingerprint, response });
     if (this.held - entry.bytes + bytes > this.maxBytes) {
       this.dropExpired(now);
-      if (this.held - entry.bytes + bytes > this.maxBytes && response.body !== undefined) {
-        // Kept, so that no duplicate runs again, without the body that would not fit.
-        response = { statusCode: response.statusCode, headers: response.headers, unreplayable: 'too_large' };
+      if (this.held - entry.bytes + bytes > this.maxBytes) {
+        // Kept, so that no duplicate runs again, without the body and headers that would not fit
+        // (an answer that grew nothing past its claim cannot get here).
+        response = { statusCode: response.statusCode, headers: {}, unreplayable: 'too_large' };
         bytes = entryBytes(key, { fingerprint: entry.fingerprint, response });
       }
     }
