@@ -50,6 +50,8 @@ const cases: BadRequest[] = [
   { what: 'a body over 1 MiB', body: json({ orderNo: orderNo(), amount: 1, pad: 'x'.repeat(1_100_000) }), status: 413, code: 'PAYLOAD_TOO_LARGE' },
   { what: 'no orderNo', body: json({ amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_MISSING' },
   { what: 'an empty orderNo', body: json({ orderNo: '', amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },
+  // helper-195: a header of spaces was refused as empty, a body field of them keyed every blank order alike.
+  { what: 'an orderNo of spaces', body: json({ orderNo: ' \u00a0 ', amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },
   { what: 'an orderNo of 300 characters', body: json({ orderNo: 'O'.repeat(300), amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },
   { what: 'a control character in the orderNo', body: json({ orderNo: 'A\u0001B', amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },
   { what: 'a lone surrogate in the orderNo', body: '{"orderNo":"A\\ud800B","amount":1}', status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },

@@ -65,6 +65,13 @@ describe('validateKey', () => {
     expect(validateKey('')).toMatch(/empty/);
   });
 
+  // helper-195: the header's spaces were trimmed to an empty key (400), a body field or a quoted
+  // header of them was a key: every blank order of a user one record.
+  it.each([' ', '   ', '\u00A0', ' \u2003 ', '\u3000'])('refuses a key of white space only (%j)', (key) => {
+    expect(validateKey(key)).toMatch(/only white space/);
+    expect(parseKeyHeader(`"${key}"`)).toEqual({ invalid: expect.stringMatching(/only white space/) });
+  });
+
   it('counts the length in code points, not UTF-16 units', () => {
     const emoji = '😀'; // two UTF-16 units, one code point
     expect(validateKey(emoji.repeat(MAX_KEY_LENGTH))).toBeUndefined();

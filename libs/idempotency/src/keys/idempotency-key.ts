@@ -8,6 +8,7 @@ export type ParsedKeyHeader = { readonly key: string } | { readonly invalid: str
 
 const CONTROL = /[\u0000-\u001F\u007F-\u009F]/;
 const NOT_TEXT = /[\p{Cs}\uFFFD]/u;
+const VISIBLE = /\S/;
 
 /**
  * Reads the `Idempotency-Key` request header.
@@ -47,13 +48,16 @@ export function parseKeyHeader(value: string | string[] | undefined): ParsedKeyH
 /**
  * Checks a client key.
  *
- * @returns `undefined` when the key is usable; otherwise why not: empty, longer than
+ * @returns `undefined` when the key is usable; otherwise why not: empty, only white space (as
+ *   JavaScript's `\s` counts it: a header's spaces are trimmed to empty, a body field's would key
+ *   every blank value alike), longer than
  *   `MAX_KEY_LENGTH` (255) characters counted as Unicode code points, holding a control
  *   character (C0, DEL or C1), or not valid text (a lone surrogate, or U+FFFD, which is what
  *   undecodable bytes become).
  */
 export function validateKey(key: string): string | undefined {
   if (key.length === 0) return 'it is empty';
+  if (!VISIBLE.test(key)) return 'it is only white space';
   if (CONTROL.test(key)) return 'it contains a control character';
   if (NOT_TEXT.test(key)) return 'it is not valid UTF-8 text';
   // UTF-16 length >= code points, so only long strings need counting.
