@@ -105,6 +105,15 @@ describe('createIdempotentClient', () => {
     expect(calls).toHaveLength(1);
   });
 
+  // helper-208: an outer TimeoutInterceptor answers 408 while the handler runs on: returned at
+  // once as final, read as "did not happen", the operation was sent again under a new key.
+  it('retries a 408 with the same key, as a 5xx: the handler may run on behind it', async () => {
+    const { fetch, calls } = scripted(json(408, { statusCode: 408, message: 'Request Timeout' }), json(201, { id: 1 }, { 'idempotent-replayed': 'true' }));
+    const res = await client(fetch).post('/p', {});
+    expect(res).toMatchObject({ status: 201, replayed: true, attempts: 2 });
+    expect(calls.map((call) => call.headers.get('idempotency-key'))).toEqual([res.key, res.key]);
+  });
+
   it('waits the Retry-After of a 409 in progress, then gets the replay', async () => {
     const inProgress = json(409, { code: 'IDEMPOTENCY_IN_PROGRESS' }, { 'retry-after': '1' });
     const { fetch } = scripted(inProgress, json(201, { id: 1 }, { 'idempotent-replayed': 'true' }));

@@ -45,6 +45,8 @@ describe('isRetryableAnswer', () => {
     [409, null, { code: 'IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE' }, false],
     [400, null, { code: 'IDEMPOTENCY_KEY_MISSING' }, false],
     [422, null, { code: 'IDEMPOTENCY_KEY_REUSED' }, false],
+    [408, null, { statusCode: 408, message: 'Request Timeout' }, true],
+    [408, null, undefined, true],
     [429, '1', undefined, false],
     [201, null, {}, false],
   ])('status %i, Retry-After %p, body %p: %p', (status, retryAfter, body, expected) => {

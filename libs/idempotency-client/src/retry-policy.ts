@@ -42,6 +42,8 @@ export function parseRetryAfterMs(value: string | null, now: number = Date.now()
 
 /**
  * Whether an answer is worth another attempt with the same key:
+ * - 408: the server (an outer timeout, a proxy) gave up waiting, and the handler may run on
+ *   behind it; the retry gets 409 in progress, then the replay (or runs, if it failed);
  * - 5xx: the server failed; the retry runs again (the handler failed, so the key was released) or
  *   gets the first answer (a 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE` when that was the 5xx).
  *   Not a 500 `IDEMPOTENCY_USER_UNRESOLVED`: the server cannot tell its callers apart (its
@@ -57,6 +59,7 @@ export function parseRetryAfterMs(value: string | null, now: number = Date.now()
 export function isRetryableAnswer(status: number, retryAfter: string | null, body: unknown): boolean {
   const code = typeof body === 'object' && body !== null ? (body as { code?: unknown }).code : undefined;
   if (status >= 500 && status <= 599) return code !== USER_UNRESOLVED_CODE;
+  if (status === 408) return true;
   if (status !== 409) return false;
   return retryAfter !== null || code === IN_PROGRESS_CODE;
 }
