@@ -11,9 +11,10 @@ import { DATABASE_URL } from './support/services.js';
 describe.each<HttpAdapterName>(['express', 'fastify'])('demo payments, transactional (%s)', (adapter) => {
   let app: INestApplication;
   const http = () => request(app.getHttpServer());
-  const pay = (key: string | undefined, body: object, user = 'alice') => {
+  const pay = (key: string | string[] | undefined, body: object, user = 'alice') => {
     const req = http().post('/payments').set('X-User-Id', user);
-    if (key !== undefined) req.set('Idempotency-Key', key);
+    // An array goes out as one header line per key (superagent's typings know that of Cookie only).
+    if (key !== undefined) req.set('Idempotency-Key', key as string);
     return req.send(body);
   };
   const paymentsOf = async (orderNo: string) => (await http().get(`/orders/${orderNo}/payments`).expect(200)).body as { id: string }[];
@@ -64,6 +65,11 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('demo payments, transacti
     const orderNo = await newOrder();
     expect((await pay(undefined, { orderNo, amount: 5 }).expect(400)).body.code).toBe('IDEMPOTENCY_KEY_MISSING');
     expect((await pay('', { orderNo, amount: 5 }).expect(400)).body.code).toBe('IDEMPOTENCY_KEY_INVALID');
+    // helper-211: the demo read the header Node had joined (`K, K`): a key of its own, so the
+    // operation's retry with `K` paid a second time.
+    const key2 = randomUUID();
+    expect((await pay([key2, key2], { orderNo, amount: 5 }).expect(400)).body).toMatchObject({ code: 'IDEMPOTENCY_KEY_INVALID', message: expect.stringMatching(/more than once/) });
+    expect(await paymentsOf(orderNo)).toEqual([]);
     const unknown = `PAY-${randomUUID()}`;
     const key = randomUUID();
     expect((await pay(key, { orderNo: unknown, amount: 5 }).expect(404)).body.code).toBe('ORDER_NOT_FOUND');

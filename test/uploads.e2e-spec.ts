@@ -29,7 +29,7 @@ async function post(baseUrl: string, body: string | Buffer, headers: Record<stri
  * POST /uploads/xml without X-User-Id from the loopback address `localAddress`: each address of
  * 127.0.0.0/8 is another anonymous client to the server (`request.ip`).
  */
-function postAnonymously(baseUrl: string, localAddress: string, body: string, headers: Record<string, string> = {}): Promise<Answer> {
+function postAnonymously(baseUrl: string, localAddress: string, body: string, headers: Record<string, string | string[]> = {}): Promise<Answer> {
   return new Promise((resolve, reject) => {
     const req = httpRequest(`${baseUrl}/uploads/xml`, { method: 'POST', localAddress, headers: { 'content-type': 'application/xml', ...headers } }, (res) => {
       let text = '';
@@ -126,6 +126,14 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('POST /uploads/xml (%s)',
     const reused = await upload(receipt(newNo()), { 'x-request-id': 'once' });
     expect([reused.status, reused.body.code]).toEqual([422, 'IDEMPOTENCY_KEY_REUSED']);
     expect(await uploads()).toHaveLength(1);
+  });
+
+  // helper-211: the demo read `req.headers`, where Node joins two lines into `r1, r1`: an id of its own.
+  it('refuses an X-Request-Id sent on two lines with 400 IDEMPOTENCY_KEY_INVALID, and stores nothing', async () => {
+    const answer = await postAnonymously(baseUrl, '127.0.0.1', receipt(newNo()), { 'x-user-id': user, 'x-request-id': ['r1', 'r1'] });
+    expect([answer.status, answer.body.code]).toEqual([400, 'IDEMPOTENCY_KEY_INVALID']);
+    expect(answer.body.message).toMatch(/more than once/);
+    expect(await uploads()).toHaveLength(0);
   });
 
   it('checks the client digest (X-Content-Hash or If-Match) against the raw bytes, and refuses a mismatch with 400', async () => {

@@ -1,5 +1,5 @@
-import { Body, Controller, Get, Headers, Param, Post, Res, UseGuards } from '@nestjs/common';
-import { IDEMPOTENCY_KEY_HEADER, IdempotencyRefusals, parseKeyHeader } from 'nestjs-idempotency';
+import { Body, Controller, Get, Param, Post, Req, Res, UseGuards } from '@nestjs/common';
+import { IdempotencyRefusals, readKeyHeader, type RequestHeaders } from 'nestjs-idempotency';
 import { answerHttp, type HttpReply } from 'nestjs-idempotency/typeorm';
 import { CurrentUser } from '../current-user.decorator.js';
 import type { DemoUser } from '../demo-user.js';
@@ -28,12 +28,13 @@ export class PaymentsController {
   @Post('payments')
   @UseGuards(JsonBodyGuard)
   async pay(
-    @Headers(IDEMPOTENCY_KEY_HEADER) header: string | undefined,
+    @Req() req: RequestHeaders,
     @Body() dto: CreatePaymentDto,
     @CurrentUser() user: DemoUser | undefined,
     @Res({ passthrough: true }) reply: HttpReply,
   ): Promise<PaymentView> {
-    const parsed = parseKeyHeader(header);
+    // From the request, not @Headers(): Node joins a header sent on two lines into one value.
+    const parsed = readKeyHeader(req);
     if (!parsed) throw IdempotencyRefusals.keyMissing('the Idempotency-Key header');
     if ('invalid' in parsed) throw IdempotencyRefusals.keyInvalid(parsed.invalid);
     const result = await this.payments.pay(user?.id ?? ANONYMOUS_USER_ID, parsed.key, dto);

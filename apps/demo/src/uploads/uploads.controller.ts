@@ -37,7 +37,7 @@ export class UploadsController {
     @CurrentUser() user: DemoUser | undefined,
     @Res({ passthrough: true }) res: unknown,
   ): Promise<unknown> {
-    const requestId = readRequestId(req.headers);
+    const requestId = readRequestId(req);
     if (requestId && 'invalid' in requestId) throw requestIdInvalid(requestId.invalid);
     const answer = await this.uploads.upload({
       // The XML parser is a raw one (demo-app.factory.ts): the body is the bytes as received.

@@ -1,6 +1,7 @@
 import type { ExecutionContext } from '@nestjs/common';
 import { IdempotencyKeyError } from '../errors/idempotency.errors.js';
 import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
+import { sentMoreThanOnce } from '../keys/header-lines.js';
 import { evaluateKeyPath, keyText } from '../keys/key-expression.js';
 import type { HttpRequest } from './http-request.js';
 import { KEY_TEMPLATE_OF_NOTHING, userObjectOf } from './key-user.js';
@@ -78,18 +79,4 @@ function validKey(clientKey: string | undefined): string | undefined {
     throw new IdempotencyKeyError(`it is what a template writes for a missing value (${JSON.stringify(clientKey)})`);
   }
   return clientKey;
-}
-
-/**
- * Whether the request carried the header on more than one line (Node's `headersDistinct`; Fastify's
- * on its Node.js request). HTTP/2's compatibility request has no `headersDistinct`: its
- * `rawHeaders` tell (two lines joined as `a, b` were taken for one key, an adversarial helper).
- */
-function sentMoreThanOnce(req: HttpRequest, name: string): boolean {
-  const node = ('raw' in req ? (req as { raw: unknown }).raw : req) as { headersDistinct?: Record<string, string[] | undefined>; rawHeaders?: string[] };
-  if (node.headersDistinct) return (node.headersDistinct[name]?.length ?? 0) > 1;
-  let lines = 0;
-  const raw = node.rawHeaders ?? [];
-  for (let i = 0; i < raw.length; i += 2) if (raw[i]!.toLowerCase() === name && ++lines > 1) return true;
-  return false;
 }

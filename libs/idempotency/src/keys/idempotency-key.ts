@@ -1,4 +1,5 @@
-import { MAX_KEY_LENGTH } from '../idempotency.constants.js';
+import { IDEMPOTENCY_KEY_HEADER, MAX_KEY_LENGTH } from '../idempotency.constants.js';
+import { headerLines, type RequestHeaders } from './header-lines.js';
 
 /**
  * What a client's `Idempotency-Key` header holds: a usable `key`, or the reason it is `invalid`
@@ -43,6 +44,20 @@ export function parseKeyHeader(value: string | string[] | undefined): ParsedKeyH
   }
   const reason = validateKey(key);
   return reason === undefined ? { key } : { invalid: reason };
+}
+
+/**
+ * Reads a request's key header as the guard does (`parseKeyHeader`), refusing it when it came on
+ * more than one line: for code that keys by the header itself (the transactional mode).
+ * `parseKeyHeader(request.headers[...])` cannot tell: Node joins two lines into one value
+ * (`K, K`), a key of its own (an adversarial helper: the demo's payments took it, and the
+ * operation's retry with `K` paid again).
+ *
+ * @param request an Express, Fastify, Node.js or HTTP/2 request
+ * @param name the header, any case (default `Idempotency-Key`)
+ */
+export function readKeyHeader(request: RequestHeaders, name: string = IDEMPOTENCY_KEY_HEADER): ParsedKeyHeader | undefined {
+  return parseKeyHeader(headerLines(request, name.toLowerCase()) as string[] | undefined);
 }
 
 /**
