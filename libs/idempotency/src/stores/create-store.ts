@@ -66,7 +66,8 @@ async function createBackingStore(options: IdempotencyModuleOptions): Promise<Id
       `IdempotencyModule: store.redis is empty (${JSON.stringify(redis) ?? 'undefined'}): give a Redis URL, RedisOptions or a client (is REDIS_URL set?)`,
     );
   }
-  if (isRedisClient(redis)) return new RedisIdempotencyStore(redis, { waitForReplicas });
+  const keyPrefix = options.keyPrefix ?? DEFAULTS.keyPrefix;
+  if (isRedisClient(redis)) return new RedisIdempotencyStore(redis, { waitForReplicas, keyPrefix });
   const RedisClient = await loadRedisClass();
   // Connected in the store's onModuleInit, not here: an app that fails to start before its
   // lifecycle hooks (a refused configuration) leaves no connection open to keep its process alive.
@@ -76,7 +77,7 @@ async function createBackingStore(options: IdempotencyModuleOptions): Promise<Id
       : new RedisClient({ ...REDIS_CLIENT_DEFAULTS, ...redis, lazyConnect: true });
   client.on('error', (error: Error) => new Logger('IdempotencyModule').warn(`Redis: ${error.message}`));
   coalesceWrites(client);
-  return new RedisIdempotencyStore(client, { ownsClient: true, waitForReplicas });
+  return new RedisIdempotencyStore(client, { ownsClient: true, waitForReplicas, keyPrefix });
 }
 
 /** An ioredis `Redis` or `Cluster`, told from `RedisOptions` without loading ioredis (both have `isCluster`). */

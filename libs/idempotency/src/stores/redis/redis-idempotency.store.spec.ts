@@ -142,19 +142,30 @@ it("wakes waiters after its subscriber reconnects, on a client with autoResubscr
 
 // An adversarial helper: a user whose ACL refuses scripts claimed keys (a plain SET), and then
 // every save and renewal failed: each key ran again once a lease ended, with nothing said.
-it('says at start-up when its Redis user may not run scripts', async () => {
+// helper-212: the check ran a script on a key outside the guard's prefix, so a user narrowed to
+// it (as the README allows) was told its scripts were refused, while a user that may not SET, or
+// whose keys leave the prefix out, was told "claims land": none did, and under fail-open every
+// duplicate ran.
+it.each<[string, string[], string | undefined, RegExp | undefined]>([
+  ['narrowed to the guard\'s prefix', ['~no_repeat:*', '&*', '+@all'], undefined, undefined],
+  ['narrowed to a module keyPrefix of its own', ['~svc:*', '&*', '+@all'], 'svc', undefined],
+  ['without SET', ['~*', '&*', '+@all', '-set'], undefined, /may not claim the guard's keys .*no_repeat:/],
+  ['whose keys leave the prefix out', ['~other:*', '&*', '+@all'], undefined, /may not claim the guard's keys .*no_repeat:/],
+  ['without scripts', ['~*', '&*', '+@all', '-@scripting'], undefined, /may not run the guard's scripts/],
+])('says at start-up what a Redis user %s may not do, and nothing when it may do all', async (_what, rules, keyPrefix, said) => {
   const server = await startRedisServer();
   const admin = await connectRedis(server.url);
   const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
   try {
-    await admin.call('ACL', 'SETUSER', 'noscripts', 'on', 'nopass', '~*', '&*', '+@all', '-@scripting');
-    const limited = await connectRedis(server.url, { username: 'noscripts', password: 'any' });
+    await admin.call('ACL', 'SETUSER', 'limited', 'on', 'nopass', ...rules);
+    const limited = await connectRedis(server.url, { username: 'limited', password: 'any' });
     try {
-      await new RedisIdempotencyStore(limited).onModuleInit();
-      expect(errors.mock.calls.map(([message]) => String(message)).filter((m) => /may not run the guard's scripts/.test(m))).toHaveLength(1);
-      errors.mockClear();
-      await new RedisIdempotencyStore(admin).onModuleInit();
-      expect(errors).not.toHaveBeenCalled();
+      await new RedisIdempotencyStore(limited, { keyPrefix }).onModuleInit();
+      const messages = errors.mock.calls.map(([message]) => String(message));
+      if (said) expect(messages).toEqual([expect.stringMatching(said)]);
+      else expect(messages).toEqual([]);
+      // The probe leaves no key behind.
+      expect(await admin.keys('*')).toEqual([]);
     } finally {
       limited.disconnect();
     }

@@ -1,5 +1,6 @@
 import { Logger, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import type { Cluster, Redis } from 'ioredis';
+import { randomUUID } from 'node:crypto';
 import type { Socket } from 'node:net';
 import { IdempotencyConfigError, IdempotencyNotARecordError, IdempotencyStoreError } from '../../errors/idempotency.errors.js';
 import { DEFAULTS } from '../../idempotency.constants.js';
@@ -28,6 +29,9 @@ import {
 } from './redis-record.js';
 import { RELEASE_LUA } from './release.lua.js';
 import { RENEW_LUA } from './renew.lua.js';
+
+/** How long the start-up check's probe key lives at most, should its deletion not land. */
+const PROBE_LEASE_MS = 5000;
 
 /**
  * The scripts as commands on the client (registered with `defineCommand`, sent as EVALSHA). Their
@@ -58,6 +62,11 @@ export interface RedisIdempotencyStoreOptions {
    * client.
    */
   waitForReplicas?: { replicas: number; timeoutMs: number };
+  /**
+   * The guard's key prefix (the module's `keyPrefix`, which the module passes; default
+   * `no_repeat`): the start-up check claims a key under it, as a Redis user narrowed to it may.
+   */
+  keyPrefix?: string;
 }
 
 /**
@@ -259,24 +268,45 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
 
   private async checkServer(): Promise<void> {
     await this.warnOfEviction();
-    await this.warnOfScriptsRefused();
+    await this.warnOfRefusals();
   }
 
   /**
-   * A Redis user whose ACL refuses scripts (`-@scripting`) claims keys (a plain `SET`) but can
-   * neither save an answer nor renew a claim: every duplicate runs the handler again once a lease
-   * ends. Said at start-up, from one renewal of a key nobody holds (it changes nothing).
+   * What the Redis user's ACL refuses, said at start-up from a probe key under the guard's prefix
+   * (claimed, renewed and released, as a request's claim is; an ACL narrowed to the prefix allows
+   * it, helper-212):
+   * - a claim (no `SET`, or key patterns that leave the prefix out): no claim lands, and every
+   *   request follows the routes' `failMode` (under `'open'`, the default, every duplicate runs);
+   * - the scripts (`-@scripting`): claims land, but no answer is saved and no claim renewed, so
+   *   every duplicate runs the handler again once its lease ends.
    */
-  private async warnOfScriptsRefused(): Promise<void> {
+  private async warnOfRefusals(): Promise<void> {
+    const key = `${this.options.keyPrefix ?? DEFAULTS.keyPrefix}:startup-check:${randomUUID()}`;
+    const token = randomUUID();
+    const refused = (error: unknown) => /\bNOPERM\b/.test((error as Error).message);
     try {
-      await this.run(() => this.scripts.idempotencyRenew('idempotency:script-check', '["script-check",', 1, 0));
+      await this.run(() => this.client.set(key, encodeProcessing(token, '', Date.now() + PROBE_LEASE_MS), 'PX', PROBE_LEASE_MS, 'NX'));
     } catch (error) {
-      if (!/\bNOPERM\b/.test((error as Error).message)) return;
+      if (!refused(error)) return;
+      this.logger.error(
+        `This Redis user may not claim the guard's keys (${key}: ${(error as Error).message}): no claim lands, so every ` +
+          "request follows the routes' failMode (under 'open', the default, every duplicate runs the handler). Grant it SET " +
+          `and the scripts (+@scripting) on keys ~${key.slice(0, key.indexOf(':startup-check:'))}:*.`,
+      );
+      return;
+    }
+    try {
+      await this.run(() => this.scripts.idempotencyRenew(key, tokenPrefix(token), PROBE_LEASE_MS, Date.now() + PROBE_LEASE_MS));
+    } catch (error) {
+      if (!refused(error)) return;
       this.logger.error(
         `This Redis user may not run the guard's scripts (${(error as Error).message}): claims land, but no answer is saved ` +
           'and no claim renewed, so every duplicate runs the handler again once its lease ends. Grant it +@scripting ' +
           '(EVAL and EVALSHA).',
       );
+    } finally {
+      // The probe's own key; its lease ends it anyway.
+      await this.run(() => this.client.del(key)).catch(() => undefined);
     }
   }
 
