@@ -67,12 +67,13 @@ export class RpcExchange implements GuardExchange {
   private keyHandlerOfMessage(): string {
     const patterns: unknown = Reflect.getMetadata(PATTERN_METADATA, this.ctx.getHandler());
     if (!Array.isArray(patterns) || patterns.length === 0) return this.route.handler;
-    const pattern = messagePatternOf(this.ctx.switchToRpc().getContext());
+    const context: unknown = this.ctx.switchToRpc().getContext();
+    const pattern = messagePatternOf(context);
     if (pattern === undefined) return this.route.handler;
     // One pattern that matched another subject or topic (a wildcard: NATS `shops.*.orders`, MQTT
     // `shops/+/orders`, Redis with `wildcards`) names what it matched: keyed as its handler, one
     // shop's order number answered another shop's order with the first shop's result.
-    if (patterns.length === 1 && pattern === patternText(patterns[0])) return this.route.handler;
+    if (patterns.length === 1 && pattern === patternText(patterns[0], context)) return this.route.handler;
     return `${this.route.handler}#${pattern}`;
   }
 
@@ -187,9 +188,16 @@ function messagePatternOf(context: unknown): string | undefined {
   return undefined;
 }
 
-/** A declared pattern as `messagePatternOf` writes a message's: a string as it is, an object as sorted JSON. */
-function patternText(pattern: unknown): string | undefined {
-  return typeof pattern === 'string' ? pattern : canonicalJson(pattern);
+/**
+ * A declared pattern as `messagePatternOf` writes a message's: a string as it is, an object as
+ * sorted JSON. On MQTT, a shared subscription's `$share/<group>/` goes, as Nest's `ServerMqtt`
+ * takes it off to match the topic it hands over (helper-210: kept, a `$share` instance keyed its
+ * messages apart from a plain one's, and each ran them).
+ */
+function patternText(pattern: unknown, context: unknown): string | undefined {
+  if (typeof pattern !== 'string') return canonicalJson(pattern);
+  const mqtt = typeof (context as { getPacket?: unknown }).getPacket === 'function';
+  return mqtt && pattern.startsWith('$share/') ? pattern.split('/').slice(2).join('/') : pattern;
 }
 
 function sortedJson(text: string): string {
