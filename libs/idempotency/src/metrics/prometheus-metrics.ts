@@ -40,7 +40,7 @@ export async function createPrometheusSink(options: PrometheusMetricsOptions = {
   const prefix = options.prefix ?? 'idempotency_';
   // Reused when already registered: an app created twice in one process shares its metrics.
   const requests =
-    (registry.getSingleMetric(`${prefix}requests_total`) as InstanceType<typeof prom.Counter<'handler' | 'outcome'>>) ??
+    registered<InstanceType<typeof prom.Counter<'handler' | 'outcome'>>>(registry, `${prefix}requests_total`, 'counter', ['handler', 'outcome']) ??
     new prom.Counter({
       name: `${prefix}requests_total`,
       help: 'Calls through the idempotency guard, by handler and outcome',
@@ -48,7 +48,7 @@ export async function createPrometheusSink(options: PrometheusMetricsOptions = {
       registers: [registry],
     });
   const leases =
-    (registry.getSingleMetric(`${prefix}leases_total`) as InstanceType<typeof prom.Counter<'handler' | 'event'>>) ??
+    registered<InstanceType<typeof prom.Counter<'handler' | 'event'>>>(registry, `${prefix}leases_total`, 'counter', ['handler', 'event']) ??
     new prom.Counter({
       name: `${prefix}leases_total`,
       help: 'Claims renewed and lost while their handlers ran, by handler and event',
@@ -56,7 +56,7 @@ export async function createPrometheusSink(options: PrometheusMetricsOptions = {
       registers: [registry],
     });
   const store =
-    (registry.getSingleMetric(`${prefix}store_duration_seconds`) as InstanceType<typeof prom.Histogram<'operation'>>) ??
+    registered<InstanceType<typeof prom.Histogram<'operation'>>>(registry, `${prefix}store_duration_seconds`, 'histogram', ['operation']) ??
     new prom.Histogram({
       name: `${prefix}store_duration_seconds`,
       help: 'Duration of idempotency store calls',
@@ -71,4 +71,22 @@ export async function createPrometheusSink(options: PrometheusMetricsOptions = {
         : requests.inc({ handler, outcome: OUTCOME_LABELS[outcome] }),
     observeStore: (operation, seconds) => store.observe({ operation }, seconds),
   };
+}
+
+/**
+ * The metric registered under `name`, when it is the guard's kind (another app of the process made
+ * it); a metric of another type or labels there is refused: taken as the guard's, the app started
+ * and the guard's metrics went missing, an error logged per event type (an adversarial helper).
+ */
+function registered<M>(registry: Registry, name: string, type: 'counter' | 'histogram', labelNames: readonly string[]): M | undefined {
+  const found = registry.getSingleMetric(name) as { type?: string; labelNames?: readonly string[] } | undefined;
+  if (!found) return undefined;
+  const labels = found.labelNames ?? [];
+  if (found.type !== type || labels.length !== labelNames.length || labels.some((label, i) => label !== labelNames[i])) {
+    throw new IdempotencyConfigError(
+      `IdempotencyModule metrics: ${name} is already registered as a ${found.type ?? 'metric'} of labels [${labels.join(', ')}], ` +
+        `not the guard's ${type} of [${labelNames.join(', ')}]; give metrics another prefix or registry`,
+    );
+  }
+  return found as M;
 }
