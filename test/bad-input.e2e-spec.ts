@@ -21,6 +21,8 @@ interface BadRequest {
   status: number | number[];
   /** Expected `code`, or a set. */
   code: string | string[];
+  /** What the answer's message must say: the validator's words, where the database's backstop gives the same code. */
+  message?: RegExp;
 }
 
 const orderNo = () => `BAD-${randomUUID().slice(0, 8)}`;
@@ -83,6 +85,9 @@ const cases: BadRequest[] = [
   { what: 'a NUL in the transactionId', path: '/orders/:pending/payment-callback', body: callback({ transactionId: 'a\u0000b' }), status: 400, code: 'VALIDATION_FAILED' },
   { what: 'a lone surrogate in the transactionId', path: '/orders/:pending/payment-callback', body: '{"transactionId":"a\\ud800b","paidAt":"2026-11-30T10:00:00Z"}', status: 400, code: 'VALIDATION_FAILED' },
   { what: 'a transactionId of 129 characters', path: '/orders/:pending/payment-callback', body: callback({ transactionId: 'T'.repeat(129) }), status: 400, code: 'VALIDATION_FAILED' },
+  // helper-211: ISO 8601 forms Date cannot read passed the validator and failed in PostgreSQL.
+  { what: 'a paidAt as an ISO week', path: '/orders/:pending/payment-callback', body: callback({ paidAt: '2026-W05' }), status: 400, code: 'VALIDATION_FAILED', message: /paidAt must be/ },
+  { what: 'a paidAt in ISO basic format', path: '/orders/:pending/payment-callback', body: callback({ paidAt: '20260202T000000Z' }), status: 400, code: 'VALIDATION_FAILED', message: /paidAt must be/ },
   { what: 'a paidAt beyond year 9999', path: '/orders/:pending/payment-callback', body: callback({ paidAt: '+275760-09-13T00:00:00Z' }), status: 400, code: 'VALIDATION_FAILED' },
   { what: 'an orderNo of 65 characters', body: json({ orderNo: 'O'.repeat(65), amount: 1 }), status: 400, code: 'VALIDATION_FAILED' },
   { what: 'a NUL in the orderNo', body: json({ orderNo: 'A\u0000B', amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },
@@ -146,6 +151,7 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('bad input to the demo (%
     const res = await req;
     expect([c.status].flat()).toContain(res.status);
     expect([c.code].flat()).toContain(res.body.code);
+    if (c.message) expect(JSON.stringify(res.body.message)).toMatch(c.message);
     expect(await persisted()).toEqual(before);
   });
 });
