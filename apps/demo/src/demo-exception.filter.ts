@@ -34,6 +34,19 @@ const UNSUPPORTED_MEDIA_TYPE: BodyError = {
   code: 'UNSUPPORTED_MEDIA_TYPE',
   message: 'Send the request body as JSON with "Content-Type: application/json".',
 };
+const UNSUPPORTED_CONTENT_ENCODING: BodyError = {
+  statusCode: 415,
+  code: 'UNSUPPORTED_MEDIA_TYPE',
+  message: 'The request body\'s Content-Encoding is not supported: send it as it is, or as gzip, deflate or br.',
+};
+/** A body its Content-Encoding did not decode (Express inflates gzip, deflate and br). */
+const INVALID_BODY_ENCODING: BodyError = {
+  statusCode: 400,
+  code: 'INVALID_BODY_ENCODING',
+  message: 'The request body could not be decoded from its Content-Encoding.',
+};
+/** zlib's errors (`Z_DATA_ERROR`, `Z_BUF_ERROR`: a truncated body) and Brotli's (`ERR__ERROR_FORMAT_...`). */
+const DECODING_ERROR = /^(?:Z_|ERR__ERROR_)/;
 
 /**
  * Errors of the body parsers, by Express body-parser `type` and Fastify error `code`. Both
@@ -48,7 +61,7 @@ const BODY_ERRORS: Record<string, BodyError> = {
   FST_ERR_CTP_BODY_TOO_LARGE: PAYLOAD_TOO_LARGE,
   FST_ERR_CTP_INVALID_MEDIA_TYPE: UNSUPPORTED_MEDIA_TYPE,
   'charset.unsupported': UNSUPPORTED_MEDIA_TYPE,
-  'encoding.unsupported': UNSUPPORTED_MEDIA_TYPE,
+  'encoding.unsupported': UNSUPPORTED_CONTENT_ENCODING,
 };
 
 const bodyErrorOf = (exception: unknown): BodyError | undefined => {
@@ -58,6 +71,7 @@ const bodyErrorOf = (exception: unknown): BodyError | undefined => {
     const { type, code } = candidate as { type?: unknown; code?: unknown };
     const match = BODY_ERRORS[String(type)] ?? BODY_ERRORS[String(code)];
     if (match) return match;
+    if (typeof code === 'string' && DECODING_ERROR.test(code)) return INVALID_BODY_ENCODING;
   }
   return undefined;
 };
