@@ -131,6 +131,7 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     throw new IdempotencyConfigError(`IdempotencyModule: memoryMaxBytes must be a whole number, 1 or more (got ${shown(memoryMaxBytes)})`);
   }
   resolveLocalCache(options.localCache);
+  assertKnownOptions(options, MODULE_OPTIONS, 'IdempotencyModule', { interceptor: true, isGlobal: true });
   for (const extra of ['interceptor', 'isGlobal'] as const) {
     // forRoot() takes them off the options; a forRootAsync() factory cannot give them (Nest
     // builds the module, global or not, and its providers before any factory runs): isGlobal
@@ -153,6 +154,94 @@ export function resolveOptions(options: IdempotencyModuleOptions): ResolvedIdemp
     );
   }
   return Object.freeze(resolved);
+}
+
+/** Every module option, as its type names them: a key not here is a misspelling. */
+const MODULE_OPTIONS: { readonly [K in keyof Required<IdempotencyModuleOptions>]: true } = {
+  store: true,
+  keyHeader: true,
+  keyPrefix: true,
+  expireSeconds: true,
+  leaseSeconds: true,
+  maxHoldSeconds: true,
+  shutdownWaitSeconds: true,
+  getUser: true,
+  anonymous: true,
+  maxResponseBytes: true,
+  required: true,
+  failMode: true,
+  errorFormat: true,
+  onSkippedMessage: true,
+  replayHeaders: true,
+  ignoreFields: true,
+  saveStatuses: true,
+  memoryMaxEntries: true,
+  memoryMaxBytes: true,
+  localCache: true,
+  metrics: true,
+  onEvent: true,
+};
+
+/** Every `@NoRepeatSubmit()` option, as its type names them. */
+export const ROUTE_OPTIONS: { readonly [K in keyof Required<NoRepeatSubmitOptions>]: true } = {
+  expireSeconds: true,
+  idempotentKey: true,
+  useRequestFingerprint: true,
+  leaseSeconds: true,
+  maxHoldSeconds: true,
+  failMode: true,
+  errorFormat: true,
+  ignoreFields: true,
+  maxResponseBytes: true,
+  keyHeader: true,
+  required: true,
+  saveStatuses: true,
+  skipIf: true,
+  methods: true,
+  waitForResultMs: true,
+};
+
+/** Options of the store's, given beside the module's. */
+const STORE_OPTIONS = new Set(['redis', 'waitForReplicas']);
+
+/**
+ * Refuses an option key the options do not have, naming the one meant where one is close: where
+ * TypeScript does not look (a `forRootAsync()` factory's object with one right key, options read
+ * from the environment or typed `any`), `failmode: 'closed'` failed open without a word, and
+ * `keyheader` asked for `Idempotency-Key` (an adversarial helper).
+ */
+export function assertKnownOptions(options: object, known: Readonly<Record<string, true>>, where: string, also: Readonly<Record<string, true>> = {}): void {
+  for (const key of Object.keys(options)) {
+    if (Object.hasOwn(known, key) || Object.hasOwn(also, key)) continue;
+    const meant = STORE_OPTIONS.has(key) && Object.hasOwn(known, 'store') ? `store: { ${key} }` : closestOption(key, Object.keys(known));
+    throw new IdempotencyConfigError(
+      meant === undefined
+        ? `${where}: unknown option ${key}; the options are ${Object.keys(known).join(', ')}`
+        : `${where}: unknown option ${key} (did you mean ${meant}?)`,
+    );
+  }
+}
+
+/** The known option `key` is a slip of: the same but for case, or at most two letters apart. */
+function closestOption(key: string, known: readonly string[]): string | undefined {
+  const lower = key.toLowerCase();
+  let best: { name: string; distance: number } | undefined;
+  for (const name of known) {
+    const distance = name.toLowerCase() === lower ? 0 : editDistance(lower, name.toLowerCase());
+    if (distance <= 2 && (best === undefined || distance < best.distance)) best = { name, distance };
+  }
+  return best?.name;
+}
+
+/** Levenshtein distance (option names are short). */
+function editDistance(a: string, b: string): number {
+  let row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const next = [i];
+    for (let j = 1; j <= b.length; j++) next[j] = Math.min(row[j]! + 1, next[j - 1]! + 1, row[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    row = next;
+  }
+  return row[b.length]!;
 }
 
 /**

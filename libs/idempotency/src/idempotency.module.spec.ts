@@ -141,6 +141,21 @@ describe('IdempotencyModule', () => {
     await inForRoot.close();
   });
 
+  // helper-215: a misspelt key in a factory's options started without a word, where TypeScript does
+  // not look (a factory's object with one right key, options from the environment): `failmode:
+  // 'closed'` failed open, `keyheader` asked for Idempotency-Key, `saveStatus` ran 409s twice.
+  it.each([
+    [{ failmode: 'closed' }, /unknown option failmode \(did you mean failMode\?\)/],
+    [{ keyheader: 'X-Pay-Key', expireSeconds: 60 }, /unknown option keyheader \(did you mean keyHeader\?\)/],
+    [{ saveStatus: [409] }, /unknown option saveStatus \(did you mean saveStatuses\?\)/],
+    [{ redis: 'redis://127.0.0.1:6379' }, /unknown option redis \(did you mean store: \{ redis \}\?\)/],
+    [{ ttl: 60 }, /unknown option ttl;/],
+  ])('refuses an unknown option in what a forRootAsync() factory returns, naming it: %j', async (options, message) => {
+    await expect(
+      Test.createTestingModule({ imports: [IdempotencyModule.forRootAsync({ useFactory: () => ({ store: new MemoryIdempotencyStore(), ...options }) })] }).compile(),
+    ).rejects.toThrow(message);
+  });
+
   // Also where a bare IdempotencyModule (the class alone, which provides nothing) is the only one.
   it.each([
     ['no IdempotencyModule', []],

@@ -17,6 +17,15 @@ function decoratedWith(options: Record<string, unknown>) {
 }
 
 describe('@NoRepeatSubmit()', () => {
+  // helper-215: options built elsewhere (typed any) with a misspelt key were taken without a word.
+  it.each([
+    [{ idempotentkey: '#body.ref' }, /OrdersController.create: unknown option idempotentkey \(did you mean idempotentKey\?\)/],
+    [{ failmode: 'closed' }, /unknown option failmode \(did you mean failMode\?\)/],
+    [{ store: 'redis' }, /unknown option store; /],
+  ])('refuses an unknown option, naming it: %j', (options, message) => {
+    expect(() => decoratedWith(options)).toThrow(message);
+  });
+
   // The outer one's metadata replaced the inner one's whole, in silence: a custom decorator's
   // key expression was lost under an outer @NoRepeatSubmit({ required: false }), and every copy
   // ran (an adversarial helper: 10 of 10).

@@ -1,6 +1,6 @@
 import { RequestMethod, SetMetadata, UseInterceptors, applyDecorators } from '@nestjs/common';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
-import { assertBoolean, assertBytes, assertErrorFormat, assertFunction, assertPositive, assertSaveStatuses, assertShared, MAX_TIMED_SECONDS, shown } from '../idempotency.config.js';
+import { assertBoolean, assertBytes, assertKnownOptions, ROUTE_OPTIONS, assertErrorFormat, assertFunction, assertPositive, assertSaveStatuses, assertShared, MAX_TIMED_SECONDS, shown } from '../idempotency.config.js';
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import type { NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { NoRepeatSubmitInterceptor } from '../interceptors/no-repeat-submit.interceptor.js';
@@ -32,6 +32,7 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
   return (target: object, propertyKey?: string | symbol, descriptor?: PropertyDescriptor) => {
     const className = typeof target === 'function' ? target.name : target.constructor.name;
     const where = propertyKey === undefined ? className : `${className}.${String(propertyKey)}`;
+    assertKnownOptions(options, ROUTE_OPTIONS, where);
     assertPositive('expireSeconds', options.expireSeconds, where);
     assertPositive('leaseSeconds', options.leaseSeconds, where);
     assertPositive('maxHoldSeconds', options.maxHoldSeconds, where);

@@ -220,8 +220,9 @@ describe('statementRunner: named prepared statements on the pool or on a transac
   // pg's `query_timeout` rejects a statement but leaves it on its connection: given back whole,
   // the connection served the next statement behind the one still waiting, which failed in turn.
   it("gives back as broken a connection whose statement failed on pg's query_timeout, and answers on a new one", async () => {
-    await withProxy({ max: 1, query_timeout: 100 }, async (proxy, timed) => {
-      const run = statementRunner(timed, { timeoutMs: 1000 });
+    // 500 ms, under the runner's bound: 100 ms failed the first statement itself on a loaded machine.
+    await withProxy({ max: 1, query_timeout: 500 }, async (proxy, timed) => {
+      const run = statementRunner(timed, { timeoutMs: 5000 });
       await run('SELECT 1 AS one', []);
       proxy.delayMs = 60_000;
       await expect(run('SELECT 2 AS two', [])).rejects.toThrow(/Query read timeout/);
