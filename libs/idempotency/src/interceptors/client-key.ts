@@ -1,6 +1,6 @@
 import type { ExecutionContext } from '@nestjs/common';
 import { IdempotencyKeyError } from '../errors/idempotency.errors.js';
-import { parseKeyHeader, validateKey } from '../keys/idempotency-key.js';
+import { readKeyHeader, validateKey } from '../keys/idempotency-key.js';
 import { sentMoreThanOnce } from '../keys/header-lines.js';
 import { evaluateKeyPath, keyText } from '../keys/key-expression.js';
 import type { HttpRequest } from './http-request.js';
@@ -20,12 +20,8 @@ export function readClientKey(ctx: ExecutionContext, route: GuardedRoute, userPr
   const req = ctx.getType() === 'http' ? ctx.getArgByIndex<HttpRequest>(0) : undefined;
   let clientKey: string | undefined;
   if ('header' in source) {
-    const parsed = parseKeyHeader(req?.headers[route.keyHeader]);
+    const parsed = req ? readKeyHeader(req, route.keyHeader) : undefined;
     if (parsed && 'invalid' in parsed) throw new IdempotencyKeyError(parsed.invalid);
-    // Node joins a header sent twice into `a, b`: a comma asks whether it came on two lines.
-    if (parsed?.key.includes(',') && sentMoreThanOnce(req!, route.keyHeader)) {
-      throw new IdempotencyKeyError('the header was sent more than once');
-    }
     clientKey = parsed?.key;
   } else if ('resolve' in source) {
     return checkedKey(source.resolve(ctx), route, () => 'the idempotentKey function');

@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { headerLines } from './header-lines.js';
+import { sentMoreThanOnce } from './header-lines.js';
 import { readKeyHeader } from './idempotency-key.js';
 import { readRequestId } from './request-id.js';
 
@@ -7,13 +7,15 @@ import { readRequestId } from './request-id.js';
 const node = { headers: { 'idempotency-key': 'K, K', 'x-request-id': 'r1, r1' }, headersDistinct: { 'idempotency-key': ['K', 'K'], 'x-request-id': ['r1', 'r1'] } };
 const http2 = { headers: { 'idempotency-key': 'K, K' }, rawHeaders: [':method', 'POST', 'Idempotency-Key', 'K', 'idempotency-key', 'K'] };
 
-describe('headerLines', () => {
-  it('reads the lines from headersDistinct, a Fastify request\'s raw, HTTP/2\'s rawHeaders, else headers', () => {
-    expect(headerLines(node, 'idempotency-key')).toEqual(['K', 'K']);
-    expect(headerLines({ headers: node.headers, raw: node } as never, 'idempotency-key')).toEqual(['K', 'K']);
-    expect(headerLines(http2, 'idempotency-key')).toEqual(['K', 'K']);
-    expect(headerLines({ headers: { a: 'x' } }, 'a')).toEqual(['x']);
-    expect(headerLines(http2, 'absent')).toBeUndefined();
+describe('sentMoreThanOnce', () => {
+  it('counts the lines in headersDistinct, a Fastify request\'s raw, HTTP/2\'s rawHeaders, else headers', () => {
+    expect(sentMoreThanOnce(node, 'idempotency-key')).toBe(true);
+    expect(sentMoreThanOnce({ headers: node.headers, raw: node } as never, 'idempotency-key')).toBe(true);
+    expect(sentMoreThanOnce(http2, 'idempotency-key')).toBe(true);
+    expect(sentMoreThanOnce({ ...http2, rawHeaders: ['Idempotency-Key', 'K, K'] }, 'idempotency-key')).toBe(false);
+    expect(sentMoreThanOnce({ headers: { a: 'x, y' } }, 'a')).toBe(false);
+    expect(sentMoreThanOnce({ headers: { a: ['x', 'y'] } }, 'a')).toBe(true);
+    expect(sentMoreThanOnce(http2, 'absent')).toBe(false);
   });
 });
 
@@ -24,6 +26,18 @@ describe('readKeyHeader and readRequestId, given the request', () => {
     expect(readRequestId(node)).toEqual({ invalid: expect.stringMatching(/x-request-id.*more than once/) });
     // What they cannot tell from headers alone:
     expect(readRequestId(node.headers)).toEqual({ requestId: 'r1, r1' });
+  });
+
+  // helper-213: they read the lines as received, so a key a middleware set or rewrote in
+  // request.headers (as the guard reads it) was missing, or the client's instead of the app's.
+  it('read the value from request.headers, as the guard does, and the lines only to count them', () => {
+    const mapped = { headers: { 'idempotency-key': 'tenant-7:op-1', 'x-request-id': 'op-1' }, headersDistinct: { 'x-idem': ['op-1'] } };
+    expect(readKeyHeader(mapped)).toEqual({ key: 'tenant-7:op-1' });
+    expect(readRequestId(mapped)).toEqual({ requestId: 'op-1' });
+    const rewritten = { headers: { 'idempotency-key': 'tenant-7:op-1' }, headersDistinct: { 'idempotency-key': ['op-1'] } };
+    expect(readKeyHeader(rewritten)).toEqual({ key: 'tenant-7:op-1' });
+    // A comma on one line is one key.
+    expect(readKeyHeader({ headers: { 'idempotency-key': 'a, b' }, headersDistinct: { 'idempotency-key': ['a, b'] } })).toEqual({ key: 'a, b' });
   });
 
   it('read one line as the guard does', () => {

@@ -1,5 +1,5 @@
 import { IDEMPOTENCY_KEY_HEADER, MAX_KEY_LENGTH } from '../idempotency.constants.js';
-import { headerLines, type RequestHeaders } from './header-lines.js';
+import { sentMoreThanOnce, type RequestHeaders } from './header-lines.js';
 
 /**
  * What a client's `Idempotency-Key` header holds: a usable `key`, or the reason it is `invalid`
@@ -47,17 +47,23 @@ export function parseKeyHeader(value: string | string[] | undefined): ParsedKeyH
 }
 
 /**
- * Reads a request's key header as the guard does (`parseKeyHeader`), refusing it when it came on
- * more than one line: for code that keys by the header itself (the transactional mode).
- * `parseKeyHeader(request.headers[...])` cannot tell: Node joins two lines into one value
- * (`K, K`), a key of its own (an adversarial helper: the demo's payments took it, and the
- * operation's retry with `K` paid again).
+ * Reads a request's key header as the guard does: its value in `request.headers` (what a
+ * middleware set or rewrote there included), through `parseKeyHeader`, refused when the client
+ * sent it on more than one line: Node joins two lines into one value (`K, K`), a key of its own
+ * (an adversarial helper: the demo's payments read `@Headers()`, and an operation's retry with
+ * `K` paid again). For code that keys by the header itself (the transactional mode).
  *
  * @param request an Express, Fastify, Node.js or HTTP/2 request
  * @param name the header, any case (default `Idempotency-Key`)
  */
 export function readKeyHeader(request: RequestHeaders, name: string = IDEMPOTENCY_KEY_HEADER): ParsedKeyHeader | undefined {
-  return parseKeyHeader(headerLines(request, name.toLowerCase()) as string[] | undefined);
+  const lower = name.toLowerCase();
+  const parsed = parseKeyHeader(request.headers[lower]);
+  // Two lines read as one value `a, b`: a comma asks whether it came on two lines.
+  if (parsed && 'key' in parsed && parsed.key.includes(',') && sentMoreThanOnce(request, lower)) {
+    return { invalid: 'the header was sent more than once' };
+  }
+  return parsed;
 }
 
 /**

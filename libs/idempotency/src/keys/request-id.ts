@@ -1,5 +1,5 @@
-import { headerLines, type RequestHeaders } from './header-lines.js';
-import { parseKeyHeader } from './idempotency-key.js';
+import type { RequestHeaders } from './header-lines.js';
+import { parseKeyHeader, readKeyHeader } from './idempotency-key.js';
 
 /** Headers read by `readRequestId` by default, in this order. */
 export const REQUEST_ID_HEADERS = Object.freeze(['x-request-id', 'x-idempotency-key']);
@@ -14,9 +14,10 @@ export type RequestIdHeader = { requestId: string } | { invalid: string } | unde
  * Two of them with different values are invalid: which one meant the operation is unknown, and
  * so is a header sent on two lines.
  *
- * @param source the request (Express, Fastify, Node.js, HTTP/2), which tells a header sent on
- *   two lines; or headers (`headersDistinct` does too; in `headers`, Node joins two lines into
- *   one value, `r1, r1`, an id of its own: an adversarial helper, on the demo's uploads)
+ * @param source the request (Express, Fastify, Node.js, HTTP/2), read as `readKeyHeader` reads
+ *   it: a header sent on two lines is refused; or headers (`headersDistinct` tells two lines
+ *   too; in `headers`, Node joins two lines into one value, `r1, r1`, an id of its own: an
+ *   adversarial helper, on the demo's uploads)
  */
 export function readRequestId(
   source: RequestHeaders | Record<string, string | string[] | undefined>,
@@ -26,8 +27,7 @@ export function readRequestId(
   const request = typeof source.headers === 'object' && !Array.isArray(source.headers) ? (source as RequestHeaders) : undefined;
   let found: { name: string; requestId: string } | undefined;
   for (const name of names) {
-    const lower = name.toLowerCase();
-    const parsed = parseKeyHeader(request ? (headerLines(request, lower) as string[] | undefined) : (source as Record<string, string | string[] | undefined>)[lower]);
+    const parsed = request ? readKeyHeader(request, name) : parseKeyHeader((source as Record<string, string | string[] | undefined>)[name.toLowerCase()]);
     if (parsed === undefined) continue;
     if ('invalid' in parsed) return { invalid: `${name}: ${parsed.invalid}` };
     if (found && found.requestId !== parsed.key) return { invalid: `${found.name} and ${name} differ` };
