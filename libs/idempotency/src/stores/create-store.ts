@@ -49,7 +49,11 @@ export async function createStore(options: IdempotencyModuleOptions): Promise<Id
 
 async function createBackingStore(options: IdempotencyModuleOptions): Promise<IdempotencyStore> {
   const { store } = options;
-  if (store instanceof IdempotencyStore) return store;
+  const keyPrefix = options.keyPrefix ?? DEFAULTS.keyPrefix;
+  if (store instanceof IdempotencyStore) {
+    if (store instanceof RedisIdempotencyStore) store.useKeyPrefix(keyPrefix);
+    return store;
+  }
   if (!store) {
     new Logger('IdempotencyModule').warn(
       'No store configured: using the in-memory store, which guards one process only. Configure Redis for more than one instance.',
@@ -66,7 +70,6 @@ async function createBackingStore(options: IdempotencyModuleOptions): Promise<Id
       `IdempotencyModule: store.redis is empty (${JSON.stringify(redis) ?? 'undefined'}): give a Redis URL, RedisOptions or a client (is REDIS_URL set?)`,
     );
   }
-  const keyPrefix = options.keyPrefix ?? DEFAULTS.keyPrefix;
   if (isRedisClient(redis)) return new RedisIdempotencyStore(redis, { waitForReplicas, keyPrefix });
   const RedisClient = await loadRedisClass();
   // Connected in the store's onModuleInit, not here: an app that fails to start before its

@@ -176,6 +176,54 @@ it.each<[string, string[], string | undefined, RegExp | undefined]>([
   }
 });
 
+// helper-213: a store handed to the module as an instance probed under the default prefix (a
+// false alarm for a user narrowed to the module's keyPrefix); and a Redis that refuses every
+// claim as a read-only replica or at its maxmemory said nothing, while fail-open ran everything.
+it('probes a store given as an instance under the module keyPrefix', async () => {
+  const server = await startRedisServer();
+  const admin = await connectRedis(server.url);
+  const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+  try {
+    await admin.call('ACL', 'SETUSER', 'narrowed', 'on', 'nopass', '~myapp:*', '&*', '+@all');
+    const limited = await connectRedis(server.url, { username: 'narrowed', password: 'any' });
+    try {
+      const store = await createStore({ store: new RedisIdempotencyStore(limited), keyPrefix: 'myapp' });
+      await (store as RedisIdempotencyStore).onModuleInit();
+      expect(errors.mock.calls.map(([message]) => String(message))).toEqual([]);
+    } finally {
+      limited.disconnect();
+    }
+  } finally {
+    errors.mockRestore();
+    admin.disconnect();
+    await server.kill();
+  }
+});
+
+it.each([
+  ['a read-only replica', async () => {
+    const primary = await startRedisServer();
+    const replica = await startRedisServer(undefined, ['--replicaof', '127.0.0.1', new URL(primary.url).port]);
+    return { url: replica.url, kill: async () => void (await Promise.all([replica.kill(), primary.kill()])) };
+  }, /refuses the guard's claims \(.*READONLY/],
+  ['a Redis at its maxmemory (noeviction)', async () => {
+    const server = await startRedisServer(undefined, ['--maxmemory', '1', '--maxmemory-policy', 'noeviction']);
+    return { url: server.url, kill: () => server.kill() };
+  }, /refuses the guard's claims \(.*OOM/],
+])('says at start-up that %s refuses claims', async (_what, start, said) => {
+  const server = await start();
+  const client = await connectRedis(server.url);
+  const errors = jest.spyOn(Logger.prototype, 'error').mockImplementation(() => undefined);
+  try {
+    await new RedisIdempotencyStore(client).onModuleInit();
+    expect(errors.mock.calls.map(([message]) => String(message))).toEqual([expect.stringMatching(said)]);
+  } finally {
+    errors.mockRestore();
+    client.disconnect();
+    await server.kill();
+  }
+});
+
 // Whether a failed call may still land: the guard then keeps trying a fail-open run's save (see
 // guard-edge-fail-open-lease). Read from the client's options; no connection is made.
 describe('RedisIdempotencyStore.deliversLate', () => {

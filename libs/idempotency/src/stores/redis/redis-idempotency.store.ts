@@ -86,6 +86,8 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   private subscribing: Promise<void> | undefined;
   /** The first connection while it is being made (`firstConnection`). */
   private connecting: Promise<void> | undefined;
+  /** The guard's key prefix, where the start-up check probes (`RedisIdempotencyStoreOptions.keyPrefix`, `useKeyPrefix`). */
+  private keyPrefix: string | undefined;
   /** The store's own bound on each command, for a client that has none (see `ownDeadlineMs`). */
   private readonly deadlineMs: number | undefined;
   /** The store's client as its commands' bounds see it: when a command left, and what came back since. */
@@ -111,6 +113,7 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     }
     this.scripts = client as unknown as ScriptedClient;
     this.channel = options.settleChannel ?? 'idempotency:settled';
+    this.keyPrefix = options.keyPrefix;
     this.deadlineMs = ownDeadlineMs(client);
     if (options.waitForReplicas && isCluster(client)) {
       throw new IdempotencyConfigError('RedisIdempotencyStore: waitForReplicas needs a single-primary client, not a Cluster');
@@ -266,6 +269,15 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
     else this.client.once('ready', () => void this.checkServer());
   }
 
+  /**
+   * The module's `keyPrefix`, told to a store handed to it as an instance that names none in its
+   * options (helper-213: probed under the default prefix, a user narrowed to the module's was told
+   * it may not claim).
+   */
+  useKeyPrefix(prefix: string): void {
+    this.keyPrefix ??= prefix;
+  }
+
   private async checkServer(): Promise<void> {
     await this.warnOfEviction();
     await this.warnOfRefusals();
@@ -281,18 +293,25 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
    *   every duplicate runs the handler again once its lease ends.
    */
   private async warnOfRefusals(): Promise<void> {
-    const key = `${this.options.keyPrefix ?? DEFAULTS.keyPrefix}:startup-check:${randomUUID()}`;
+    const prefix = this.keyPrefix ?? DEFAULTS.keyPrefix;
+    const key = `${prefix}:startup-check:${randomUUID()}`;
     const token = randomUUID();
     const refused = (error: unknown) => /\bNOPERM\b/.test((error as Error).message);
     try {
       await this.run(() => this.client.set(key, encodeProcessing(token, '', Date.now() + PROBE_LEASE_MS), 'PX', PROBE_LEASE_MS, 'NX'));
     } catch (error) {
-      if (!refused(error)) return;
-      this.logger.error(
-        `This Redis user may not claim the guard's keys (${key}: ${(error as Error).message}): no claim lands, so every ` +
-          "request follows the routes' failMode (under 'open', the default, every duplicate runs the handler). Grant it SET " +
-          `and the scripts (+@scripting) on keys ~${key.slice(0, key.indexOf(':startup-check:'))}:*.`,
-      );
+      const { message } = error as Error;
+      const outcome =
+        "no claim of a new key lands, so those requests follow the routes' failMode (under 'open', the default, every duplicate runs the handler)";
+      if (refused(error)) {
+        this.logger.error(
+          `This Redis user may not claim the guard's keys (${key}: ${message}): ${outcome}. Grant it SET and the scripts ` +
+            `(+@scripting) on keys ~${prefix}:*.`,
+        );
+      } else if (/\b(READONLY|OOM)\b/.test(message)) {
+        // A replica (the client points at the wrong node), or a Redis at its maxmemory under noeviction.
+        this.logger.error(`This Redis refuses the guard's claims (${message}): ${outcome}.`);
+      }
       return;
     }
     try {
