@@ -88,6 +88,7 @@ const cases: BadRequest[] = [
   { what: 'a transactionId of 129 characters', path: '/orders/:pending/payment-callback', body: callback({ transactionId: 'T'.repeat(129) }), status: 400, code: 'VALIDATION_FAILED' },
   // helper-211: ISO 8601 forms Date cannot read passed the validator and failed in PostgreSQL.
   { what: 'a paidAt as an ISO week', path: '/orders/:pending/payment-callback', body: callback({ paidAt: '2026-W05' }), status: 400, code: 'VALIDATION_FAILED', message: /paidAt must be/ },
+  { what: 'a paidAt without seconds', path: '/orders/:pending/payment-callback', body: callback({ paidAt: '2026-11-30T10:15Z' }), status: 400, code: 'VALIDATION_FAILED', message: /paidAt must be/ },
   { what: 'a paidAt in ISO basic format', path: '/orders/:pending/payment-callback', body: callback({ paidAt: '20260202T000000Z' }), status: 400, code: 'VALIDATION_FAILED', message: /paidAt must be/ },
   { what: 'a paidAt beyond year 9999', path: '/orders/:pending/payment-callback', body: callback({ paidAt: '+275760-09-13T00:00:00Z' }), status: 400, code: 'VALIDATION_FAILED' },
   { what: 'an orderNo of 65 characters', body: json({ orderNo: 'O'.repeat(65), amount: 1 }), status: 400, code: 'VALIDATION_FAILED' },

@@ -43,7 +43,9 @@ export function parseRetryAfterMs(value: string | null, now: number = Date.now()
 /**
  * Whether an answer is worth another attempt with the same key:
  * - 408: the server (an outer timeout, a proxy) gave up waiting, and the handler may run on
- *   behind it; the retry gets 409 in progress, then the replay (or runs, if it failed);
+ *   behind it; the retry gets 409 in progress, then its outcome: the replay (a proxy's 408),
+ *   409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE` (the app's own timeout answered, so no answer was
+ *   kept: it ran), or a run (it failed);
  * - 5xx: the server failed; the retry runs again (the handler failed, so the key was released) or
  *   gets the first answer (a 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE` when that was the 5xx).
  *   Not a 500 `IDEMPOTENCY_USER_UNRESOLVED`: the server cannot tell its callers apart (its

@@ -16,7 +16,7 @@ export class PaymentCallbackDto {
    * refused them (an adversarial helper).
    */
   @IsISO8601({ strict: true })
-  @Matches(/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?(?:Z|[+-]\d{2}:\d{2})$/i, {
+  @Matches(/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:\d{2})$/i, {
     message: 'paidAt must be an RFC 3339 date-time with an offset, such as 2026-11-30T10:15:00Z',
   })
   paidAt!: string;

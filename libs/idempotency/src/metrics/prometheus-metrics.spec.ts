@@ -14,6 +14,15 @@ describe('createPrometheusSink', () => {
     ]);
   });
 
+  it('takes a metric of its kind with its labels in another order', async () => {
+    const registry = new Registry();
+    new Counter({ name: 'idempotency_requests_total', help: 'x', labelNames: ['outcome', 'handler'], registers: [registry] });
+    (await createPrometheusSink({ registry })).count('replayed', 'Orders.create');
+    expect((await registry.getSingleMetric('idempotency_requests_total')!.get()).values).toEqual([
+      { labels: { handler: 'Orders.create', outcome: 'replayed' }, value: 1 },
+    ]);
+  });
+
   // helper-209: a metric of another type or other labels under one of its names was taken as its
   // own: the app started, and the guard's metrics went missing with an error per event type.
   it.each([

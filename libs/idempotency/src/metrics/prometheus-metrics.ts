@@ -82,7 +82,8 @@ function registered<M>(registry: Registry, name: string, type: 'counter' | 'hist
   const found = registry.getSingleMetric(name) as { type?: string; labelNames?: readonly string[] } | undefined;
   if (!found) return undefined;
   const labels = found.labelNames ?? [];
-  if (found.type !== type || labels.length !== labelNames.length || labels.some((label, i) => label !== labelNames[i])) {
+  // prom-client reads labels by name: their order is no matter.
+  if (found.type !== type || labels.length !== labelNames.length || labels.some((label) => !labelNames.includes(label))) {
     throw new IdempotencyConfigError(
       `IdempotencyModule metrics: ${name} is already registered as a ${found.type ?? 'metric'} of labels [${labels.join(', ')}], ` +
         `not the guard's ${type} of [${labelNames.join(', ')}]; give metrics another prefix or registry`,
