@@ -145,8 +145,8 @@ export interface IdempotencyModuleOptions {
   memoryMaxEntries?: number;
   /**
    * Maximum bytes the default memory store's records hold (keys and saved answers). An answer
-   * past it is kept without its body and headers (not replayable: never a second run), a new key past it
-   * follows the outage policy. Default 64 MiB.
+   * past it is kept without its body and headers (not replayable: never a second run), a new key
+   * past it follows the outage policy. Default 64 MiB.
    */
   memoryMaxBytes?: number;
   /**

@@ -65,8 +65,8 @@ export interface MemoryIdempotencyStoreOptions {
   /**
    * Most bytes its records hold (keys, fingerprints, saved bodies and headers, as the local
    * cache counts them). Expired records make room first; an answer that would go past it is kept
-   * without its body and headers (its duplicates get 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE`, never a
-   * second run), and a claim that would go past it fails as a full store. Default 64 MiB.
+   * without its body and headers (its duplicates get 409 `IDEMPOTENCY_RESPONSE_NOT_REPLAYABLE`,
+   * never a second run), and a claim that would go past it fails as a full store. Default 64 MiB.
    */
   maxBytes?: number;
 }
@@ -79,8 +79,8 @@ export interface MemoryIdempotencyStoreOptions {
  * or a response within its retention): expired records go as soon as a claim passes them, and
  * when it is full of live records, a claim of a new key throws `IdempotencyStoreError` ("memory
  * store full") rather than forget a key whose duplicate would then run again; an answer that
- * would go past `maxBytes` is kept without its body and headers (not replayable). Claims of keys it holds still
- * answer as usual. Expiry order is kept in a min-heap, so a claim costs O(log n).
+ * would go past `maxBytes` is kept without its body and headers (not replayable). Claims of keys
+ * it holds still answer as usual. Expiry order is kept in a min-heap, so a claim costs O(log n).
  */
 export class MemoryIdempotencyStore extends IdempotencyStore {
   private readonly entries = new Map<string, Entry>();

@@ -285,10 +285,11 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
 
   /**
    * What the Redis user's ACL refuses, said at start-up from a probe key under the guard's prefix
-   * (claimed, renewed and released, as a request's claim is; an ACL narrowed to the prefix allows
-   * it, helper-212):
-   * - a claim (no `SET`, or key patterns that leave the prefix out): no claim lands, and every
-   *   request follows the routes' `failMode` (under `'open'`, the default, every duplicate runs);
+   * (claimed and renewed as a request's claim is, then deleted; an ACL narrowed to the prefix
+   * allows it, helper-212):
+   * - a claim (no `SET`, or key patterns that leave the prefix out; or the whole Redis: a
+   *   read-only replica, `maxmemory` under `noeviction`): no claim lands, and every request
+   *   follows the routes' `failMode` (under `'open'`, the default, every duplicate runs);
    * - the scripts (`-@scripting`): claims land, but no answer is saved and no claim renewed, so
    *   every duplicate runs the handler again once its lease ends.
    */
