@@ -201,6 +201,30 @@ export const ROUTE_OPTIONS: { readonly [K in keyof Required<NoRepeatSubmitOption
   waitForResultMs: true,
 };
 
+/** What `forRootAsync()` takes beside the options: Nest's keys and the module's extras. */
+const ASYNC_KEYS = { useFactory: true, useClass: true, useExisting: true, inject: true, imports: true, provideInjectionTokensFrom: true } as const;
+const EXTRAS = { isGlobal: true, interceptor: true } as const;
+
+/**
+ * Refuses a key beside `useFactory` (or `useClass`, `useExisting`) that is neither Nest's nor
+ * `isGlobal` / `interceptor`: Nest takes it for an extra, and the module drops it (an adversarial
+ * helper: `failMode: 'closed'` there, in JavaScript, failed open).
+ */
+export function assertAsyncOptions(options: object): void {
+  for (const key of Object.keys(options)) {
+    if (Object.hasOwn(ASYNC_KEYS, key) || Object.hasOwn(EXTRAS, key)) continue;
+    if (Object.hasOwn(MODULE_OPTIONS, key)) {
+      throw new IdempotencyConfigError(`IdempotencyModule.forRootAsync: ${key} goes in the options useFactory returns, not beside it`);
+    }
+    const extra = closestOption(key, Object.keys(EXTRAS));
+    const option = closestOption(key, Object.keys(MODULE_OPTIONS));
+    throw new IdempotencyConfigError(
+      `IdempotencyModule.forRootAsync: unknown option ${key} beside useFactory` +
+        (extra ? ` (did you mean ${extra}?)` : option ? ` (did you mean ${option}, in the options it returns?)` : ''),
+    );
+  }
+}
+
 /** Options of the store's, given beside the module's. */
 const STORE_OPTIONS = new Set(['redis', 'waitForReplicas']);
 
@@ -213,7 +237,7 @@ const STORE_OPTIONS = new Set(['redis', 'waitForReplicas']);
 export function assertKnownOptions(options: object, known: Readonly<Record<string, true>>, where: string, also: Readonly<Record<string, true>> = {}): void {
   for (const key of Object.keys(options)) {
     if (Object.hasOwn(known, key) || Object.hasOwn(also, key)) continue;
-    const meant = STORE_OPTIONS.has(key) && Object.hasOwn(known, 'store') ? `store: { ${key} }` : closestOption(key, Object.keys(known));
+    const meant = STORE_OPTIONS.has(key) && Object.hasOwn(known, 'store') ? `store: { ${key} }` : closestOption(key, [...Object.keys(known), ...Object.keys(also)]);
     throw new IdempotencyConfigError(
       meant === undefined
         ? `${where}: unknown option ${key}; the options are ${Object.keys(known).join(', ')}`

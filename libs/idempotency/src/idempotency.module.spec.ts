@@ -156,6 +156,16 @@ describe('IdempotencyModule', () => {
     ).rejects.toThrow(message);
   });
 
+  // helper-216: a module option beside useFactory (JS, options typed any) was taken by Nest as an
+  // extra and dropped: failMode: 'closed' there failed open.
+  it.each([
+    [{ failMode: 'closed' }, /failMode goes in the options useFactory returns, not beside it/],
+    [{ failmode: 'closed' }, /unknown option failmode beside useFactory \(did you mean failMode, in the options it returns\?\)/],
+    [{ isglobal: false }, /unknown option isglobal beside useFactory \(did you mean isGlobal\?\)/],
+  ])('refuses an option beside useFactory that is not isGlobal or interceptor: %j', (beside, message) => {
+    expect(() => IdempotencyModule.forRootAsync({ useFactory: () => ({ store: new MemoryIdempotencyStore() }), ...beside } as never)).toThrow(message);
+  });
+
   // Also where a bare IdempotencyModule (the class alone, which provides nothing) is the only one.
   it.each([
     ['no IdempotencyModule', []],

@@ -10,7 +10,7 @@ import { IdempotencyCounters } from './metrics/idempotency-counters.js';
 import { metricsListener } from './metrics/metrics-listener.js';
 import { createPrometheusSink } from './metrics/prometheus-metrics.js';
 import { routeDocumenter, type RouteDocumenter } from './openapi/idempotency-openapi.js';
-import { IDEMPOTENCY_RESOLVED_OPTIONS, givenOptions, resolveOptions, type ResolvedIdempotencyOptions } from './idempotency.config.js';
+import { IDEMPOTENCY_RESOLVED_OPTIONS, assertAsyncOptions, givenOptions, resolveOptions, type ResolvedIdempotencyOptions } from './idempotency.config.js';
 import {
   ConfigurableIdempotencyModule,
   IDEMPOTENCY_ASYNC_OPTIONS_TYPE,
@@ -103,6 +103,7 @@ export class IdempotencyModule extends ConfigurableIdempotencyModule {
   }
 
   static override forRootAsync(options: typeof IDEMPOTENCY_ASYNC_OPTIONS_TYPE): DynamicModule {
+    assertAsyncOptions(options);
     return withProviders(super.forRootAsync(options));
   }
 }

@@ -16,6 +16,9 @@ describe('sentMoreThanOnce', () => {
     expect(sentMoreThanOnce({ headers: { a: 'x, y' } }, 'a')).toBe(false);
     expect(sentMoreThanOnce({ headers: { a: ['x', 'y'] } }, 'a')).toBe(true);
     expect(sentMoreThanOnce(http2, 'absent')).toBe(false);
+    // helper-216: an Express request an app gave a `raw` of its own was read as Fastify's.
+    expect(sentMoreThanOnce({ ...node, raw: Buffer.from('body') } as never, 'idempotency-key')).toBe(true);
+    expect(sentMoreThanOnce({ ...node, raw: undefined } as never, 'idempotency-key')).toBe(true);
   });
 });
 

@@ -19,7 +19,10 @@ type NodeHeaders = Omit<RequestHeaders, 'headers'>;
  * `rawHeaders` tell. A request that has neither (a test's plain object) has one line a header.
  */
 export function sentMoreThanOnce(request: RequestHeaders, name: string): boolean {
-  const node = ('raw' in request ? (request as { raw: unknown }).raw : request) as NodeHeaders;
+  // Fastify's Node.js request, not a `raw` of an app's own on an Express request (helper-216: a
+  // Buffer there let two lines through, undefined threw).
+  const fastify = (request as { raw?: NodeHeaders }).raw;
+  const node: NodeHeaders = typeof fastify === 'object' && fastify !== null && (fastify.headersDistinct || fastify.rawHeaders) ? fastify : request;
   if (node.headersDistinct) return (node.headersDistinct[name]?.length ?? 0) > 1;
   let lines = 0;
   const raw = node.rawHeaders ?? [];

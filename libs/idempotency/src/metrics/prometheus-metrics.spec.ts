@@ -30,6 +30,8 @@ describe('createPrometheusSink', () => {
     ['a counter with other labels', (registry: Registry) => new Counter({ name: 'idempotency_leases_total', help: 'x', labelNames: ['route'], registers: [registry] })],
     ['a counter for the histogram', (registry: Registry) => new Counter({ name: 'idempotency_store_duration_seconds', help: 'x', labelNames: ['operation'], registers: [registry] })],
     ['a histogram with other labels', (registry: Registry) => new Histogram({ name: 'idempotency_store_duration_seconds', help: 'x', registers: [registry] })],
+    // helper-216: taken for the guard's by a check of each found label only.
+    ['a counter with a label twice', (registry: Registry) => new Counter({ name: 'idempotency_requests_total', help: 'x', labelNames: ['outcome', 'outcome'], registers: [registry] })],
   ])('refuses at start-up a registry holding %s under one of its names, naming it', async (_what, register) => {
     const registry = new Registry();
     register(registry);

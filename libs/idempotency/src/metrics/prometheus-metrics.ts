@@ -82,8 +82,9 @@ function registered<M>(registry: Registry, name: string, type: 'counter' | 'hist
   const found = registry.getSingleMetric(name) as { type?: string; labelNames?: readonly string[] } | undefined;
   if (!found) return undefined;
   const labels = found.labelNames ?? [];
-  // prom-client reads labels by name: their order is no matter.
-  if (found.type !== type || labels.length !== labelNames.length || labels.some((label) => !labelNames.includes(label))) {
+  // prom-client reads labels by name: their order is no matter (each once: a label twice is another set).
+  const same = labels.length === labelNames.length && [...labels].sort().join('\n') === [...labelNames].sort().join('\n');
+  if (found.type !== type || !same) {
     throw new IdempotencyConfigError(
       `IdempotencyModule metrics: ${name} is already registered as a ${found.type ?? 'metric'} of labels [${labels.join(', ')}], ` +
         `not the guard's ${type} of [${labelNames.join(', ')}]; give metrics another prefix or registry`,

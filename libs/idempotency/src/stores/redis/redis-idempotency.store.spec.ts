@@ -188,6 +188,11 @@ it.each([
     const replica = await startRedisServer(undefined, ['--replicaof', '127.0.0.1', new URL(primary.url).port]);
     return { url: replica.url, kill: async () => void (await Promise.all([replica.kill(), primary.kill()])) };
   }, /refuses the guard's claims \(.*READONLY/],
+  // helper-216: min-replicas-to-write not met refuses writes with NOREPLICAS.
+  ['a primary short of its min-replicas-to-write', async () => {
+    const server = await startRedisServer(undefined, ['--min-replicas-to-write', '1']);
+    return { url: server.url, kill: () => server.kill() };
+  }, /refuses the guard's claims \(.*NOREPLICAS/],
   ['a Redis at its maxmemory (noeviction)', async () => {
     const server = await startRedisServer(undefined, ['--maxmemory', '1', '--maxmemory-policy', 'noeviction']);
     return { url: server.url, kill: () => server.kill() };

@@ -270,12 +270,12 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
   }
 
   /**
-   * The module's `keyPrefix`, told to a store handed to it as an instance that names none in its
-   * options (helper-213: probed under the default prefix, a user narrowed to the module's was told
-   * it may not claim).
+   * The module's `keyPrefix`, told to a store handed to it as an instance: the keys its claims
+   * have, whatever the store's options say (helper-213: probed under the default prefix, a user
+   * narrowed to the module's was told it may not claim; helper-216: under the options' own).
    */
   useKeyPrefix(prefix: string): void {
-    this.keyPrefix ??= prefix;
+    this.keyPrefix = prefix;
   }
 
   private async checkServer(): Promise<void> {
@@ -309,8 +309,9 @@ export class RedisIdempotencyStore extends IdempotencyStore implements OnModuleI
           `This Redis user may not claim the guard's keys (${key}: ${message}): ${outcome}. Grant it SET and the scripts ` +
             `(+@scripting) on keys ~${prefix}:*.`,
         );
-      } else if (/\b(READONLY|OOM)\b/.test(message)) {
-        // A replica (the client points at the wrong node), or a Redis at its maxmemory under noeviction.
+      } else if (/\b(READONLY|OOM|NOREPLICAS|MISCONF)\b/.test(message)) {
+        // A replica (the client points at the wrong node), a Redis at its maxmemory under
+        // noeviction, short of its min-replicas-to-write, or stopped by a failed background save.
         this.logger.error(`This Redis refuses the guard's claims (${message}): ${outcome}.`);
       }
       return;
