@@ -158,6 +158,24 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
     }
   });
 
+  // helper-219: a route with required: false runs unguarded without a key, yet was documented as
+  // answering 400 IDEMPOTENCY_KEY_MISSING.
+  it('documents no IDEMPOTENCY_KEY_MISSING where a call without a key runs unguarded (required: false)', async () => {
+    @Controller('drafts')
+    class DraftsController {
+      @Post()
+      @NoRepeatSubmit({ required: false })
+      save() {}
+
+      @Post('fingerprinted')
+      @NoRepeatSubmit({ required: false, useRequestFingerprint: true })
+      fingerprinted() {}
+    }
+    const document = await openApiDocument(DraftsController);
+    expect(codesOf((document.paths['/drafts'].post!.responses as Record<string, any>)['400'])).toEqual(['IDEMPOTENCY_KEY_INVALID', 'IDEMPOTENCY_PAYLOAD_UNSUPPORTED']);
+    expect(codesOf((document.paths['/drafts/fingerprinted'].post!.responses as Record<string, any>)['400'])).toEqual(GUARD_CODES['400']);
+  });
+
   it.each([
     ['above', '/orders/above'],
     ['below', '/orders/below'],

@@ -32,7 +32,10 @@ interface GuardAnswer {
 // exception the guard really throws, so this list cannot drift from errors/.
 const ANSWERS: Record<IdempotencyErrorCode, { thrown: () => IdempotencyHttpException; when: GuardAnswer['when'] }> = {
   [IdempotencyErrorCode.KEY_MISSING]: { thrown: () => keyMissing(''), when: (source) => `no key in ${source}` },
-  [IdempotencyErrorCode.KEY_INVALID]: { thrown: () => keyInvalid(''), when: () => `the key is not 1-${MAX_KEY_LENGTH} printable characters` },
+  [IdempotencyErrorCode.KEY_INVALID]: {
+    thrown: () => keyInvalid(''),
+    when: () => `the key is not 1-${MAX_KEY_LENGTH} printable characters, or is no one key (sent on two lines, a list, an object, what a template writes for a missing value)`,
+  },
   [IdempotencyErrorCode.PAYLOAD_UNSUPPORTED]: { thrown: () => payloadUnsupported(''), when: () => 'the request cannot be fingerprinted (nested too deep, or a body no parser read)' },
   [IdempotencyErrorCode.IN_PROGRESS]: { thrown: () => inProgress(1), when: () => 'a request with this key is still processing: retry after Retry-After seconds with the same key' },
   [IdempotencyErrorCode.RESPONSE_NOT_REPLAYABLE]: {
@@ -183,7 +186,11 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   const own: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, handler);
   const onClass: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, prototype.constructor) ?? {};
   const responses = { ...own };
-  for (const [status, answers] of answersByStatus) {
+  // Without a key, a route with required: false runs unguarded: it never answers KEY_MISSING
+  // (helper-219: documented all the same). A fingerprint route keys such a call by its fingerprint.
+  const keyOptional = (options.required ?? defaults?.required ?? true) === false && !options.useRequestFingerprint;
+  for (const [status, all] of answersByStatus) {
+    const answers = keyOptional ? all.filter((answer) => answer.code !== IdempotencyErrorCode.KEY_MISSING) : all;
     const ours = guardResponse(status, answers, keySource, failsOpen, format);
     const theirs = own[status] ?? onClass[status];
     responses[status] = theirs ? mergeResponse(theirs, ours) : ours;
