@@ -166,6 +166,51 @@ describe('IdempotencyModule', () => {
     expect(() => IdempotencyModule.forRootAsync({ useFactory: () => ({ store: new MemoryIdempotencyStore() }), ...beside } as never)).toThrow(message);
   });
 
+  // helper-220: the decorator checked only the class it decorates; the guard merges a method's
+  // options over the nearest class-level decorator up the class chain, so through inheritance or a
+  // mixin a keyHeader beside a class's idempotentKey still did nothing, in silence.
+  it('refuses at start-up a method keyHeader under its class\'s idempotentKey, inherited or mixed in too', async () => {
+    @NoRepeatSubmit({ idempotentKey: '#body.ref' })
+    @Controller('payments')
+    class PaymentsController {
+      @Post()
+      @NoRepeatSubmit({ keyHeader: 'X-D' })
+      pay() {}
+    }
+    await expect(Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore() })], controllers: [PaymentsController] }).compile()).rejects.toThrow(
+      /PaymentsController.pay: keyHeader X-D would do nothing: the route is keyed by its idempotentKey \(PaymentsController's\)/,
+    );
+
+    @NoRepeatSubmit({ idempotentKey: '#body.ref' })
+    @Controller()
+    abstract class KeyedBase {}
+    @Controller('pay')
+    class PayController extends KeyedBase {
+      @Post()
+      @NoRepeatSubmit({ keyHeader: 'X-D' })
+      pay() {}
+    }
+    await expect(Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore() })], controllers: [PayController] }).compile()).rejects.toThrow(
+      /PayController.pay: keyHeader X-D would do nothing: the route is keyed by its idempotentKey \(KeyedBase's\)/,
+    );
+
+    const WithRefund = <T extends new (...args: any[]) => object>(Base: T) => {
+      class Refunds extends Base {
+        @Post('refund')
+        @NoRepeatSubmit({ keyHeader: 'X-D' })
+        refund() {}
+      }
+      return Refunds;
+    };
+    class Plain {}
+    @NoRepeatSubmit({ idempotentKey: '#body.ref' })
+    @Controller('mixed')
+    class MixedController extends WithRefund(Plain) {}
+    await expect(Test.createTestingModule({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore() })], controllers: [MixedController] }).compile()).rejects.toThrow(
+      /Refunds.refund: keyHeader X-D would do nothing: the route is keyed by its idempotentKey \(MixedController's\)/,
+    );
+  });
+
   // Also where a bare IdempotencyModule (the class alone, which provides nothing) is the only one.
   it.each([
     ['no IdempotencyModule', []],

@@ -5,7 +5,7 @@ import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempot
 import type { NoRepeatSubmitOptions } from '../idempotency.options.js';
 import { NoRepeatSubmitInterceptor } from '../interceptors/no-repeat-submit.interceptor.js';
 import { parseKeyExpression } from '../keys/key-expression.js';
-import type { NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
+import { keyHeaderUnused, type NoRepeatSubmitMetadata } from './no-repeat-submit.metadata.js';
 
 /**
  * Leaves a route (or every route of a controller) unguarded, under a class-level
@@ -62,18 +62,8 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
       throw new IdempotencyConfigError(`${where}: methods must name the request methods to guard, HEAD not among them (a HEAD request is never guarded)`);
     }
     const { idempotentKey } = options;
-    // A keyHeader on a route keyed by an idempotentKey did nothing, in silence (an adversarial
-    // helper: two calls with other keys in the header and one body field got one answer).
+    // In one decorator; a method's under its class's is checked where the guard merges them.
     if (idempotentKey !== undefined && options.keyHeader !== undefined) throw keyHeaderUnused(where, options.keyHeader, where);
-    if (idempotentKey !== undefined && propertyKey === undefined) {
-      for (const name of Object.getOwnPropertyNames((target as { prototype: object }).prototype)) {
-        const method = Object.getOwnPropertyDescriptor((target as { prototype: object }).prototype, name)?.value as object | undefined;
-        const own = typeof method === 'function' ? (Reflect.getOwnMetadata(NO_REPEAT_SUBMIT_METADATA, method) as NoRepeatSubmitMetadata | undefined) : undefined;
-        if (own?.options.keyHeader !== undefined && own.options.idempotentKey === undefined) {
-          throw keyHeaderUnused(`${className}.${name}`, own.options.keyHeader, className);
-        }
-      }
-    }
     const key: NoRepeatSubmitMetadata['key'] =
       typeof idempotentKey === 'function'
         ? { resolve: idempotentKey }
@@ -102,12 +92,6 @@ export function NoRepeatSubmit(options: NoRepeatSubmitOptions = {}): ClassDecora
     decorate(target, propertyKey!, descriptor!);
   };
 }
-
-const keyHeaderUnused = (where: string, keyHeader: string, keyedBy: string) =>
-  new IdempotencyConfigError(
-    `${where}: keyHeader ${keyHeader} would do nothing: the route is keyed by its idempotentKey (${keyedBy}'s). ` +
-      `Key it by the header with idempotentKey: "#headers['${keyHeader.toLowerCase()}']", or drop keyHeader`,
-  );
 
 /** Whether two decorators' options say the same: each option the same value (lists by their items). */
 function sameOptions(a: NoRepeatSubmitOptions, b: NoRepeatSubmitOptions): boolean {

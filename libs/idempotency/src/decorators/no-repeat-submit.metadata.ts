@@ -1,4 +1,5 @@
 import { RequestMethod } from '@nestjs/common';
+import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
 import type { KeyResolver, NoRepeatSubmitOptions } from '../idempotency.options.js';
 import type { KeyPath } from '../keys/key-expression.js';
@@ -86,6 +87,11 @@ function nearestClassLevel(controller: object): NoRepeatSubmitMetadata | undefin
  * the module's and a route's do), its key if it names one.
  */
 function merged(onClass: NoRepeatSubmitMetadata, own: NoRepeatSubmitMetadata): NoRepeatSubmitMetadata {
+  // Checked here, where the method meets the nearest class-level decorator up its class chain
+  // (through inheritance or a mixin too; the decorator sees only its own class: helper-220).
+  if (own.options.keyHeader !== undefined && own.options.idempotentKey === undefined && onClass.options.idempotentKey !== undefined) {
+    throw keyHeaderUnused(own.where, own.options.keyHeader, onClass.where);
+  }
   const options: NoRepeatSubmitOptions = { ...onClass.options };
   for (const [name, value] of Object.entries(own.options)) {
     if (value !== undefined) (options as Record<string, unknown>)[name] = value;
@@ -95,3 +101,13 @@ function merged(onClass: NoRepeatSubmitMetadata, own: NoRepeatSubmitMetadata): N
   }
   return { options, key: own.options.idempotentKey === undefined ? onClass.key : own.key, where: own.where };
 }
+
+/**
+ * A `keyHeader` on a route keyed by an `idempotentKey`: it did nothing, in silence (an adversarial
+ * helper: two calls with other keys in the header and one body field got one answer).
+ */
+export const keyHeaderUnused = (where: string, keyHeader: string, keyedBy: string) =>
+  new IdempotencyConfigError(
+    `${where}: keyHeader ${keyHeader} would do nothing: the route is keyed by its idempotentKey (${keyedBy}'s). ` +
+      `Key it by the header with idempotentKey: "#headers['${keyHeader.toLowerCase()}']", or drop keyHeader`,
+  );

@@ -186,9 +186,10 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   const own: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, handler);
   const onClass: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, prototype.constructor) ?? {};
   const responses = { ...own };
-  // Without a key, a route with required: false runs unguarded: it never answers KEY_MISSING
-  // (helper-219: documented all the same). A fingerprint route keys such a call by its fingerprint.
-  const keyOptional = (options.required ?? defaults?.required ?? true) === false && !options.useRequestFingerprint;
+  // Without a key, a route with required: false never answers KEY_MISSING (helper-219: documented
+  // all the same): the call runs unguarded, or on a fingerprint route a known user's is keyed by
+  // its fingerprint (helper-220).
+  const keyOptional = (options.required ?? defaults?.required ?? true) === false;
   for (const [status, all] of answersByStatus) {
     const answers = keyOptional ? all.filter((answer) => answer.code !== IdempotencyErrorCode.KEY_MISSING) : all;
     const ours = guardResponse(status, answers, keySource, failsOpen, format);
