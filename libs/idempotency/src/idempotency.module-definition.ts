@@ -33,7 +33,9 @@ function withGuard(definition: DynamicModule, { isGlobal, interceptor = Idempote
   }
   return {
     ...definition,
-    global: isGlobal,
+    // Nest's builder copies a key given as undefined over the default (`isGlobal: config.global`
+    // unset made the module not global: helper-220).
+    global: isGlobal ?? true,
     providers: [...(definition.providers ?? []), { provide: IdempotencyInterceptor, useClass: interceptor }],
   };
 }

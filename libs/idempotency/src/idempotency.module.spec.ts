@@ -128,6 +128,14 @@ describe('IdempotencyModule', () => {
     expect(store.client.status).toBe('end');
   });
 
+  // helper-220: Nest's builder copies a key given as undefined over the extras' default, so
+  // `isGlobal: config.global` left unset made the module not global.
+  it('is global when isGlobal is given as undefined, in forRoot and beside useFactory', () => {
+    expect(IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore(), isGlobal: undefined }).global).toBe(true);
+    expect(IdempotencyModule.forRootAsync({ useFactory: () => ({}), isGlobal: undefined }).global).toBe(true);
+    expect(IdempotencyModule.forRootAsync({ useFactory: () => ({}), isGlobal: false }).global).toBe(false);
+  });
+
   it('refuses isGlobal in the options a forRootAsync() factory returns (it was ignored), and takes it beside the factory', async () => {
     const factory = () => ({ store: new MemoryIdempotencyStore(), isGlobal: false }) as object;
     await expect(Test.createTestingModule({ imports: [IdempotencyModule.forRootAsync({ useFactory: factory })] }).compile()).rejects.toThrow(
