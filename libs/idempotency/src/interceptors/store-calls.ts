@@ -7,6 +7,7 @@ import type { GuardExchange, HeldClaim } from './exchange.js';
 import { LATE_SAVES_MAX_BYTES, LATE_SAVES_MAX_ENTRIES, LateSaves } from './late-saves.js';
 import { LeaseRenewal, type LeaseRenewalHooks } from './lease-renewal.js';
 import { OutageLog } from './outage-log.js';
+import { RunList, type ListedRun } from './run-list.js';
 import type { GuardedRoute } from './route-options.js';
 
 type StoreOperation = 'claim' | 'complete' | 'release' | 'renew';
@@ -26,7 +27,7 @@ export class StoreCalls {
   /** The outage's warnings, a line of a kind every 10 s at most. */
   readonly outageLog: OutageLog;
   /** The claims held by runs in flight, until saved, released or lost; a shutdown waits for them (`drain`). */
-  private readonly running = new Set<Hold>();
+  private readonly running = new RunList<Hold>();
   /** Saves tried again in the background (`saveLater`). */
   private readonly retrying = new Set<Promise<void>>();
   /** The store keeps an expired claim with its token (`completeAfterLease`: PostgreSQL). */
@@ -363,8 +364,12 @@ export class StoreCalls {
 }
 
 /** A held claim: its renewal while the handler runs, and the save or release that settles it. One object per call, no closures. */
-class Hold implements HeldClaim {
+class Hold implements HeldClaim, ListedRun<Hold> {
   readonly holdMs: number;
+  // StoreCalls' list of runs in flight (`RunList`).
+  previousRun?: Hold = undefined;
+  nextRun?: Hold = undefined;
+  listed = false;
   /**
    * The claim was lost while the handler ran (`lease_lost`). Where the handler was told
    * (`@LeaseSignal()` aborted), its answer, refused, is not saved under a new claim: it may be
