@@ -1,4 +1,5 @@
 import { describe, it, expect } from '@jest/globals';
+import fc from 'fast-check';
 import { MAX_KEY_LENGTH } from '../idempotency.constants.js';
 import { parseKeyHeader, validateKey } from './idempotency-key.js';
 
@@ -102,5 +103,20 @@ describe('validateKey', () => {
     ['replacement character', 'a\uFFFDb'],
   ])('refuses a %s', (_name, key) => {
     expect(validateKey(key)).toMatch(/not valid UTF-8/);
+  });
+
+  // The regular expressions alone, as validateKey ran them on every key before its ASCII fast path.
+  const byRegExps = (key: string): string | undefined => {
+    if (key.length === 0) return 'it is empty';
+    if (!/\S/.test(key)) return 'it is only white space';
+    if (/[\u0000-\u001F\u007F-\u009F]/.test(key)) return 'it contains a control character';
+    if (/[\p{Cs}\uFFFD]/u.test(key)) return 'it is not valid UTF-8 text';
+    return validateKey(key);
+  };
+  const edges = ['\u0000', '\t', ' ', '!', 'a', '~', '\u007F', '\u0080', '\u009F', '\u00A0', '\u2003', '\uD800', '\uDC00', '\uFFFD', 'é'];
+
+  it('answers as its regular expressions do, printable ASCII or not', () => {
+    const key = fc.array(fc.oneof(fc.constantFrom(...edges), fc.string({ maxLength: 3 })), { maxLength: 12 }).map((parts) => parts.join(''));
+    fc.assert(fc.property(key, (k) => expect(validateKey(k)).toBe(byRegExps(k))), { numRuns: 2000 });
   });
 });
