@@ -1,7 +1,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { ServerResponse, type OutgoingHttpHeaders } from 'node:http';
 import { withoutRefusalHeaders } from './refusal-headers.js';
-import { dropLateHeaders, headersSentError, hookResponse, showReports, type ResponseHook, type Through } from './response-hooks.js';
+import { dropLateHeaders, headersSentError, hookResponse, namesSetOn, showReports, type ResponseHook, type Through } from './response-hooks.js';
 
 /** The answer as it left for the first client. */
 export interface CapturedResponse {
@@ -437,10 +437,9 @@ export class ResponseCapture implements ResponseHook {
   }
 
   /**
-   * The headers as sent, by lower-case name (see `headerOf`), for several names: the names of the
-   * head and of the response are read once. Node's `getHeader` lower-cases the name it is given:
-   * asked for each saved name (eight by default), most of them absent, it cost ~2,300 instructions
-   * a request (callgrind, session 37), and a head's names were lower-cased once per saved name.
+   * The headers as sent, by lower-case name (see `headerOf`), for several names (eight saved by
+   * default): the names of the head and of the response are read once (see `namesSetOn`); a
+   * head's names were lower-cased once per saved name.
    */
   private sentHeaders(): (name: string) => HeaderValue | undefined {
     const { head, raw } = this;
@@ -453,7 +452,7 @@ export class ResponseCapture implements ResponseHook {
         if (!(lower in inHead)) inHead[lower] = head[key];
       }
     }
-    const own = typeof raw.getHeaderNames === 'function' ? raw.getHeaderNames() : undefined;
+    const own = namesSetOn(raw);
     return (name) => {
       if (inHead !== undefined && name in inHead) return inHead[name];
       return own === undefined || own.includes(name) ? raw.getHeader(name) : undefined;

@@ -2,7 +2,7 @@ import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { REPLAYED_HEADER } from '../idempotency.constants.js';
 import type { SavedResponse } from '../stores/idempotency-store.js';
 import { decodedForRequest } from './content-coding.js';
-import { hookResponse } from './response-hooks.js';
+import { hookResponse, namesSetOn } from './response-hooks.js';
 
 /**
  * Headers that describe the body the app's pipeline made for a replay, which is not sent; the
@@ -16,6 +16,8 @@ function replacedBy(headerNames: readonly string[]): ReadonlySet<string> {
   if (!replaced) replacedSets.set(headerNames, (replaced = new Set([...BODY_HEADERS, ...headerNames])));
   return replaced;
 }
+/** `Idempotent-Replayed`, as a lower-case name. */
+const REPLAYED_NAME = REPLAYED_HEADER.toLowerCase();
 /** Statuses whose responses carry no body. */
 const NO_BODY = new Set([204, 205, 304]);
 
@@ -62,17 +64,18 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
     // this response's pipeline's (CORS's Origin), and Accept-Encoding for coded bytes. Fastify
     // passes its headers to writeHead, where they overrode one set on the response (an
     // adversarial helper: a gzip replay without `Vary: Accept-Encoding` behind CORS).
+    const replaced = replacedBy(headerNames);
+    const present = namesSetOn(res) ?? [...replaced, 'vary'].filter((name) => res.hasHeader(name));
     const vary = unionVary([
-      res.getHeader('vary'),
+      present.includes('vary') ? res.getHeader('vary') : undefined,
       pipelineHeaders && headerIn(pipelineHeaders, 'vary'),
       savedHeaders.vary,
       coding !== undefined ? 'accept-encoding' : undefined,
     ]);
-    const replaced = replacedBy(headerNames);
     // Only headers that are set: Node remembers a removed Transfer-Encoding, and a response whose
     // Content-Length a compression middleware then removes would go out unframed, ended by
     // closing a keep-alive connection.
-    for (const name of replaced) if (res.hasHeader(name)) res.removeHeader(name);
+    for (const name of present) if (replaced.has(name)) res.removeHeader(name);
     for (const [name, value] of Object.entries(savedHeaders)) if (name !== 'vary') res.setHeader(name, value);
     if (vary) res.setHeader('vary', vary);
     else if (res.hasHeader('vary')) res.removeHeader('vary');
@@ -86,7 +89,7 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
     const kept: OutgoingHttpHeaders = {};
     for (const [name, value] of Object.entries(pipelineHeaders)) {
       const lower = name.toLowerCase();
-      if (!replaced.has(lower) && lower !== 'vary' && lower !== REPLAYED_HEADER.toLowerCase()) kept[name] = value;
+      if (!replaced.has(lower) && lower !== 'vary' && lower !== REPLAYED_NAME) kept[name] = value;
     }
     return kept;
   };
@@ -142,8 +145,9 @@ function unionVary(values: HeaderValue[]): string {
     for (const part of (Array.isArray(value) ? value.join(',') : String(value)).split(',')) {
       const name = part.trim();
       if (name === '*') return '*';
-      if (name && !seen.has(name.toLowerCase())) {
-        seen.add(name.toLowerCase());
+      const lower = name.toLowerCase();
+      if (name && !seen.has(lower)) {
+        seen.add(lower);
         names.push(name);
       }
     }
