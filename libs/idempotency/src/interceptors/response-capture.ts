@@ -64,12 +64,14 @@ function headersOfArray(list: unknown[]): OutgoingHttpHeaders {
 
 const NODE_WRITE_HEAD = ServerResponse.prototype.writeHead;
 
-/** A lone surrogate (UTF-8 has no bytes for it: Node writes U+FFFD's), or a NUL. */
-const NOT_KEPT_AS_TEXT = /[\p{Cs}\0]/u;
-
-/** An answer's only chunk, a string, as `CapturedResponse.body`: itself where its bytes are UTF-8 text without NUL. */
+/**
+ * An answer's only chunk, a string, as `CapturedResponse.body`: itself where its bytes are UTF-8
+ * text without NUL; its bytes where it holds a lone surrogate (UTF-8 has no bytes for one: Node
+ * writes U+FFFD's) or a NUL. Two native scans, not a Unicode regular expression (~900
+ * instructions an answer, callgrind, session 37).
+ */
 function bodyOfText(text: string): Buffer | string {
-  return NOT_KEPT_AS_TEXT.test(text) ? Buffer.from(text, 'utf8') : text;
+  return (text as string & { isWellFormed(): boolean }).isWellFormed() && !text.includes('\0') ? text : Buffer.from(text, 'utf8');
 }
 
 /**

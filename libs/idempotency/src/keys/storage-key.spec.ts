@@ -1,4 +1,5 @@
 import { describe, it, expect } from '@jest/globals';
+import fc from 'fast-check';
 import { buildStorageKey, type StorageKeyParts } from './storage-key.js';
 
 const PREFIX = 'no_repeat';
@@ -91,5 +92,17 @@ describe('buildStorageKey', () => {
       expect(seen.get(storageKey) ?? id).toBe(id);
       seen.set(storageKey, id);
     }
+  });
+  // encodeSegment tells which segments go as they are by a table of characters: every other
+  // well-formed text is encodeURIComponent's, each printable ASCII character tried.
+  it('writes each well-formed segment as encodeURIComponent does', () => {
+    const ascii = Array.from({ length: 95 }, (_, i) => String.fromCharCode(0x20 + i));
+    const text = fc.array(fc.oneof(fc.constantFrom(...ascii, '\u007F', '\u0080', 'é', '😀'), fc.string({ maxLength: 2 })), { maxLength: 8 })
+      .map((parts) => parts.join(''))
+      .filter((value) => (value as string & { isWellFormed(): boolean }).isWellFormed());
+    fc.assert(
+      fc.property(text, (key) => expect(build({ id: 'u' }, 'H.m', key)).toBe(`${PREFIX}:u:H.m:${encodeURIComponent(key)}`)),
+      { numRuns: 3000 },
+    );
   });
 });
