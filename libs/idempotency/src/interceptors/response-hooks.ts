@@ -1,4 +1,4 @@
-import type { ServerResponse } from 'node:http';
+import { OutgoingMessage, type ServerResponse } from 'node:http';
 
 type Args = unknown[];
 
@@ -151,14 +151,25 @@ function prototypeMethod(response: ServerResponse, name: HeaderMethodName): (...
   return Reflect.get(Object.getPrototypeOf(response) as object, name, response) as (...args: Args) => unknown;
 }
 
+const NODE_HEADER_READS = {
+  getHeader: OutgoingMessage.prototype.getHeader,
+  hasHeader: OutgoingMessage.prototype.hasHeader,
+  getHeaderNames: OutgoingMessage.prototype.getHeaderNames,
+};
+
 /**
  * The names of the headers set on a response, lower case, read at once; undefined where the
- * response cannot list them. Node's `getHeader` and `hasHeader` lower-case the name they are
- * given: asked for each of a list of names, most of them absent, they cost ~250 instructions a
- * name (callgrind, session 37: ~2,000 a first request, ~2,500 a replay).
+ * response reads its headers otherwise than Node's `OutgoingMessage` does (an agent's override
+ * of `getHeader` or `hasHeader` may answer for a header Node does not hold: an adversarial helper;
+ * HTTP/2's compatibility response), and the caller asks it name by name. Node's `getHeader` and
+ * `hasHeader` lower-case the name they are given: asked for each of a list of names, most of
+ * them absent, they cost ~250 instructions a name (callgrind, session 37: ~2,000 a first
+ * request, ~2,500 a replay).
  */
 export function namesSetOn(raw: ServerResponse): readonly string[] | undefined {
-  return typeof raw.getHeaderNames === 'function' ? raw.getHeaderNames() : undefined;
+  const { getHeader, hasHeader, getHeaderNames } = raw;
+  const nodes = getHeader === NODE_HEADER_READS.getHeader && hasHeader === NODE_HEADER_READS.hasHeader && getHeaderNames === NODE_HEADER_READS.getHeaderNames;
+  return nodes ? raw.getHeaderNames() : undefined;
 }
 
 /** Node's error for a head changed after it was sent (`ERR_HTTP_HEADERS_SENT`). */

@@ -65,9 +65,10 @@ export function replayInto(raw: ServerResponse, saved: SavedResponse, headerName
     // passes its headers to writeHead, where they overrode one set on the response (an
     // adversarial helper: a gzip replay without `Vary: Accept-Encoding` behind CORS).
     const replaced = replacedBy(headerNames);
-    const present = namesSetOn(res) ?? [...replaced, 'vary'].filter((name) => res.hasHeader(name));
+    const listed = namesSetOn(res);
+    const present = listed ?? [...replaced].filter((name) => res.hasHeader(name));
     const vary = unionVary([
-      present.includes('vary') ? res.getHeader('vary') : undefined,
+      listed === undefined || listed.includes('vary') ? res.getHeader('vary') : undefined,
       pipelineHeaders && headerIn(pipelineHeaders, 'vary'),
       savedHeaders.vary,
       coding !== undefined ? 'accept-encoding' : undefined,
