@@ -10,6 +10,7 @@ import { assertLoadGenerator } from './driver/load.js';
 import { Progress } from './driver/progress.js';
 import { ArmUnavailable, preparePostgresSchema } from './arms/postgres-arm.js';
 import { fingerprintTable, type FingerprintResult } from './micro/fingerprint.bench.js';
+import { instructionsTable, instructionsUnavailable, runInstructionsBench, type InstructionsResult } from './micro/instructions.bench.js';
 import { interceptorTable, type InProcessRuns } from './micro/interceptor.bench.js';
 import type { MemoryOutcome } from './micro/memory-store.bench.js';
 import { DIST_BENCH, PROJECT_ROOT, RESULTS_DIR } from './paths.js';
@@ -72,6 +73,7 @@ async function main(): Promise<void> {
   const progress = new Progress();
   progress.plan(has('fingerprint') ? 1 : 0, 30);
   progress.plan(has('interceptor') ? 1 : 0, 60);
+  progress.plan(has('instructions') ? 1 : 0, 520);
   const startedAt = new Date();
   const loadBefore = loadavg();
   progress.log(
@@ -96,6 +98,14 @@ async function main(): Promise<void> {
       noPretenuring: await runScript('interceptor.bench.js', [], ['--no-allocation-site-pretenuring']),
     };
     progress.step('interceptor');
+  }
+  // Opt-in (`--phases instructions`, ~9 minutes): the same arms counted by callgrind, not timed.
+  let instructions: InstructionsResult | undefined;
+  if (has('instructions')) {
+    const reason = instructionsUnavailable();
+    if (reason) progress.log(`bench: instructions: ${reason}`);
+    else instructions = await runInstructionsBench((arm) => progress.show(`instructions (callgrind): ${arm}`));
+    progress.step('instructions');
   }
   const redisProcess = await startRedis();
   const redis = new Redis(redisProcess.url, { maxRetriesPerRequest: 1 });
@@ -233,6 +243,19 @@ async function main(): Promise<void> {
         'set off collections that kept megabytes alive in this loop, with no guard code at all (`micro/deferred-end.bench.ts`); with the guard\'s shared methods the two runs agree.',
     );
   }
+  if (instructions) {
+    sections.push(
+      '',
+      '## The interceptors\' own code in instructions (callgrind)',
+      '',
+      instructionsTable(instructions),
+      '',
+      `The arms above, each under valgrind's callgrind (${instructions.valgrind}, node --single-threaded) for ${instructions.few.toLocaleString('en-US')} and for ` +
+        `${instructions.many.toLocaleString('en-US')} calls: the difference of the two counts over the difference of the calls is one call's, start-up and ` +
+        'compilation cancelled out (`micro/instructions.bench.ts`). Counts, not time: they do not move with the machine\'s load, but a total moves by up to ~25 % ' +
+        'between runs when a major collection falls in one run of a pair and not the other: compare the counts of one builtin or function, or repeat.',
+    );
+  }
   if (memoryOutcome) {
     sections.push('', '## Memory store', '', '| maxEntries | keys inserted | entries held | heap bytes/entry | heap MB | RSS MB | µs per claim + complete | within bound |', '|---:|---:|---:|---:|---:|---:|---:|---|');
     for (const outcome of memoryOutcome) {
@@ -247,7 +270,7 @@ async function main(): Promise<void> {
   const markdown = `${sections.join('\n')}\n`;
 
   await mkdir(RESULTS_DIR, { recursive: true });
-  const json = { startedAt, cpus: cpuPlan, loadAverage: { before: loadBefore, after: loadAfter }, settings: { ...settings, phases: [...settings.phases] }, node: process.version, cores: cpus().length, rows, checks, samples, fingerprint, interceptor, memory: memoryOutcome, storm, crash, badInput, unavailable: Object.fromEntries(unavailable) };
+  const json = { startedAt, cpus: cpuPlan, loadAverage: { before: loadBefore, after: loadAfter }, settings: { ...settings, phases: [...settings.phases] }, node: process.version, cores: cpus().length, rows, checks, samples, fingerprint, interceptor, instructions, memory: memoryOutcome, storm, crash, badInput, unavailable: Object.fromEntries(unavailable) };
   await writeFile(join(RESULTS_DIR, `${settings.out}.json`), `${JSON.stringify(json, null, 2)}\n`);
   await writeFile(join(RESULTS_DIR, `${settings.out}.md`), markdown);
   process.stdout.write(`\n${markdown}\nWritten: bench/results/${settings.out}.md, bench/results/${settings.out}.json\n`);

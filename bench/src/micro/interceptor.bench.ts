@@ -157,7 +157,18 @@ async function timeCalls(intercept: Intercept, controller: Type, calls: number, 
 
 const median = (values: number[]) => [...values].sort((a, b) => a - b)[values.length >> 1];
 
-export async function runInterceptorBench(calls = 50_000, rounds = 5): Promise<InterceptorResult> {
+/** One arm of the bench: an interceptor on the controller it guards, and the key its calls send (a fixed one: replays). */
+interface Arm {
+  intercept: Intercept;
+  controller: Type;
+  key?: string;
+}
+
+/** The arms, each on its own Nest app; the peer's are absent where it is not installed. */
+export const ARM_NAMES = ['floor', 'guard-unique', 'guard-replay', 'guard-memory-unique', 'guard-memory-replay', 'peer-unique', 'peer-replay'] as const;
+export type InProcessArm = (typeof ARM_NAMES)[number];
+
+async function armsFor(maxCalls: number): Promise<Partial<Record<InProcessArm, Arm>> & { setReplaying(on: boolean): void }> {
   const store = new ImmediateStore();
   const guarded = controllerWith(NoRepeatSubmit());
   const guardApp = await appOf([IdempotencyModule.forRoot({ store })], guarded);
@@ -167,24 +178,44 @@ export async function runInterceptorBench(calls = 50_000, rounds = 5): Promise<I
   // store was full from the third round on, and the arm timed its "memory store full" error; at
   // the default 64 MiB its answers went unreplayable and its claims full from the third round on
   // (session 35: 23.2 against 16.7 µs a first request).
-  const memoryStore = new MemoryIdempotencyStore({ maxEntries: calls * rounds + 1, maxBytes: Number.POSITIVE_INFINITY });
+  const memoryStore = new MemoryIdempotencyStore({ maxEntries: maxCalls + 1, maxBytes: Number.POSITIVE_INFINITY });
   const memoryApp = await appOf([IdempotencyModule.forRoot({ store: memoryStore })], guardedInMemory);
   const guardInMemory = memoryApp.get(IdempotencyInterceptor);
-  const plain = controllerWith(() => undefined);
   const empty = new EmptyInterceptor();
-
-  let peer: { intercept: Intercept; controller: Type } | undefined;
+  const inMemory: Intercept = (ctx, next) => guardInMemory.intercept(ctx, next);
+  const arms: Partial<Record<InProcessArm, Arm>> & { setReplaying(on: boolean): void } = {
+    setReplaying: (on) => (store.replaying = on),
+    floor: { intercept: (ctx, next) => empty.intercept(ctx, next), controller: controllerWith(() => undefined) },
+    'guard-unique': { intercept: (ctx, next) => guard.intercept(ctx, next), controller: guarded },
+    'guard-replay': { intercept: (ctx, next) => guard.intercept(ctx, next), controller: guarded, key: 'replayed' },
+    'guard-memory-unique': { intercept: inMemory, controller: guardedInMemory },
+    'guard-memory-replay': { intercept: inMemory, controller: guardedInMemory, key: 'replayed' },
+  };
   try {
     const { NodeIdempotencyModule, Idempotent } = loadPeer();
     const { NodeIdempotencyInterceptor } = requireFromPeers('@node-idempotency/nestjs') as { NodeIdempotencyInterceptor: Type };
     const controller = controllerWith(Idempotent());
     const peerApp = await appOf([NodeIdempotencyModule.forRootAsync({ storage: { adapter: 'memory' } })], controller);
     const interceptor = peerApp.get<{ intercept: Intercept }>(NodeIdempotencyInterceptor);
-    peer = { intercept: (ctx, next) => interceptor.intercept(ctx, next), controller };
+    const intercept: Intercept = (ctx, next) => interceptor.intercept(ctx, next);
+    arms['peer-unique'] = { intercept, controller };
+    arms['peer-replay'] = { intercept, controller, key: 'replayed' };
   } catch (error) {
     process.stderr.write(`interceptor bench: the peer is not installed (${(error as Error).message.split('\n')[0]})\n`);
   }
+  return arms;
+}
 
+/** Times `calls` calls of one arm; ns per call. The guard's replay arm reads a completed record from its store. */
+async function timeArm(arms: Awaited<ReturnType<typeof armsFor>>, name: InProcessArm, calls: number): Promise<number | undefined> {
+  const arm = arms[name];
+  if (!arm) return undefined;
+  arms.setReplaying(name === 'guard-replay');
+  return timeCalls(arm.intercept, arm.controller, calls, arm.key);
+}
+
+export async function runInterceptorBench(calls = 50_000, rounds = 5): Promise<InterceptorResult> {
+  const arms = await armsFor(calls * rounds);
   const samples: Record<keyof InterceptorResult, number[]> = {
     emptyInterceptor: [],
     guardUnique: [],
@@ -194,18 +225,19 @@ export async function runInterceptorBench(calls = 50_000, rounds = 5): Promise<I
     peerUnique: [],
     peerReplay: [],
   };
+  const keys: [keyof InterceptorResult, InProcessArm][] = [
+    ['emptyInterceptor', 'floor'],
+    ['guardUnique', 'guard-unique'],
+    ['guardReplay', 'guard-replay'],
+    ['guardMemoryUnique', 'guard-memory-unique'],
+    ['guardMemoryReplay', 'guard-memory-replay'],
+    ['peerUnique', 'peer-unique'],
+    ['peerReplay', 'peer-replay'],
+  ];
   for (let round = 0; round < rounds; round++) {
-    samples.emptyInterceptor.push(await timeCalls((ctx, next) => empty.intercept(ctx, next), plain, calls));
-    store.replaying = false;
-    samples.guardUnique.push(await timeCalls((ctx, next) => guard.intercept(ctx, next), guarded, calls));
-    store.replaying = true;
-    samples.guardReplay.push(await timeCalls((ctx, next) => guard.intercept(ctx, next), guarded, calls, 'replayed'));
-    const inMemory: Intercept = (ctx, next) => guardInMemory.intercept(ctx, next);
-    samples.guardMemoryUnique.push(await timeCalls(inMemory, guardedInMemory, calls));
-    samples.guardMemoryReplay.push(await timeCalls(inMemory, guardedInMemory, calls, 'replayed'));
-    if (peer) {
-      samples.peerUnique.push(await timeCalls(peer.intercept, peer.controller, calls));
-      samples.peerReplay.push(await timeCalls(peer.intercept, peer.controller, calls, 'replayed'));
+    for (const [sample, arm] of keys) {
+      const ns = await timeArm(arms, arm, calls);
+      if (ns !== undefined) samples[sample].push(ns);
     }
   }
   const result: InterceptorResult = {
@@ -215,7 +247,7 @@ export async function runInterceptorBench(calls = 50_000, rounds = 5): Promise<I
     guardMemoryUnique: median(samples.guardMemoryUnique),
     guardMemoryReplay: median(samples.guardMemoryReplay),
   };
-  if (peer) {
+  if (samples.peerUnique.length > 0) {
     result.peerUnique = median(samples.peerUnique);
     result.peerReplay = median(samples.peerReplay);
   }
@@ -244,6 +276,16 @@ export function interceptorTable({ asIs, noPretenuring }: InProcessRuns): string
 
 if (import.meta.url === pathToFileURL(process.argv[1]).href) {
   const calls = Number(process.argv.find((arg) => /^\d+$/.test(arg)) ?? 50_000);
+  const armFlag = process.argv.indexOf('--arm');
+  if (armFlag !== -1) {
+    // One arm, one round: what instructions.bench.ts counts under callgrind.
+    const name = process.argv[armFlag + 1] as InProcessArm;
+    if (!ARM_NAMES.includes(name)) throw new Error(`--arm must be one of ${ARM_NAMES.join(', ')}`);
+    const ns = await timeArm(await armsFor(calls), name, calls);
+    if (ns === undefined) process.exit(3);
+    process.stdout.write(`${JSON.stringify({ arm: name, calls, ns })}\n`);
+    process.exit(0);
+  }
   const result = await runInterceptorBench(calls);
   // Alone, one run: as JSON (what the bench reads), or as a line per arm.
   if (process.argv.includes('--json')) process.stdout.write(`${JSON.stringify(result)}\n`);
