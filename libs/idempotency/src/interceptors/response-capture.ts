@@ -435,13 +435,18 @@ export class ResponseCapture implements ResponseHook {
 
   /** A header as sent (a lower-case name): passed to `writeHead` (Fastify sends them so), or set on the response. */
   headerOf(name: string): HeaderValue | undefined {
-    return this.sentHeaders()(name);
+    if (this.head) {
+      for (const key of Object.keys(this.head)) {
+        if (key.toLowerCase() === name) return this.head[key];
+      }
+    }
+    return this.raw.getHeader(name);
   }
 
   /**
-   * The headers as sent, by lower-case name (see `headerOf`), for several names (eight saved by
-   * default): the names of the head and of the response are read once (see `namesSetOn`); a
-   * head's names were lower-cased once per saved name.
+   * The headers as sent, as `headerOf` reads one, for several names (eight saved by default): the
+   * names of the head and of the response are read once (see `namesSetOn`); a head's names were
+   * lower-cased once per saved name.
    */
   private sentHeaders(): (name: string) => HeaderValue | undefined {
     const { head, raw } = this;

@@ -9,7 +9,7 @@ export interface ListedRun<T> {
  * The runs in flight, in the order they began: a doubly linked list through the runs themselves,
  * so that adding and removing one allocates nothing. A `Set` of them emptied and shrank its table
  * on the last run's delete, a call into V8's runtime on every request of an app with one call in
- * flight at a time (~0.5 µs a request in the in-process bench: bench/README.md).
+ * flight at a time (0.7-1 µs a first request in the in-process bench: bench/README.md).
  */
 export class RunList<T extends ListedRun<T>> implements Iterable<T> {
   size = 0;
