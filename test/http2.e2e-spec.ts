@@ -161,3 +161,48 @@ describe('Fastify over HTTP/2, answers without a body', () => {
     expect({ refused, runs: bodiless }).toEqual({ refused: [], runs: 10 });
   });
 });
+
+@Controller('work')
+class WorkController {
+  @Post('slow')
+  @NoRepeatSubmit()
+  async slow() {
+    await new Promise((resolve) => setTimeout(resolve, 800));
+    return { done: true };
+  }
+}
+
+// An instance shutting down refuses new calls 503 and, on HTTP/1.1, closes the connection
+// (`Connection: close`); HTTP/2 forbids that header (Node throws on it), so its 503 goes without.
+describe('Fastify over HTTP/2, shutting down', () => {
+  it('refuses a call while it drains, 503 without a Connection header', async () => {
+    @Module({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore() })], controllers: [WorkController] })
+    class WorkModule {}
+    const app = await NestFactory.create(WorkModule, new FastifyAdapter({ http2: true }) as never, { logger: false });
+    await app.listen(0, '127.0.0.1');
+    const session = connect(`http://127.0.0.1:${(app.getHttpServer().address() as { port: number }).port}`);
+    try {
+      const running = post(session, { 'idempotency-key': randomUUID() }, '/work/slow');
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      const closed = app.close();
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      const during = await new Promise<{ status: number; connection: unknown; code: string }>((resolve, reject) => {
+        const stream = session.request({ ':method': 'POST', ':path': '/work/slow', 'content-type': 'application/json', 'idempotency-key': randomUUID() });
+        let head: Record<string, unknown> = {};
+        const chunks: Buffer[] = [];
+        stream.on('response', (h) => (head = h));
+        stream.on('data', (chunk: Buffer) => chunks.push(chunk));
+        stream.on('end', () => resolve({ status: Number(head[':status']), connection: head.connection, code: JSON.parse(Buffer.concat(chunks).toString()).code }));
+        stream.on('error', reject);
+        stream.end('{}');
+      });
+      expect(during).toEqual({ status: 503, connection: undefined, code: 'IDEMPOTENCY_STORE_UNAVAILABLE' });
+      expect((await running).status).toBe(201);
+      // The server closes once its sessions have.
+      session.close();
+      await closed;
+    } finally {
+      session.close();
+    }
+  });
+});

@@ -17,6 +17,7 @@ import {
   type NestInterceptor,
 } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
+import { Agent } from 'node:http';
 import { NestFactory } from '@nestjs/core';
 import { ClientProxyFactory, EventPattern, Payload, Transport, type ClientProxy } from '@nestjs/microservices';
 import { catchError, firstValueFrom, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
@@ -116,6 +117,26 @@ describe('app.close() while a guarded handler runs whose caller got a 408 (modul
     expect((await send(other.url, '/jobs/slow', { key })).status).toBe(408);
     expect(runs.get('1500')!.started).toBe(before.started + 2);
   });
+
+  it.each(['express', 'fastify'] as const)(
+    'closes the kept-alive connection its 503 went on (%s): the retry opens a new one, which a balancer may send elsewhere',
+    async (adapter) => {
+      const closing = await makeApp(adapter, [JobsController], options);
+      const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+      try {
+        const first = await send(closing.url, '/jobs/slow', { key: randomUUID(), agent });
+        expect({ status: first.status, connection: first.headers.connection }).toEqual({ status: 408, connection: 'keep-alive' });
+        const closed = closing.close();
+        await sleep(200);
+        const during = await send(closing.url, '/jobs/slow', { key: randomUUID(), agent });
+        // Kept alive, the client's retry went back to this instance on the same connection.
+        expect({ status: during.status, connection: during.headers.connection }).toEqual({ status: 503, connection: 'close' });
+        await closed;
+      } finally {
+        agent.destroy();
+      }
+    },
+  );
 
   it('counts each refusal and reports it as a shutting_down event', async () => {
     const seen: IdempotencyEvent[] = [];
