@@ -172,8 +172,8 @@ class WorkController {
   }
 }
 
-// An instance shutting down refuses new calls 503 and, on HTTP/1.1, closes the connection
-// (`Connection: close`); HTTP/2 forbids that header (Node throws on it), so its 503 goes without.
+// An instance shutting down refuses new calls 503 and, on HTTP/1.1, closes the connection after
+// it (`Connection: close`); HTTP/2 has no such header (Node's HTTP/2 response throws on one).
 describe('Fastify over HTTP/2, shutting down', () => {
   it('refuses a call while it drains, 503 without a Connection header', async () => {
     @Module({ imports: [IdempotencyModule.forRoot({ store: new MemoryIdempotencyStore() })], controllers: [WorkController] })

@@ -7,6 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it, jest } from '@jest/globals';
 import {
   Controller,
+  HttpCode,
   Logger,
   Module,
   Post,
@@ -20,7 +21,7 @@ import { randomUUID } from 'node:crypto';
 import { Agent } from 'node:http';
 import { NestFactory } from '@nestjs/core';
 import { ClientProxyFactory, EventPattern, Payload, Transport, type ClientProxy } from '@nestjs/microservices';
-import { catchError, firstValueFrom, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
+import { catchError, firstValueFrom, of, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
 import { IdempotencyCounters, IdempotencyModule, NoRepeatSubmit, type IdempotencyEvent, type IdempotencyModuleOptions } from 'nestjs-idempotency';
 import { GuardMemory } from '../libs/idempotency/src/interceptors/guard-memory.js';
 import { makeApp, send, sleep, until, type EdgeApp } from './support/edge-app.js';
@@ -37,6 +38,25 @@ class TimeoutInterceptor implements NestInterceptor {
 }
 
 const runs = new Map<string, { started: number; done: number }>();
+
+/** Answers a 503 with a value of its own: the guard's refusal is then not what the client gets. */
+class FallbackInterceptor implements NestInterceptor {
+  intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
+    return next.handle().pipe(catchError((error: { getStatus?: () => number }) => (error.getStatus?.() === 503 ? of({ fallback: true }) : throwError(() => error))));
+  }
+}
+
+@Controller('fallback')
+@UseInterceptors(FallbackInterceptor)
+class FallbackController {
+  @Post()
+  @HttpCode(200)
+  @NoRepeatSubmit()
+  run() {
+    return { ran: true };
+  }
+}
+
 
 @Controller('jobs')
 @UseInterceptors(TimeoutInterceptor)
@@ -121,7 +141,7 @@ describe('app.close() while a guarded handler runs whose caller got a 408 (modul
   it.each(['express', 'fastify'] as const)(
     'closes the kept-alive connection its 503 went on (%s): the retry opens a new one, which a balancer may send elsewhere',
     async (adapter) => {
-      const closing = await makeApp(adapter, [JobsController], options);
+      const closing = await makeApp(adapter, [JobsController, FallbackController], options);
       const agent = new Agent({ keepAlive: true, maxSockets: 1 });
       try {
         const first = await send(closing.url, '/jobs/slow', { key: randomUUID(), agent });
@@ -131,6 +151,13 @@ describe('app.close() while a guarded handler runs whose caller got a 408 (modul
         const during = await send(closing.url, '/jobs/slow', { key: randomUUID(), agent });
         // Kept alive, the client's retry went back to this instance on the same connection.
         expect({ status: during.status, connection: during.headers.connection }).toEqual({ status: 503, connection: 'close' });
+        // A refusal the app answers otherwise (its own 200) leaves the connection as it was.
+        const answered = await send(closing.url, '/fallback', { key: randomUUID(), agent });
+        expect({ status: answered.status, connection: answered.headers.connection, body: answered.text }).toEqual({
+          status: 200,
+          connection: 'keep-alive',
+          body: '{"fallback":true}',
+        });
         await closed;
       } finally {
         agent.destroy();

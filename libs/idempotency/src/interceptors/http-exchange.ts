@@ -262,16 +262,14 @@ export class HttpExchange implements GuardExchange {
    * them. Nest's own sends the problem details under their media type on both adapters; a
    * filter of the app's that writes another body should set its own Content-Type. An answer
    * that is not this refusal does not keep them (see `setRefusalHeaders`). An instance shutting
-   * down (`leaving`) also closes an HTTP/1.1 connection after its 503: kept alive, a client's
-   * retry came back to it on the same connection, and was refused again, until the server closed
-   * (HTTP/1.1 only: HTTP/2 forbids the header).
+   * down (`leaving`) also closes the connection after its 503: kept alive, a client's retry came
+   * back to it on the same connection, and was refused again, until the server closed.
    */
   private withHeaders(exception: IdempotencyHttpException, leaving = false): IdempotencyHttpException {
     const headers: Record<string, string> = {};
     if (exception.retryAfterSeconds !== undefined) headers['Retry-After'] = String(exception.retryAfterSeconds);
-    if (leaving && this.raw.req?.httpVersionMajor === 1) headers.Connection = 'close';
     if (this.route.errorFormat === 'problem+json') headers['Content-Type'] = PROBLEM_JSON_CONTENT_TYPE;
-    setRefusalHeaders(this.res, this.raw, this.adapter, exception.getStatus(), headers);
+    setRefusalHeaders(this.res, this.raw, this.adapter, exception.getStatus(), headers, leaving);
     return exception;
   }
 }

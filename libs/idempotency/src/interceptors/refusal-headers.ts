@@ -2,10 +2,14 @@ import type { AbstractHttpAdapter } from '@nestjs/core';
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { HttpResponse } from './http-request.js';
 
-/** What the latest refusal of a request set on its response: the refusal's status, each header (lower-case name) and value. */
+/**
+ * What the latest refusal of a request set on its response: the refusal's status, each header
+ * (lower-case name) and value, and whether its answer closes the connection.
+ */
 interface RefusalHeaders {
   status: number;
   headers: ReadonlyMap<string, string>;
+  close: boolean;
 }
 
 /** Express's response and Fastify's reply read and remove a header alike. */
@@ -35,12 +39,13 @@ export function setRefusalHeaders(
   adapter: AbstractHttpAdapter,
   status: number,
   headers: Record<string, string>,
+  close = false,
 ): void {
   clearRefusalHeaders(res, raw);
   const names = Object.keys(headers);
-  if (names.length === 0) return;
+  if (names.length === 0 && !close) return;
   for (const name of names) adapter.setHeader(res, name, headers[name]);
-  setOn.set(raw, { status, headers: new Map(names.map((name) => [name.toLowerCase(), headers[name]])) });
+  setOn.set(raw, { status, headers: new Map(names.map((name) => [name.toLowerCase(), headers[name]])), close });
   takeBackOnOtherStatus(raw);
 }
 
@@ -82,7 +87,11 @@ function asJson(value: unknown): string {
 
 /**
  * When the head goes out with another status than the refusal's, takes its headers back: set on
- * the response (Express) or passed to `writeHead` (Fastify). Installed once per response.
+ * the response (Express) or passed to `writeHead` (Fastify). With the refusal's status, closes
+ * the connection after it where the refusal says so: Node then sends `Connection: close` on
+ * HTTP/1.1 (HTTP/2 has no such header). Not a header set up front: taken back from another
+ * answer, Express's `removeHeader('connection')` left that answer with no Connection header at
+ * all. Installed once per response.
  */
 function takeBackOnOtherStatus(raw: ServerResponse): void {
   if (hooked.has(raw)) return;
@@ -90,7 +99,9 @@ function takeBackOnOtherStatus(raw: ServerResponse): void {
   const writeHead = raw.writeHead;
   raw.writeHead = function (this: ServerResponse, ...args: unknown[]) {
     const set = setOn.get(raw);
-    if (set && args[0] !== set.status) {
+    if (set && args[0] === set.status) {
+      if (set.close) raw.shouldKeepAlive = false;
+    } else if (set) {
       for (const [name, value] of set.headers) {
         const current = raw.getHeader(name);
         if (!unchanged(name, current, value)) continue;
