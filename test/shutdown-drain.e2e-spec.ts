@@ -14,6 +14,7 @@ import {
   RequestTimeoutException,
   UseInterceptors,
   type CallHandler,
+  type INestApplication,
   type ExecutionContext,
   type NestInterceptor,
 } from '@nestjs/common';
@@ -138,10 +139,34 @@ describe('app.close() while a guarded handler runs whose caller got a 408 (modul
     expect(runs.get('1500')!.started).toBe(before.started + 2);
   });
 
-  it.each(['express', 'fastify'] as const)(
-    'closes the kept-alive connection its 503 went on (%s): the retry opens a new one, which a balancer may send elsewhere',
-    async (adapter) => {
-      const closing = await makeApp(adapter, [JobsController, FallbackController], options);
+  it.each([
+    ['express', ''],
+    ['fastify', ''],
+    ['express', ', the app setting Connection: keep-alive on every answer'],
+    ['fastify', ', the app setting Connection: keep-alive on every answer'],
+  ] as const)(
+    'closes the kept-alive connection its 503 went on (%s%s): the retry opens a new one, which a balancer may send elsewhere',
+    async (adapter, keepAliveEverywhere) => {
+      // An adversarial helper: Node reads a Connection header when it writes the head, and the
+      // app's `keep-alive` kept the connection open under the guard's 503.
+      const setup = (app: INestApplication) => {
+        if (!keepAliveEverywhere) return;
+        if (adapter === 'express') {
+          app.use((_req: unknown, res: { setHeader(name: string, value: string): void }, next: () => void) => {
+            res.setHeader('Connection', 'keep-alive');
+            next();
+          });
+        } else {
+          const fastify = app.getHttpAdapter().getInstance() as {
+            addHook(name: 'onRequest', hook: (req: unknown, reply: { header(name: string, value: string): void }, done: () => void) => void): void;
+          };
+          fastify.addHook('onRequest', (_req, reply, done) => {
+            reply.header('Connection', 'keep-alive');
+            done();
+          });
+        }
+      };
+      const closing = await makeApp(adapter, [JobsController, FallbackController], options, { setup });
       const agent = new Agent({ keepAlive: true, maxSockets: 1 });
       try {
         const first = await send(closing.url, '/jobs/slow', { key: randomUUID(), agent });

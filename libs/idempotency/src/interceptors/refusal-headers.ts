@@ -86,6 +86,25 @@ function asJson(value: unknown): string {
 }
 
 /**
+ * Closes the connection after this answer: Node sends `Connection: close` on HTTP/1.1. A
+ * `Connection` header the app sets on every answer (`keep-alive`, a middleware's or a Fastify
+ * hook's) would keep it open (Node reads it when it writes the head): it says `close` on this
+ * one, set on the response or passed to `writeHead`.
+ */
+function closeAfter(raw: ServerResponse, args: unknown[]): void {
+  raw.shouldKeepAlive = false;
+  if (raw.getHeader('connection') !== undefined) raw.setHeader('connection', 'close');
+  for (const arg of args) {
+    if (Array.isArray(arg)) {
+      // Flat [name, value, ...] pairs (Node's raw headers form).
+      for (let i = 0; i + 1 < arg.length; i += 2) if (String(arg[i]).toLowerCase() === 'connection') arg[i + 1] = 'close';
+    } else if (typeof arg === 'object' && arg !== null) {
+      for (const name of Object.keys(arg)) if (name.toLowerCase() === 'connection') (arg as Record<string, unknown>)[name] = 'close';
+    }
+  }
+}
+
+/**
  * When the head goes out with another status than the refusal's, takes its headers back: set on
  * the response (Express) or passed to `writeHead` (Fastify). With the refusal's status, closes
  * the connection after it where the refusal says so: Node then sends `Connection: close` on
@@ -100,7 +119,7 @@ function takeBackOnOtherStatus(raw: ServerResponse): void {
   raw.writeHead = function (this: ServerResponse, ...args: unknown[]) {
     const set = setOn.get(raw);
     if (set && args[0] === set.status) {
-      if (set.close) raw.shouldKeepAlive = false;
+      if (set.close) closeAfter(raw, args);
     } else if (set) {
       for (const [name, value] of set.headers) {
         const current = raw.getHeader(name);
