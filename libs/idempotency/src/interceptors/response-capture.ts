@@ -1,5 +1,6 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { ServerResponse, type OutgoingHttpHeaders } from 'node:http';
+import { Http2ServerResponse } from 'node:http2';
 import { withoutRefusalHeaders } from './refusal-headers.js';
 import { dropLateHeaders, headersSentError, hookResponse, namesSetOn, showReports, type ResponseHook, type Through } from './response-hooks.js';
 
@@ -134,7 +135,7 @@ export class ResponseCapture implements ResponseHook {
   /** The response's `writeHead` once the capture was put on: another one later is the app's, in front of it. */
   private readonly hookedWriteHead: ServerResponse['writeHead'];
   /** The status when the capture first held bytes, put back when they go out (`restoreStatus`). */
-  private heldStatus: { code: number; message: string } | undefined;
+  private heldStatus: { code: number; message: string | undefined } | undefined;
   /** What the response says of itself (see `report`); undefined until the capture first held bytes. */
   reported: Reported | undefined = undefined;
   private readonly names: readonly string[];
@@ -332,7 +333,7 @@ export class ResponseCapture implements ResponseHook {
     if (this.headWritten || raw.destroyed || (this.through.writeHead === NODE_WRITE_HEAD && raw.writeHead === this.hookedWriteHead)) return;
     if (this.heldStatus) {
       raw.statusCode = this.heldStatus.code;
-      raw.statusMessage = this.heldStatus.message;
+      if (this.heldStatus.message !== undefined) raw.statusMessage = this.heldStatus.message;
       this.heldStatus = undefined;
     }
     // The head is not out yet: the app's listeners may still set headers (they would be refused).
@@ -365,7 +366,7 @@ export class ResponseCapture implements ResponseHook {
   private report(seen: { headersSent?: true; writableEnded?: true }): void {
     const headersSent = seen.headersSent === true;
     const writableEnded = seen.writableEnded === true;
-    if (headersSent) this.heldStatus ??= { code: this.raw.statusCode, message: this.raw.statusMessage };
+    if (headersSent) this.heldStatus ??= { code: this.raw.statusCode, message: statusMessageOf(this.raw) };
     if (!this.reported) {
       if (!headersSent && !writableEnded) return;
       this.reported = { headersSent, writableEnded };
@@ -383,11 +384,11 @@ export class ResponseCapture implements ResponseHook {
    * check `headersSent`) went out over another answer's body (an adversarial helper: a timeout
    * middleware's 503 racing a `@Res()` handler's 201, up to 13 of 40 keys).
    */
-  private restoreStatus(held: { code: number; message: string }): void {
+  private restoreStatus(held: { code: number; message: string | undefined }): void {
     this.heldStatus = undefined;
     if (this.raw.headersSent) return;
     this.raw.statusCode = held.code;
-    this.raw.statusMessage = held.message;
+    if (held.message !== undefined) this.raw.statusMessage = held.message;
   }
 
   private record(chunk: unknown, encoding: unknown): void {
@@ -465,4 +466,14 @@ export class ResponseCapture implements ResponseHook {
       return own === undefined || own.includes(name) ? raw.getHeader(name) : undefined;
     };
   }
+}
+
+/**
+ * The response's status message; undefined on HTTP/2, which has none: Node's HTTP/2 response
+ * answers '' and prints `UnsupportedWarning: Status message is not supported by HTTP/2` (once a
+ * process) for a read or a write of it, which every HTTP/2 app under the guard printed (an
+ * adversarial helper).
+ */
+function statusMessageOf(raw: ServerResponse): string | undefined {
+  return (raw as object) instanceof Http2ServerResponse ? undefined : raw.statusMessage;
 }
