@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from '@jest/globals';
 import {
   Body,
+  Catch,
   ClassSerializerInterceptor,
   ConflictException,
   Controller,
@@ -8,12 +9,14 @@ import {
   Module,
   Post,
   RequestTimeoutException,
+  type ArgumentsHost,
   type CallHandler,
+  type ExceptionFilter,
   type ExecutionContext,
   type INestApplication,
   type NestInterceptor,
 } from '@nestjs/common';
-import { APP_INTERCEPTOR, NestFactory, Reflector } from '@nestjs/core';
+import { APP_INTERCEPTOR, HttpAdapterHost, NestFactory, Reflector } from '@nestjs/core';
 import { ExpressAdapter } from '@nestjs/platform-express';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { randomUUID } from 'node:crypto';
@@ -58,6 +61,25 @@ class PendingInterceptor implements NestInterceptor {
   }
 }
 
+/**
+ * Answers the guard's 409 as 429 "slow down"; with `x-copy-retry-after` on the request, it sets
+ * its own Retry-After first, to the value it reads on the response (the guard's, as many such
+ * filters pass it on).
+ */
+@Catch(HttpException)
+class SlowDownFilter implements ExceptionFilter {
+  constructor(private readonly adapterHost: HttpAdapterHost) {}
+
+  catch(exception: HttpException, host: ArgumentsHost) {
+    const { httpAdapter } = this.adapterHost;
+    const req = host.switchToHttp().getRequest<{ headers: Record<string, string | undefined> }>();
+    const res = host.switchToHttp().getResponse<{ getHeader(name: string): unknown }>();
+    if (exception.getStatus() !== 409) return httpAdapter.reply(res, exception.getResponse(), exception.getStatus());
+    if (req.headers['x-copy-retry-after']) httpAdapter.setHeader(res, 'Retry-After', String(res.getHeader('retry-after')));
+    httpAdapter.reply(res, { error: 'slow down' }, 429);
+  }
+}
+
 let gate: { promise: Promise<void>; open: () => void } = { promise: Promise.resolve(), open: () => undefined };
 const newGate = () => {
   let open = () => undefined as void;
@@ -92,9 +114,10 @@ class PaymentsController {
 
 async function start(
   adapter: 'express' | 'fastify',
-  outer: 'retry' | 'pending',
+  outer: 'retry' | 'pending' | 'slow-down filter',
   errorFormat: 'nest' | 'problem+json' = 'problem+json',
 ): Promise<{ app: INestApplication; url: string }> {
+  const interceptors = { retry: [RetryInterceptor], pending: [PendingInterceptor], 'slow-down filter': [] }[outer];
   @Module({
     imports: [
       IdempotencyModule.forRoot({
@@ -107,11 +130,12 @@ async function start(
       }),
     ],
     controllers: [PaymentsController],
-    providers: [{ provide: APP_INTERCEPTOR, useClass: outer === 'retry' ? RetryInterceptor : PendingInterceptor }],
+    providers: interceptors.map((useClass) => ({ provide: APP_INTERCEPTOR, useClass })),
   })
   class AppModule {}
   const app = await NestFactory.create(AppModule, adapter === 'fastify' ? new FastifyAdapter() : new ExpressAdapter(), { logger: false });
   app.useGlobalInterceptors(new ClassSerializerInterceptor(app.get(Reflector)), new TimeoutInterceptor());
+  if (outer === 'slow-down filter') app.useGlobalFilters(new SlowDownFilter(app.get(HttpAdapterHost)));
   await app.listen(0, '127.0.0.1');
   return { app, url: `http://127.0.0.1:${(app.getHttpServer().address() as { port: number }).port}` };
 }
@@ -270,6 +294,39 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
       } finally {
         agent.destroy();
       }
+    });
+  });
+  describe('under an exception filter that answers the guard\'s 409 as 429', () => {
+    let app: INestApplication;
+    let url: string;
+    beforeAll(async () => {
+      ({ app, url } = await start(adapter, 'slow-down filter'));
+    });
+    afterAll(async () => app?.close());
+
+    /** A duplicate sent while the first request runs: what the filter answered it. */
+    async function slowedDown(amount: number, headers: Record<string, string>) {
+      const key = randomUUID();
+      newGate();
+      failNext = false;
+      events.length = 0;
+      const first = send(url, '/payments', { key, body: { amount } });
+      await until(() => events.some((e) => e.type === 'acquired'));
+      const duplicate = await send(url, '/payments', { key, body: { amount }, headers });
+      gate.open();
+      expect((await first).status).toBe(201);
+      return duplicate;
+    }
+
+    it('keeps the Retry-After the filter set itself, though its value is the refusal\'s', async () => {
+      const duplicate = await slowedDown(12, { 'x-copy-retry-after': '1' });
+      // Before the fix: taken back as the refusal's (the same value), the 429 went out without it.
+      expect([duplicate.status, JSON.parse(duplicate.text), duplicate.headers['retry-after']]).toEqual([429, { error: 'slow down' }, expect.stringMatching(/^[12]$/)]);
+    });
+
+    it('regression: a 429 whose filter set none carries no Retry-After (the refusal\'s is taken back)', async () => {
+      const duplicate = await slowedDown(13, {});
+      expect([duplicate.status, duplicate.headers['retry-after']]).toEqual([429, undefined]);
     });
   });
 });

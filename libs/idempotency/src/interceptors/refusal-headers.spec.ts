@@ -76,6 +76,28 @@ describe('a refusal\'s headers (Retry-After, the problem details type)', () => {
     expect([got.status, got.headers['content-type'], got.headers['retry-after']]).toEqual([503, 'text/plain', '30']);
   });
 
+  it('stay where the app set them itself since, to the same values, on an answer with another status', async () => {
+    const got = await answered((res) => {
+      setRefusalHeaders(res, res, adapter, 503, REFUSAL);
+      // An exception filter answering the refusal as 429, passing its Retry-After on.
+      res.setHeader('Retry-After', String(res.getHeader('retry-after')));
+      sendJson(res, 429, { error: 'slow down' });
+    });
+    // Before: taken back as the refusal's (equal values), the 429 went out without it.
+    expect([got.status, got.headers['retry-after']]).toEqual([429, '2']);
+  });
+
+  it('stay where the app set them itself, also when the request is run or replayed again', async () => {
+    const got = await answered((res) => {
+      setRefusalHeaders(res, res, adapter, 409, REFUSAL);
+      res.setHeader('Retry-After', '2');
+      clearRefusalHeaders(res, res);
+      res.statusCode = 201;
+      res.end('ran');
+    });
+    expect(got.headers['retry-after']).toBe('2');
+  });
+
   it('are removed, where unchanged, when the request is run or replayed again', async () => {
     const got = await answered((res) => {
       setRefusalHeaders(res, res, adapter, 409, REFUSAL);

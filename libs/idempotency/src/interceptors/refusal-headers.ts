@@ -4,11 +4,12 @@ import type { HttpResponse } from './http-request.js';
 
 /**
  * What the latest refusal of a request set on its response: the refusal's status, each header
- * (lower-case name) and value, and whether its answer closes the connection.
+ * (lower-case name) and value still the refusal's (see `disown`), and whether its answer closes
+ * the connection.
  */
 interface RefusalHeaders {
   status: number;
-  headers: ReadonlyMap<string, string>;
+  headers: Map<string, string>;
   close: boolean;
 }
 
@@ -31,7 +32,8 @@ const unchanged = (name: string, current: unknown, set: string) =>
  * refusal may not be the answer, though: an outer `retry()` runs the request again, an outer
  * `catchError` answers with a value of its own. So they are taken back from any answer with
  * another status (`writeHead`), from the answer a later run or replay of the same request gives
- * (`clearRefusalHeaders`), and from what the guard saves (`withoutRefusalHeaders`).
+ * (`clearRefusalHeaders`), and from what the guard saves (`withoutRefusalHeaders`), except
+ * where the app set them itself since (`disown`).
  */
 export function setRefusalHeaders(
   res: HttpResponse,
@@ -47,6 +49,7 @@ export function setRefusalHeaders(
   for (const name of names) adapter.setHeader(res, name, headers[name]);
   setOn.set(raw, { status, headers: new Map(names.map((name) => [name.toLowerCase(), headers[name]])), close });
   takeBackOnOtherStatus(raw);
+  watchAppHeaders(res, raw);
 }
 
 /** Before the same request is run or replayed again: removes what an earlier refusal set, where still unchanged. */
@@ -132,4 +135,49 @@ function takeBackOnOtherStatus(raw: ServerResponse): void {
     }
     return (writeHead as (...a: unknown[]) => ServerResponse).apply(this, args);
   } as ServerResponse['writeHead'];
+}
+
+/** Responses whose header setters tell `disown` of the app's calls. */
+const watched = new WeakSet<ServerResponse>();
+
+/**
+ * A header the app sets after the refusal set it is the app's from then on, whatever its value:
+ * no longer taken back. An exception filter answering the guard's 503 as 429 with its own
+ * `Retry-After`, equal to the refusal's, lost it (an adversarial helper): equal values cannot be
+ * told apart afterwards. Not the Content-Type: the adapter sets it again itself as it sends the
+ * refusal (Express's `res.json()` adds a charset), so it stays judged by its media type.
+ */
+function disown(raw: ServerResponse, name: unknown): void {
+  const set = setOn.get(raw);
+  if (set === undefined || typeof name !== 'string') return;
+  const lower = name.toLowerCase();
+  if (lower !== 'content-type') set.headers.delete(lower);
+}
+
+type HeaderSetter = (this: object, name: string, ...rest: unknown[]) => unknown;
+
+/**
+ * Tells `disown` of each header the app sets on this response from now on: through Node's
+ * `setHeader` (Express's `res.set()`, a filter's own call) and, on Fastify, through the reply's
+ * `header()` (and `headers()`, which calls it), which keeps its headers apart until `writeHead`.
+ * Each call then goes to the setter the response had (its own, or its prototype's at the call:
+ * the guard's capture may give an Express response a prototype of its own later). Installed
+ * once per response, on refused responses only. The refusal's own headers are set before
+ * `setOn` holds them, so they are never taken for the app's.
+ */
+function watchAppHeaders(res: HttpResponse, raw: ServerResponse): void {
+  if (watched.has(raw)) return;
+  watched.add(raw);
+  telling(raw, 'setHeader', raw);
+  if ((res as object) !== raw && typeof (res as { header?: unknown }).header === 'function') telling(res, 'header', raw);
+}
+
+/** Puts a setter on `target` as its own property that tells `disown` of each call, then makes it. */
+function telling(target: object, method: string, raw: ServerResponse): void {
+  const own = Object.hasOwn(target, method) ? ((target as Record<string, unknown>)[method] as HeaderSetter) : undefined;
+  (target as Record<string, unknown>)[method] = function (this: object, name: string, ...rest: unknown[]) {
+    disown(raw, name);
+    const setter = own ?? (Reflect.get(Object.getPrototypeOf(this) as object, method, this) as HeaderSetter);
+    return setter.call(this, name, ...rest);
+  };
 }
