@@ -55,6 +55,8 @@ const cases: BadRequest[] = [
   { what: 'an empty orderNo', body: json({ orderNo: '', amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },
   // helper-195: a header of spaces was refused as empty, a body field of them keyed every blank order alike.
   { what: 'an orderNo of spaces', body: json({ orderNo: ' \u00a0 ', amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },
+  // A zero-width space looks as blank: every such order of a user was one record.
+  { what: 'an orderNo of zero-width spaces', body: json({ orderNo: '\u200b\u200b', amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },
   { what: 'an orderNo of 300 characters', body: json({ orderNo: 'O'.repeat(300), amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },
   { what: 'a control character in the orderNo', body: json({ orderNo: 'A\u0001B', amount: 1 }), status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },
   { what: 'a lone surrogate in the orderNo', body: '{"orderNo":"A\\ud800B","amount":1}', status: 400, code: 'IDEMPOTENCY_KEY_INVALID' },

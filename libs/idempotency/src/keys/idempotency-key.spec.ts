@@ -73,6 +73,18 @@ describe('validateKey', () => {
     expect(parseKeyHeader(`"${key}"`)).toEqual({ invalid: expect.stringMatching(/only white space/) });
   });
 
+  // A key of characters drawn as nothing looks blank to whoever reads it, as spaces do: every such
+  // key of a user (a template over an empty field that inserts a zero-width space) was one record.
+  it.each(['\u200B', '\u200B\u200B', ' \u2060 ', '\u00AD', '\u3164', '\u200D\uFE0F'])('refuses a key of invisible characters only (%j)', (key) => {
+    expect(validateKey(key)).toMatch(/only white space or invisible characters/);
+    expect(parseKeyHeader(`"${key}"`)).toEqual({ invalid: expect.stringMatching(/only white space or invisible characters/) });
+  });
+
+  it('accepts invisible characters beside visible ones', () => {
+    expect(validateKey('a\u200Bb')).toBeUndefined();
+    expect(validateKey('\u2800')).toBeUndefined(); // the braille blank is a character of its own
+  });
+
   it('counts the length in code points, not UTF-16 units', () => {
     const emoji = '😀'; // two UTF-16 units, one code point
     expect(validateKey(emoji.repeat(MAX_KEY_LENGTH))).toBeUndefined();
@@ -108,12 +120,12 @@ describe('validateKey', () => {
   // The regular expressions alone, as validateKey ran them on every key before its ASCII fast path.
   const byRegExps = (key: string): string | undefined => {
     if (key.length === 0) return 'it is empty';
-    if (!/\S/.test(key)) return 'it is only white space';
+    if (!/[^\s\p{Default_Ignorable_Code_Point}]/u.test(key)) return 'it is only white space or invisible characters';
     if (/[\u0000-\u001F\u007F-\u009F]/.test(key)) return 'it contains a control character';
     if (/[\p{Cs}\uFFFD]/u.test(key)) return 'it is not valid UTF-8 text';
     return validateKey(key);
   };
-  const edges = ['\u0000', '\t', ' ', '!', 'a', '~', '\u007F', '\u0080', '\u009F', '\u00A0', '\u2003', '\uD800', '\uDC00', '\uFFFD', 'é'];
+  const edges = ['\u0000', '\t', ' ', '!', 'a', '~', '\u007F', '\u0080', '\u009F', '\u00A0', '\u2003', '\uD800', '\uDC00', '\uFFFD', 'é', '\u200B', '\u3164'];
 
   it('answers as its regular expressions do, printable ASCII or not', () => {
     const key = fc.array(fc.oneof(fc.constantFrom(...edges), fc.string({ maxLength: 3 })), { maxLength: 12 }).map((parts) => parts.join(''));

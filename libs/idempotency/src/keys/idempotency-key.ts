@@ -9,7 +9,17 @@ export type ParsedKeyHeader = { readonly key: string } | { readonly invalid: str
 
 const CONTROL = /[\u0000-\u001F\u007F-\u009F]/;
 const NOT_TEXT = /[\p{Cs}\uFFFD]/u;
-const VISIBLE = /\S/;
+/**
+ * A character drawn as something: neither white space (JavaScript's `\s`) nor one Unicode says to
+ * draw as nothing (Default_Ignorable_Code_Point: the zero-width space U+200B, the word joiner
+ * U+2060, the soft hyphen U+00AD, the Hangul fillers, variation selectors...).
+ */
+const VISIBLE = /[^\s\p{Default_Ignorable_Code_Point}]/u;
+
+/** Text of white space and invisible characters only (see `VISIBLE`), or empty: what reads as nothing. */
+export function isBlankText(text: string): boolean {
+  return !VISIBLE.test(text);
+}
 
 /**
  * Reads the `Idempotency-Key` request header.
@@ -71,7 +81,8 @@ export function readKeyHeader(request: RequestHeaders, name: string = IDEMPOTENC
  *
  * @returns `undefined` when the key is usable; otherwise why not: empty, only white space (as
  *   JavaScript's `\s` counts it: a header's spaces are trimmed to empty, a body field's would key
- *   every blank value alike), longer than
+ *   every blank value alike) or invisible characters (`VISIBLE`: a zero-width space looks blank
+ *   too), longer than
  *   `MAX_KEY_LENGTH` (255) characters counted as Unicode code points, holding a control
  *   character (C0, DEL or C1), or not valid text (a lone surrogate, or U+FFFD, which is what
  *   undecodable bytes become).
@@ -81,7 +92,7 @@ export function validateKey(key: string): string | undefined {
   // Printable ASCII without spaces (UUIDs, ULIDs, most keys) passes the three tests below: one
   // loop in place of three regular expressions on every request.
   if (!isPrintableAscii(key)) {
-    if (!VISIBLE.test(key)) return 'it is only white space';
+    if (!VISIBLE.test(key)) return 'it is only white space or invisible characters';
     if (CONTROL.test(key)) return 'it contains a control character';
     if (NOT_TEXT.test(key)) return 'it is not valid UTF-8 text';
   }

@@ -389,6 +389,27 @@ describe('consumeOnce (PostgreSQL)', () => {
     }
     expect(await logged('')).toBe(0);
   });
+
+  // A blank id (a header of spaces, a field a template filled with a zero-width space) was logged
+  // as it is: every such message after the first was dropped as its duplicate (helper-224).
+  it('refuses a message id of white space or invisible characters only, as one without an id', async () => {
+    for (const messageId of [' ', '   ', '\t', '\u00A0', '\u200B', ' \u2060 ']) {
+      let ran = false;
+      const error = await consumeOnce(dataSource, { consumer: 'billing', messageId }, async () => {
+        ran = true;
+      }).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(RangeError);
+      expect((error as Error).message).toMatch(/messageId.*an id is a non-empty string or a finite number/);
+      expect(ran).toBe(false);
+    }
+    expect(await logged('   ')).toBe(0);
+  });
+
+  it('refuses a consumer name of invisible characters only, as a blank one', async () => {
+    const error = await consumeOnce(dataSource, { consumer: '\u200B', messageId: 'm-invisible' }, async () => undefined).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(RangeError);
+    expect((error as Error).message).toMatch(/consumer.*1 to 128 characters/);
+  });
 });
 
 // An adversarial helper: copies of one message in flight, as many as the pool's connections,

@@ -5,12 +5,13 @@ import { IdempotencyError } from '../../index.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { pinRepositories, refuseRoutedRepositories } from './routed-repositories.js';
 import { DIGEST_BYTES, digestForm } from '../store/record-key.js';
+import { isBlankText } from '../../keys/idempotency-key.js';
 
 /** A delivered message, named by who consumes it and its id. */
 export interface ConsumedMessage {
   /** The consumer (queue and handler); different consumers of one message each process it once. */
   consumer: string;
-  /** The message id, stable across redeliveries: any non-empty string, of any length. */
+  /** The message id, stable across redeliveries: any string with a visible character, of any length. */
   messageId: string;
 }
 
@@ -42,7 +43,8 @@ class DuplicateDelivery extends Error {}
  * another would be taken for it.
  *
  * Throws a `RangeError` at the call, before any transaction, for a message without an id (`''`,
- * `undefined`: every such message would be taken for the first), for an id that is not
+ * `undefined`, or white space and invisible characters only: every such message would be taken
+ * for the first), for an id that is not
  * well-formed text (a lone surrogate, sent as U+FFFD like every other) and for a consumer name the
  * column cannot hold (over 128 characters, a NUL, a lone surrogate).
  *
@@ -178,9 +180,9 @@ async function confirmCommitted(dataSource: DataSource, entry: LogKey, txid: str
 
 /** The consumer is the developer's constant: a name the column cannot hold is a mistake to say at once. */
 function checkedConsumer(consumer: unknown): string {
-  if (typeof consumer === 'string' && consumer.trim() !== '' && !/[\0\p{Cs}]/u.test(consumer) && fits(consumer, CONSUMER_COLUMN_CHARS)) return consumer;
+  if (typeof consumer === 'string' && !isBlankText(consumer) && !/[\0\p{Cs}]/u.test(consumer) && fits(consumer, CONSUMER_COLUMN_CHARS)) return consumer;
   const shown = typeof consumer === 'string' ? `${JSON.stringify(consumer.slice(0, 40))}, ${consumer.length} long` : String(consumer);
-  throw new RangeError(`consumeOnce: \`consumer\` must be a name of 1 to ${CONSUMER_COLUMN_CHARS} characters, not only spaces, without NUL or a lone surrogate (got ${shown})`);
+  throw new RangeError(`consumeOnce: \`consumer\` must be a name of 1 to ${CONSUMER_COLUMN_CHARS} characters, not only spaces or invisible characters, without NUL or a lone surrogate (got ${shown})`);
 }
 
 /** The `message_id` column's value for a message id: the id itself where it fits, as before. */
@@ -189,7 +191,8 @@ function loggedMessageId(messageId: unknown): string {
   // NaN and the infinities are no ids (a failed parse): every such message would be the first's duplicate.
   const nonFinite = typeof messageId === 'number' && !Number.isFinite(messageId);
   const id = !nonFinite && (typeof messageId === 'number' || typeof messageId === 'bigint') ? String(messageId) : messageId;
-  if (typeof id !== 'string' || id === '') {
+  // An id of white space or invisible characters only is as much none: a field left blank.
+  if (typeof id !== 'string' || isBlankText(id)) {
     throw new RangeError(
       `consumeOnce: the message has no id (\`messageId\` is ${typeof id === 'number' ? id : (JSON.stringify(id) ?? String(id))}: an id is a ` +
         'non-empty string or a finite number); every message without one would be taken for the first and dropped as its duplicate. ' +
