@@ -32,4 +32,13 @@ describe.each<HttpAdapterName>(['express', 'fastify'])('the demo OpenAPI documen
     // Unguarded routes keep Nest swagger's defaults.
     expect(docs.body.paths['/orders/{orderNo}/cancel'].post.responses).toEqual({ '200': { description: '' } });
   });
+
+  it("documents POST /uploads/xml's @ContentDigest answers beside its own 201", async () => {
+    const docs = await request(app.getHttpServer()).get('/docs-json').expect(200);
+    const responses = docs.body.paths['/uploads/xml'].post.responses;
+    // Before: only the 201; the README asked for @ApiResponse()s written by hand.
+    expect(Object.keys(responses).sort()).toEqual(['201', '400', '415']);
+    expect(codesOf(responses['400'])).toEqual(['CONTENT_HASH_INVALID', 'CONTENT_HASH_MISMATCH']);
+    expect(codesOf(responses['415'])).toEqual(['CONTENT_HASH_ENCODING_UNSUPPORTED', 'CONTENT_HASH_UNAVAILABLE']);
+  });
 });

@@ -2,6 +2,7 @@ import { Logger, type NestInterceptor, type OnApplicationBootstrap, type Type } 
 import { APP_INTERCEPTOR, type ModulesContainer } from '@nestjs/core';
 import { IDEMPOTENCY_RESOLVED_OPTIONS, savesStatus, type ResolvedIdempotencyOptions } from '../idempotency.config.js';
 import type { RouteDocumenter } from '../openapi/idempotency-openapi.js';
+import { CONTENT_DIGEST_METADATA, type ContentDigestOptions } from '../content-digest/content-digest.guard.js';
 import { IdempotencyConfigError } from '../errors/idempotency.errors.js';
 import { controllerMethods, guardedRouteMetadata, type NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import { NO_REPEAT_SUBMIT_METADATA, SKIP_IDEMPOTENCY_METADATA } from '../idempotency.constants.js';
@@ -76,7 +77,11 @@ export function placeGuards(modules: ModulesContainer, options: ResolvedIdempote
         const isHttpRoute = Reflect.hasMetadata(PATH_METADATA, declared);
         const isMessageHandler = Reflect.hasMetadata(PATTERN_METADATA, declared);
         const guarded = isHttpRoute || isMessageHandler ? guardedRouteMetadata(controller, declared) : undefined;
+        // Documented by the module that guards it, with its options (see guardOptionsOf); with its @ContentDigest() answers.
+        const documents = documenter && isHttpRoute && (guardOptionsOf(module, modules) ?? options) === options;
+        const digest = isHttpRoute ? contentDigestOf(controller, declared) : undefined;
         if (!guarded) {
+          if (documents && digest) documenter!.document(controller.prototype, method, undefined, options, digest);
           // The usual Nest idiom guarded nothing, in silence (an adversarial helper: 10 of 10 copies ran).
           // Not where a class-level @NoRepeatSubmit() leaves reads unguarded, nor a route skipped on purpose.
           const byHand = (item: unknown) => isGuardClass(item) && item !== NoRepeatSubmitInterceptor;
@@ -116,10 +121,7 @@ export function placeGuards(modules: ModulesContainer, options: ResolvedIdempote
         }
         const others = withoutGuard(interceptorsOf(handler));
         Reflect.defineMetadata(INTERCEPTORS_METADATA, [...others, NoRepeatSubmitInterceptor], handler);
-        // Documented by the module that guards it, with its options (see guardOptionsOf).
-        if (documenter && isHttpRoute && (guardOptionsOf(module, modules) ?? options) === options) {
-          documenter.document(controller.prototype, method, guarded, options);
-        }
+        if (documents) documenter!.document(controller.prototype, method, guarded, options, digest);
         const name = `${controller.name}.${method}`;
         const other = names.get(name);
         if (other && other !== controller) {
@@ -343,4 +345,9 @@ function checkGlobalGuards(modules: ModulesContainer, logger: Logger): void {
         'request. To build it once, inject singletons only and read what the request carries in getUser(ctx) / getKey(ctx).',
     );
   }
+}
+
+/** The `@ContentDigest()` options of a route, on its method or its controller; undefined without one. */
+function contentDigestOf(controller: Type, method: object): ContentDigestOptions | undefined {
+  return (Reflect.getMetadata(CONTENT_DIGEST_METADATA, method) ?? Reflect.getMetadata(CONTENT_DIGEST_METADATA, controller)) as ContentDigestOptions | undefined;
 }

@@ -11,6 +11,7 @@ import {
   type OpenAPIObject,
 } from '@nestjs/swagger';
 import { Test } from '@nestjs/testing';
+import { ContentDigest } from '../content-digest/content-digest.decorator.js';
 import { NoRepeatSubmit } from '../decorators/no-repeat-submit.decorator.js';
 import { IdempotencyErrorCode } from '../errors/idempotency-http.exceptions.js';
 import { IdempotencyModule } from '../idempotency.module.js';
@@ -99,6 +100,43 @@ class LegacyController {
   @Post()
   @NoRepeatSubmit({ failMode: 'closed' })
   pay() {}
+}
+
+@Controller('uploads')
+class UploadsController {
+  @Post('plain')
+  @ContentDigest()
+  plain() {}
+
+  @Post('required')
+  @ContentDigest({ required: true })
+  required() {}
+
+  @Post('guarded')
+  @NoRepeatSubmit()
+  @ContentDigest()
+  guarded() {}
+
+  @Post('problem')
+  @ContentDigest({ errorFormat: 'problem+json' })
+  problem() {}
+
+  @Post('own')
+  @ApiResponse({ status: 415, description: 'Only XML' })
+  @ContentDigest()
+  own() {}
+
+  @Post('mixed')
+  @NoRepeatSubmit({ errorFormat: 'problem+json' })
+  @ContentDigest()
+  mixed() {}
+}
+
+@Controller('digested')
+@ContentDigest()
+class DigestedController {
+  @Post()
+  create() {}
 }
 
 async function openApiDocument(...controllers: (new (...args: never[]) => unknown)[]): Promise<OpenAPIObject> {
@@ -356,5 +394,52 @@ describe('OpenAPI documentation of @NoRepeatSubmit routes', () => {
       }),
     );
     expect(Object.keys(operation.responses)).toEqual(expect.arrayContaining(['201', '400', '409', '422', '503']));
+  });
+});
+
+describe('OpenAPI documentation of @ContentDigest routes', () => {
+  const DIGEST_400 = ['CONTENT_HASH_INVALID', 'CONTENT_HASH_MISMATCH'];
+  const DIGEST_415 = ['CONTENT_HASH_ENCODING_UNSUPPORTED', 'CONTENT_HASH_UNAVAILABLE'];
+
+  // Before: @ContentDigest's refusals were not documented (the README said to add them by hand).
+  it('documents its 400 and 415 answers, each code described, keeping the default success response', async () => {
+    const doc = await openApiDocument(UploadsController, DigestedController);
+    for (const path of ['/uploads/plain', '/digested']) {
+      const responses = doc.paths[path].post!.responses as Record<string, any>;
+      expect([path, Object.keys(responses).sort()]).toEqual([path, ['201', '400', '415']]);
+      expect(codesOf(responses['400'])).toEqual(DIGEST_400);
+      expect(codesOf(responses['415'])).toEqual(DIGEST_415);
+      for (const code of [...DIGEST_400, ...DIGEST_415]) expect(responses[code.endsWith('MISMATCH') || code.endsWith('INVALID') ? '400' : '415'].description).toContain(code);
+    }
+  });
+
+  it('documents CONTENT_HASH_MISSING only where the route requires a digest', async () => {
+    const doc = await openApiDocument(UploadsController);
+    expect(codesOf((doc.paths['/uploads/required'].post!.responses as Record<string, any>)['400'])).toEqual(['CONTENT_HASH_INVALID', 'CONTENT_HASH_MISMATCH', 'CONTENT_HASH_MISSING']);
+  });
+
+  it("joins its codes to the guard's on a route that has both", async () => {
+    const responses = (await openApiDocument(UploadsController)).paths['/uploads/guarded'].post!.responses as Record<string, any>;
+    expect(codesOf(responses['400'])).toEqual([...GUARD_CODES['400'], ...DIGEST_400].sort());
+    expect(codesOf(responses['415'])).toEqual(DIGEST_415);
+    expect(codesOf(responses['409'])).toEqual(GUARD_CODES['409']);
+    for (const code of [...GUARD_CODES['400'], ...DIGEST_400]) expect(responses['400'].description).toContain(code);
+  });
+
+  it('documents problem details under application/problem+json where it writes them, and keeps a status the route documents itself', async () => {
+    const responses = (await openApiDocument(UploadsController)).paths['/uploads/problem'].post!.responses as Record<string, any>;
+    expect([...responses['400'].content['application/problem+json'].schema.properties.code.enum].sort()).toEqual(DIGEST_400);
+    expect(responses['400'].content['application/json']).toBeUndefined();
+    const own = (await openApiDocument(UploadsController)).paths['/uploads/own'].post!.responses as Record<string, any>;
+    expect(own['415'].description).toMatch(/^Only XML\n\n/);
+    for (const code of DIGEST_415) expect(own['415'].description).toContain(code);
+  });
+
+  it("documents each one's format where the guard and @ContentDigest write theirs differently", async () => {
+    const responses = (await openApiDocument(UploadsController)).paths['/uploads/mixed'].post!.responses as Record<string, any>;
+    const content = responses['400'].content;
+    expect([...content['application/json'].schema.properties.code.enum].sort()).toEqual(DIGEST_400);
+    expect([...content['application/problem+json'].schema.properties.code.enum].sort()).toEqual(GUARD_CODES['400']);
+    expect(responses['400'].description).toMatch(/^Refused by the idempotency guard or @ContentDigest;/);
   });
 });

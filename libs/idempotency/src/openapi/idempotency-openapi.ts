@@ -1,5 +1,15 @@
 import { HttpStatus, RequestMethod } from '@nestjs/common';
 import { HTTP_CODE_METADATA, METHOD_METADATA, PATH_METADATA } from '@nestjs/common/constants.js';
+import {
+  ContentHashErrorCode,
+  contentHashEncodingUnsupported,
+  contentHashInvalid,
+  contentHashMismatch,
+  contentHashMissing,
+  contentHashUnavailable,
+  type ContentHashHttpException,
+} from '../content-digest/content-digest.exceptions.js';
+import type { ContentDigestOptions } from '../content-digest/content-digest.guard.js';
 import type { NoRepeatSubmitMetadata } from '../decorators/no-repeat-submit.metadata.js';
 import {
   IdempotencyErrorCode,
@@ -19,14 +29,21 @@ import type { FailMode } from '../idempotency.options.js';
 import { describeKeyPath } from '../keys/key-expression.js';
 import { ROUTE_ARGS_METADATA } from '../interceptors/handler-start.js';
 
-/** One answer of the guard as OpenAPI shows it: its code, its status, whether it sends Retry-After. */
+/**
+ * One answer of the guard or of `@ContentDigest()` as OpenAPI shows it: its code, its status,
+ * whether it sends Retry-After, and which of the two gives it.
+ */
 interface GuardAnswer {
-  code: IdempotencyErrorCode;
+  code: IdempotencyErrorCode | ContentHashErrorCode;
   status: number;
   retryAfter: boolean;
-  /** When the guard gives it (and what the client does next), given where the key comes from and whether the route fails open. */
+  /** When it is given (and what the client does next), given where the key comes from and whether the route fails open. */
   when: (keySource: string, failsOpen: boolean) => string;
+  by: 'guard' | 'digest';
 }
+
+/** An answer as a route writes it. */
+type RouteAnswer = GuardAnswer & { format: ErrorFormat };
 
 // Keyed by code so the compiler insists on every code; status and Retry-After are read from the
 // exception the guard really throws, so this list cannot drift from errors/.
@@ -52,15 +69,42 @@ const ANSWERS: Record<IdempotencyErrorCode, { thrown: () => IdempotencyHttpExcep
   [IdempotencyErrorCode.USER_UNRESOLVED]: { thrown: () => userUnresolved(), when: () => 'an authenticated request whose user id the guard cannot resolve (a server configuration error)' },
 };
 
-/** Every answer of the guard, grouped by HTTP status. */
-function guardAnswersByStatus(): Map<number, GuardAnswer[]> {
-  const byStatus = new Map<number, GuardAnswer[]>();
-  for (const [code, { thrown, when }] of Object.entries(ANSWERS) as [IdempotencyErrorCode, (typeof ANSWERS)[IdempotencyErrorCode]][]) {
+/** `@ContentDigest()`'s answers, read from the exceptions its guard throws, as the guard's are. */
+const DIGEST_ANSWERS: Record<ContentHashErrorCode, { thrown: () => ContentHashHttpException; when: string }> = {
+  [ContentHashErrorCode.MISMATCH]: {
+    thrown: () => contentHashMismatch('', '', 0),
+    when: 'the digest sent is not the SHA-256 of the bytes received: send the exact bytes hashed, or no digest',
+  },
+  [ContentHashErrorCode.INVALID]: { thrown: () => contentHashInvalid(''), when: 'Content-Digest, X-Content-Hash or If-Match is not a usable SHA-256 digest' },
+  [ContentHashErrorCode.MISSING]: {
+    thrown: () => contentHashMissing(),
+    when: 'the route requires a digest and none was sent: send Content-Digest: sha-256=:<base64>:, X-Content-Hash: <hex> or If-Match: "sha256:<hex>"',
+  },
+  [ContentHashErrorCode.UNAVAILABLE]: { thrown: () => contentHashUnavailable(''), when: "the body's bytes cannot be read for its content type: send one of the media types the route accepts" },
+  [ContentHashErrorCode.ENCODING_UNSUPPORTED]: { thrown: () => contentHashEncodingUnsupported(''), when: 'the body came under a Content-Encoding: send it without one' },
+};
+
+/** Every answer of the guard, then every answer of `@ContentDigest()`. */
+function everyAnswer(): GuardAnswer[] {
+  const guard = (Object.entries(ANSWERS) as [IdempotencyErrorCode, (typeof ANSWERS)[IdempotencyErrorCode]][]).map(([code, { thrown, when }]) => {
     const exception = thrown();
-    const answer = { code, status: exception.getStatus(), retryAfter: exception.retryAfterSeconds !== undefined, when };
-    byStatus.set(answer.status, [...(byStatus.get(answer.status) ?? []), answer]);
-  }
-  return byStatus;
+    return { code, status: exception.getStatus(), retryAfter: exception.retryAfterSeconds !== undefined, when, by: 'guard' as const };
+  });
+  const digest = (Object.entries(DIGEST_ANSWERS) as [ContentHashErrorCode, (typeof DIGEST_ANSWERS)[ContentHashErrorCode]][]).map(([code, { thrown, when }]) => ({
+    code,
+    status: thrown().getStatus(),
+    retryAfter: false,
+    when: () => when,
+    by: 'digest' as const,
+  }));
+  return [...guard, ...digest];
+}
+
+/** `answers` grouped by HTTP status, in their order. */
+function byStatus(answers: RouteAnswer[]): Map<number, RouteAnswer[]> {
+  const grouped = new Map<number, RouteAnswer[]>();
+  for (const answer of answers) grouped.set(answer.status, [...(grouped.get(answer.status) ?? []), answer]);
+  return grouped;
 }
 
 /** An `@ApiResponse()` entry as @nestjs/swagger keeps it in metadata, keyed by status. */
@@ -70,28 +114,39 @@ interface ResponseEntry {
   [option: string]: unknown;
 }
 
-function guardResponse(status: number, answers: GuardAnswer[], keySource: string, failsOpen: boolean, format: ErrorFormat): ResponseEntry {
+const REFUSED_BY = { guard: 'the idempotency guard', digest: '@ContentDigest' } as const;
+
+/** The answers of one status: each code described, and its body in the format each is written in. */
+function guardResponse(status: number, answers: RouteAnswer[], keySource: string, failsOpen: boolean): ResponseEntry {
   const retrying = answers.filter((answer) => answer.retryAfter).map((answer) => answer.code);
-  const codes = answers.map((answer) => answer.code);
+  const by = [...new Set(answers.map((answer) => REFUSED_BY[answer.by]))].join(' or ');
+  const codesIn = (format: ErrorFormat) => answers.filter((answer) => answer.format === format).map((answer) => answer.code);
+  const nest = codesIn('nest');
+  const problem = codesIn('problem+json');
   return {
-    description: ['Refused by the idempotency guard; `code` says why:', ...answers.map((a) => `- ${a.code}: ${a.when(keySource, failsOpen)}`)].join('\n'),
+    description: [`Refused by ${by}; \`code\` says why:`, ...answers.map((a) => `- ${a.code}: ${a.when(keySource, failsOpen)}`)].join('\n'),
     ...(retrying.length > 0 && {
       headers: { 'Retry-After': { description: `Seconds to wait before retrying with the same key (with ${retrying.join(', ')})`, schema: { type: 'integer', minimum: 1 } } },
     }),
-    ...(format === 'problem+json'
-      ? { content: { [PROBLEM_JSON_CONTENT_TYPE]: { schema: problemSchema(status, codes) } } }
-      : {
-          schema: {
-            type: 'object',
-            required: ['statusCode', 'error', 'message', 'code'],
-            properties: {
-              statusCode: { type: 'integer', enum: [status] },
-              error: { type: 'string' },
-              message: { type: 'string', description: 'What to do next' },
-              code: { type: 'string', enum: codes },
-            },
-          },
-        }),
+    ...(problem.length === 0
+      ? { schema: nestSchema(status, nest) }
+      : nest.length === 0
+        ? { content: { [PROBLEM_JSON_CONTENT_TYPE]: { schema: problemSchema(status, problem) } } }
+        : { content: { 'application/json': { schema: nestSchema(status, nest) }, [PROBLEM_JSON_CONTENT_TYPE]: { schema: problemSchema(status, problem) } } }),
+  };
+}
+
+/** Nest's JSON error body with the refusal's `code`, as the guard sends it in the default format. */
+function nestSchema(status: number, codes: string[]): Record<string, unknown> {
+  return {
+    type: 'object',
+    required: ['statusCode', 'error', 'message', 'code'],
+    properties: {
+      statusCode: { type: 'integer', enum: [status] },
+      error: { type: 'string' },
+      message: { type: 'string', description: 'What to do next' },
+      code: { type: 'string', enum: codes },
+    },
   };
 }
 
@@ -145,29 +200,47 @@ function defaultSuccess(prototype: object, key: string | symbol, handler: object
   return { status, description: '' };
 }
 
-/** What documenting one route needs besides the route: the library, the guard's answers, the module's fail mode. */
+/** What documenting one route needs besides the route: the library, the answers, the module's fail mode. */
 interface Documenting {
   swagger: typeof import('@nestjs/swagger');
-  answersByStatus: Map<number, GuardAnswer[]>;
+  answers: GuardAnswer[];
   defaults?: { failMode?: FailMode; keyHeader?: string; required?: boolean; errorFormat?: ErrorFormat };
 }
 
 /** Per route handler: its own swagger metadata before the guard's, and the options it was documented under. */
 const documentedRoutes = new WeakMap<object, { responses: unknown; parameters: unknown; under: string }>();
 
-function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prototype: object, key: string | symbol, metadata: NoRepeatSubmitMetadata): void {
+function documentRoute(
+  { swagger, answers: every, defaults }: Documenting,
+  prototype: object,
+  key: string | symbol,
+  metadata: NoRepeatSubmitMetadata | undefined,
+  digest: ContentDigestOptions | undefined,
+): void {
   const descriptor = Object.getOwnPropertyDescriptor(prototype, key);
   const handler: unknown = descriptor?.value;
   if (typeof handler !== 'function' || Reflect.getMetadata(PATH_METADATA, handler) === undefined) return;
   const { API_RESPONSE, API_PARAMETERS, API_HEADERS } = swagger.DECORATORS;
 
-  const { options, key: keyFrom } = metadata;
+  const options = metadata?.options ?? {};
+  const keyFrom = metadata?.key;
   const keyHeader = options.keyHeader ?? defaults?.keyHeader ?? 'Idempotency-Key';
-  const keySource = 'path' in keyFrom ? describeKeyPath(keyFrom.path) : 'header' in keyFrom ? `the ${keyHeader} header` : 'the request';
+  const keySource = keyFrom === undefined ? '' : 'path' in keyFrom ? describeKeyPath(keyFrom.path) : 'header' in keyFrom ? `the ${keyHeader} header` : 'the request';
   const failsOpen = (options.failMode ?? defaults?.failMode) === 'open';
   const format = options.errorFormat ?? defaults?.errorFormat ?? 'nest';
   const required = (options.required ?? defaults?.required ?? true) && !options.useRequestFingerprint;
-  const under = JSON.stringify([keyHeader, keySource, failsOpen, format, required]);
+  // Without a key, a route with required: false never answers KEY_MISSING (helper-219: documented
+  // all the same): the call runs unguarded, or on a fingerprint route a known user's is keyed by
+  // its fingerprint (helper-220).
+  const keyOptional = (options.required ?? defaults?.required ?? true) === false;
+  const digestFormat = digest?.errorFormat ?? defaults?.errorFormat ?? 'nest';
+  const digestRequired = digest?.required === true;
+  const answers: RouteAnswer[] = [];
+  for (const answer of every) {
+    if (answer.by === 'guard' && metadata && !(keyOptional && answer.code === IdempotencyErrorCode.KEY_MISSING)) answers.push({ ...answer, format });
+    if (answer.by === 'digest' && digest && (digestRequired || answer.code !== ContentHashErrorCode.MISSING)) answers.push({ ...answer, format: digestFormat });
+  }
+  const under = JSON.stringify([metadata !== undefined, keyHeader, keySource, failsOpen, format, required, digest !== undefined, digestFormat, digestRequired]);
   const before = documentedRoutes.get(handler);
   if (before?.under === under) return;
   if (before) {
@@ -186,13 +259,8 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
   const own: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, handler);
   const onClass: Record<string, ResponseEntry> = Reflect.getMetadata(API_RESPONSE, prototype.constructor) ?? {};
   const responses = { ...own };
-  // Without a key, a route with required: false never answers KEY_MISSING (helper-219: documented
-  // all the same): the call runs unguarded, or on a fingerprint route a known user's is keyed by
-  // its fingerprint (helper-220).
-  const keyOptional = (options.required ?? defaults?.required ?? true) === false;
-  for (const [status, all] of answersByStatus) {
-    const answers = keyOptional ? all.filter((answer) => answer.code !== IdempotencyErrorCode.KEY_MISSING) : all;
-    const ours = guardResponse(status, answers, keySource, failsOpen, format);
+  for (const [status, ofStatus] of byStatus(answers)) {
+    const ours = guardResponse(status, ofStatus, keySource, failsOpen);
     const theirs = own[status] ?? onClass[status];
     responses[status] = theirs ? mergeResponse(theirs, ours) : ours;
   }
@@ -200,7 +268,7 @@ function documentRoute({ swagger, answersByStatus, defaults }: Documenting, prot
 
   const isKeyHeader = (p: { in?: string; name?: string }) => p.in === 'header' && p.name?.toLowerCase() === keyHeader.toLowerCase();
   const documentedByUser = [...(Reflect.getMetadata(API_PARAMETERS, handler) ?? []), ...(Reflect.getMetadata(API_HEADERS, prototype.constructor) ?? [])].some(isKeyHeader);
-  if ('header' in keyFrom && !documentedByUser) {
+  if (keyFrom !== undefined && 'header' in keyFrom && !documentedByUser) {
     swagger.ApiHeader({
       // Under the name the handler's own @Headers() reads it by, which Swagger documents too: one parameter, not two.
       name: headerParameterName(prototype, key, keyHeader) ?? keyHeader,
@@ -226,12 +294,14 @@ function headerParameterName(prototype: object, key: string | symbol, header: st
 /** Documents guarded routes in OpenAPI (`routeDocumenter`). */
 export interface RouteDocumenter {
   /**
-   * Documents the route `prototype[key]` as `metadata` guards it under its module's `defaults`:
-   * the key header where the key is that header, and every answer of the guard per status,
-   * keeping the route's own responses. Documented before under other options (another app of the
-   * process, another module), it is documented again from its own metadata.
+   * Documents the route `prototype[key]` as `metadata` guards it (undefined: unguarded) and
+   * `digest` checks its body's digest (its `@ContentDigest()` options, undefined: none) under its
+   * module's `defaults`: the key header where the key is that header, and every answer of the
+   * guard and of `@ContentDigest()` per status, keeping the route's own responses. Documented
+   * before under other options (another app of the process, another module), it is documented
+   * again from its own metadata.
    */
-  document(prototype: object, key: string, metadata: NoRepeatSubmitMetadata, defaults: Documenting['defaults']): void;
+  document(prototype: object, key: string, metadata: NoRepeatSubmitMetadata | undefined, defaults: Documenting['defaults'], digest?: ContentDigestOptions): void;
 }
 
 /**
@@ -249,6 +319,6 @@ export async function routeDocumenter(): Promise<RouteDocumenter | undefined> {
   } catch {
     return undefined;
   }
-  const answersByStatus = guardAnswersByStatus();
-  return { document: (prototype, key, metadata, defaults) => documentRoute({ swagger, answersByStatus, defaults }, prototype, key, metadata) };
+  const answers = everyAnswer();
+  return { document: (prototype, key, metadata, defaults, digest) => documentRoute({ swagger, answers, defaults }, prototype, key, metadata, digest) };
 }
