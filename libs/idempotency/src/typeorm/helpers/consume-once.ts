@@ -1,11 +1,10 @@
 import type { DataSource, EntityManager } from 'typeorm';
 import { CONSUMER_COLUMN_CHARS, ConsumeLogEntry, MESSAGE_ID_COLUMN_CHARS } from './consume-log.entity.js';
 import { uniqueViolationOf } from './unique-violation.js';
-import { IdempotencyError } from '../../index.js';
+import { IdempotencyError, isBlankText } from '../../index.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
 import { pinRepositories, refuseRoutedRepositories } from './routed-repositories.js';
 import { DIGEST_BYTES, digestForm } from '../store/record-key.js';
-import { isBlankText } from '../../keys/idempotency-key.js';
 
 /** A delivered message, named by who consumes it and its id. */
 export interface ConsumedMessage {
