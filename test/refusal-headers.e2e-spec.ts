@@ -20,7 +20,7 @@ import { APP_INTERCEPTOR, HttpAdapterHost, NestFactory, Reflector } from '@nestj
 import { ExpressAdapter } from '@nestjs/platform-express';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { randomUUID } from 'node:crypto';
-import { Agent } from 'node:http';
+import { Agent, type ServerResponse } from 'node:http';
 import { catchError, of, retry, throwError, timeout, TimeoutError, type Observable } from 'rxjs';
 import { IdempotencyModule, NoRepeatSubmit, type IdempotencyEvent } from '../libs/idempotency/src/index.js';
 import { send, until, type RawAnswer } from './support/edge-app.js';
@@ -73,9 +73,19 @@ class SlowDownFilter implements ExceptionFilter {
   catch(exception: HttpException, host: ArgumentsHost) {
     const { httpAdapter } = this.adapterHost;
     const req = host.switchToHttp().getRequest<{ headers: Record<string, string | undefined> }>();
-    const res = host.switchToHttp().getResponse<{ getHeader(name: string): unknown }>();
+    const res = host.switchToHttp().getResponse<{ getHeader(name: string): unknown; raw?: ServerResponse }>();
     if (exception.getStatus() !== 409) return httpAdapter.reply(res, exception.getResponse(), exception.getStatus());
+    const node = res.raw ?? (res as unknown as ServerResponse);
     if (req.headers['x-copy-retry-after']) httpAdapter.setHeader(res, 'Retry-After', String(res.getHeader('retry-after')));
+    // On the Node.js response itself (Fastify's reply.raw), as code written for Express does.
+    if (req.headers['x-node-retry-after']) node.setHeader('Retry-After', req.headers['x-node-retry-after']);
+    if (req.headers['x-failed-retry-after']) {
+      try {
+        node.setHeader('Retry-After', undefined as unknown as string); // a value from a missing setting: Node refuses it
+      } catch {
+        // the filter goes on without one
+      }
+    }
     httpAdapter.reply(res, { error: 'slow down' }, 429);
   }
 }
@@ -135,7 +145,14 @@ async function start(
   class AppModule {}
   const app = await NestFactory.create(AppModule, adapter === 'fastify' ? new FastifyAdapter() : new ExpressAdapter(), { logger: false });
   app.useGlobalInterceptors(new ClassSerializerInterceptor(app.get(Reflector)), new TimeoutInterceptor());
-  if (outer === 'slow-down filter') app.useGlobalFilters(new SlowDownFilter(app.get(HttpAdapterHost)));
+  if (outer === 'slow-down filter') {
+    app.useGlobalFilters(new SlowDownFilter(app.get(HttpAdapterHost)));
+    // A middleware that sets a Retry-After of its own on the way in, before any guard.
+    app.use((req: { headers: Record<string, string | undefined> }, res: ServerResponse, next: () => void) => {
+      if (req.headers['x-early-retry-after']) res.setHeader('Retry-After', req.headers['x-early-retry-after']);
+      next();
+    });
+  }
   await app.listen(0, '127.0.0.1');
   return { app, url: `http://127.0.0.1:${(app.getHttpServer().address() as { port: number }).port}` };
 }
@@ -322,6 +339,24 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
       const duplicate = await slowedDown(12, { 'x-copy-retry-after': '1' });
       // Before the fix: taken back as the refusal's (the same value), the 429 went out without it.
       expect([duplicate.status, JSON.parse(duplicate.text), duplicate.headers['retry-after']]).toEqual([429, { error: 'slow down' }, expect.stringMatching(/^[12]$/)]);
+    });
+
+    // helper-225: on Fastify the refusal's value stayed in the reply's headers, which go out over the Node response's.
+    it('sends the Retry-After the filter set on the Node.js response itself', async () => {
+      const duplicate = await slowedDown(14, { 'x-node-retry-after': '30' });
+      expect([duplicate.status, duplicate.headers['retry-after']]).toEqual([429, '30']);
+    });
+
+    // helper-225: the guard took the header for the app's before the call, which threw.
+    it('carries no Retry-After where the filter tried to set one and Node refused it', async () => {
+      const duplicate = await slowedDown(15, { 'x-failed-retry-after': '1' });
+      expect([duplicate.status, duplicate.headers['retry-after']]).toEqual([429, undefined]);
+    });
+
+    // helper-225: the refusal's value replaced the middleware's, and was taken back with it (Express).
+    it("gives back the Retry-After a middleware set before the refusal replaced it", async () => {
+      const duplicate = await slowedDown(16, { 'x-early-retry-after': '99' });
+      expect([duplicate.status, duplicate.headers['retry-after']]).toEqual([429, '99']);
     });
 
     it('regression: a 429 whose filter set none carries no Retry-After (the refusal\'s is taken back)', async () => {

@@ -5,8 +5,31 @@ import type { AddressInfo } from 'node:net';
 import { clearRefusalHeaders, setRefusalHeaders } from './refusal-headers.js';
 import { ResponseCapture, type CapturedResponse } from './response-capture.js';
 
-/** The adapter's one call the refusal makes, on a Node.js response (as Express's `res.set` does). */
-const adapter = { setHeader: (res: ServerResponse, name: string, value: string) => res.setHeader(name, value) } as unknown as AbstractHttpAdapter;
+/** The adapter's one call the refusal makes: Express's `res.set` (Node's setHeader), Fastify's `reply.header`. */
+const adapter = {
+  setHeader: (res: ServerResponse | Reply, name: string, value: string) => ('raw' in res ? res.header(name, value) : res.setHeader(name, value)),
+} as unknown as AbstractHttpAdapter;
+
+/** What Fastify's reply does with headers: keeps them apart from the Node response, and passes them to `writeHead`. */
+class Reply {
+  private readonly list: Record<string, unknown> = {};
+  constructor(readonly raw: ServerResponse) {}
+  header(name: string, value: unknown): this {
+    this.list[name.toLowerCase()] = value;
+    return this;
+  }
+  getHeader(name: string): unknown {
+    return this.list[name.toLowerCase()] ?? this.raw.getHeader(name);
+  }
+  removeHeader(name: string): this {
+    delete this.list[name.toLowerCase()];
+    return this;
+  }
+  send(status: number, body: string): void {
+    this.raw.writeHead(status, this.list as Record<string, string>);
+    this.raw.end(body);
+  }
+}
 const REFUSAL = { 'Retry-After': '2', 'Content-Type': 'application/problem+json' };
 
 let close: (() => void) | undefined;
@@ -55,12 +78,11 @@ describe('a refusal\'s headers (Retry-After, the problem details type)', () => {
   });
 
   it('are taken back from headers passed to writeHead (as Fastify sends them)', async () => {
-    const got = await answered((res) => {
-      setRefusalHeaders(res, res, adapter, 409, REFUSAL);
-      res.removeHeader('content-type');
-      res.removeHeader('retry-after');
-      res.writeHead(201, { 'Content-Type': 'application/problem+json; charset=utf-8', 'Retry-After': '2' });
-      res.end('{}');
+    const got = await answered((raw) => {
+      const reply = new Reply(raw);
+      setRefusalHeaders(reply as never, raw, adapter, 409, REFUSAL);
+      reply.header('Content-Type', 'application/problem+json; charset=utf-8');
+      reply.send(201, '{}');
     });
     expect([got.status, got.headers['content-type'], got.headers['retry-after']]).toEqual([201, 'application/json; charset=utf-8', undefined]);
   });
@@ -96,6 +118,59 @@ describe('a refusal\'s headers (Retry-After, the problem details type)', () => {
       res.end('ran');
     });
     expect(got.headers['retry-after']).toBe('2');
+  });
+
+  // helper-225: recorded before the call, a failed set kept the refusal's value on the answer.
+  it('are taken back where the app tried to set its own and the call threw', async () => {
+    const got = await answered((res) => {
+      setRefusalHeaders(res, res, adapter, 503, REFUSAL);
+      expect(() => res.setHeader('Retry-After', undefined as unknown as string)).toThrow();
+      sendJson(res, 429, { error: 'slow down' });
+    });
+    expect([got.status, got.headers['retry-after']]).toEqual([429, undefined]);
+  });
+
+  // helper-225: a Retry-After set before the refusal (a middleware's) was lost with the refusal's.
+  it("give back the app's own value they replaced, on an answer with another status", async () => {
+    const got = await answered((res) => {
+      res.setHeader('Retry-After', '99');
+      setRefusalHeaders(res, res, adapter, 409, REFUSAL);
+      sendJson(res, 201, { ran: true });
+    });
+    expect([got.status, got.headers['retry-after']]).toEqual([201, '99']);
+  });
+
+  describe("on Fastify's reply, which passes its own headers to writeHead", () => {
+    it('are taken back from an answer with another status', async () => {
+      const got = await answered((raw) => {
+        const reply = new Reply(raw);
+        setRefusalHeaders(reply as never, raw, adapter, 409, REFUSAL);
+        reply.send(429, '{}');
+      });
+      expect([got.status, got.headers['retry-after']]).toEqual([429, undefined]);
+    });
+
+    it('stay where the app set them on the reply itself since, to the same value', async () => {
+      const got = await answered((raw) => {
+        const reply = new Reply(raw);
+        setRefusalHeaders(reply as never, raw, adapter, 409, REFUSAL);
+        reply.header('Retry-After', '2');
+        reply.send(429, '{}');
+      });
+      expect([got.status, got.headers['retry-after']]).toEqual([429, '2']);
+    });
+
+    // helper-225: told of the Node response's set, the guard left its own value in the reply's
+    // headers, which writeHead sends over the app's: Retry-After: 2 where the app set 30.
+    it('give way to a value the app set on the Node response since', async () => {
+      const got = await answered((raw) => {
+        const reply = new Reply(raw);
+        setRefusalHeaders(reply as never, raw, adapter, 409, REFUSAL);
+        raw.setHeader('Retry-After', '30');
+        reply.send(429, '{}');
+      });
+      expect([got.status, got.headers['retry-after']]).toEqual([429, '30']);
+    });
   });
 
   it('are removed, where unchanged, when the request is run or replayed again', async () => {

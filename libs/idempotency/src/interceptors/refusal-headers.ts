@@ -2,29 +2,43 @@ import type { AbstractHttpAdapter } from '@nestjs/core';
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { HttpResponse } from './http-request.js';
 
+/** A header a refusal set: its value, and the app's value it replaced there (undefined: none). */
+interface RefusalHeader {
+  value: string;
+  replaced: string | number | readonly string[] | undefined;
+}
+
+/** Where a response keeps headers: the Node.js response's own, or Fastify's reply, which passes its own to `writeHead`. */
+type Place = 'raw' | 'reply';
+
 /**
  * What the latest refusal of a request set on its response: the refusal's status, each header
- * (lower-case name) and value still the refusal's (see `disown`), and whether its answer closes
- * the connection.
+ * (lower-case name) with its value and what it replaced, where it set them, the names the app
+ * set since in each place (see `disown`), and whether its answer closes the connection.
  */
 interface RefusalHeaders {
   status: number;
-  headers: Map<string, string>;
+  headers: Map<string, RefusalHeader>;
+  place: Place;
+  setByApp: Record<Place, Set<string>>;
   close: boolean;
 }
 
 /** Express's response and Fastify's reply read and remove a header alike. */
 type HeaderAccess = Pick<ServerResponse, 'getHeader' | 'removeHeader'>;
+/** Fastify's reply sets a header so. */
+type Reply = HeaderAccess & { header(name: string, value: unknown): unknown };
 
 const setOn = new WeakMap<ServerResponse, RefusalHeaders>();
 /** Responses whose `writeHead` takes refusal headers back. */
 const hooked = new WeakSet<ServerResponse>();
 const JSON_CONTENT_TYPE = 'application/json';
+const CONTENT_TYPE = 'content-type';
 
 const mediaTypeOf = (value: unknown) => String(value).split(';', 1)[0].trim().toLowerCase();
 /** Still what the refusal set: the same value, or for the type the same media type (the adapter may add a charset). */
 const unchanged = (name: string, current: unknown, set: string) =>
-  current !== undefined && (name === 'content-type' ? mediaTypeOf(current) === mediaTypeOf(set) : String(current) === set);
+  current !== undefined && (name === CONTENT_TYPE ? mediaTypeOf(current) === mediaTypeOf(set) : String(current) === set);
 
 /**
  * Sets a refusal's headers (`Retry-After`, the problem details' Content-Type) on the response
@@ -33,7 +47,9 @@ const unchanged = (name: string, current: unknown, set: string) =>
  * `catchError` answers with a value of its own. So they are taken back from any answer with
  * another status (`writeHead`), from the answer a later run or replay of the same request gives
  * (`clearRefusalHeaders`), and from what the guard saves (`withoutRefusalHeaders`), except
- * where the app set them itself since (`disown`).
+ * where the app set them itself since (`disown`); a value of the app's they replaced (a
+ * middleware's `Retry-After`) is given back. A header the app holds already with the same value
+ * is left as the app's.
  */
 export function setRefusalHeaders(
   res: HttpResponse,
@@ -46,37 +62,78 @@ export function setRefusalHeaders(
   clearRefusalHeaders(res, raw);
   const names = Object.keys(headers);
   if (names.length === 0 && !close) return;
-  for (const name of names) adapter.setHeader(res, name, headers[name]);
-  setOn.set(raw, { status, headers: new Map(names.map((name) => [name.toLowerCase(), headers[name]])), close });
+  const place: Place = (res as object) === raw ? 'raw' : 'reply';
+  const set = new Map<string, RefusalHeader>();
+  for (const name of names) {
+    const lower = name.toLowerCase();
+    const replaced = valueIn(res, raw, place, lower);
+    adapter.setHeader(res, name, headers[name]);
+    if (lower === CONTENT_TYPE || replaced === undefined || String(replaced) !== headers[name]) set.set(lower, { value: headers[name], replaced });
+  }
+  setOn.set(raw, { status, headers: set, place, setByApp: { raw: new Set(), reply: new Set() }, close });
   takeBackOnOtherStatus(raw);
   watchAppHeaders(res, raw);
 }
 
-/** Before the same request is run or replayed again: removes what an earlier refusal set, where still unchanged. */
+/**
+ * The value of its own a header has in `place`, before the refusal sets it: the Node response's,
+ * or the one Fastify's reply would pass to `writeHead` (its `getHeader` answers the Node
+ * response's where it has none, which is not its own: that one shows again once the refusal's
+ * is taken back from the reply).
+ */
+function valueIn(res: HttpResponse, raw: ServerResponse, place: Place, name: string): RefusalHeader['replaced'] {
+  if (place === 'raw' || raw.hasHeader(name)) return place === 'raw' ? raw.getHeader(name) : undefined;
+  return (res as unknown as HeaderAccess).getHeader(name);
+}
+
+/** Gives `name` back its `replaced` value in `place`, or removes it. */
+function restore(res: HttpResponse, raw: ServerResponse, place: Place, name: string, replaced: RefusalHeader['replaced']): void {
+  if (replaced === undefined) {
+    if (place === 'raw') raw.removeHeader(name);
+    else (res as unknown as Reply).removeHeader(name);
+  } else if (place === 'raw') raw.setHeader(name, replaced);
+  else (res as unknown as Reply).header(name, replaced);
+}
+
+/** Before the same request is run or replayed again: takes back what an earlier refusal set, where still unchanged. */
 export function clearRefusalHeaders(res: HttpResponse, raw: ServerResponse): void {
   const set = setOn.get(raw);
   if (!set) return;
   setOn.delete(raw);
   const response = res as unknown as HeaderAccess;
-  for (const [name, value] of set.headers) {
-    if (unchanged(name, response.getHeader(name), value)) response.removeHeader(name);
+  for (const [name, { value, replaced }] of set.headers) {
+    if (name === CONTENT_TYPE) {
+      if (unchanged(name, response.getHeader(name), value)) response.removeHeader(name);
+    } else if (!set.setByApp[set.place].has(name) && unchanged(name, (set.place === 'raw' ? raw : response).getHeader(name), value)) {
+      restore(res, raw, set.place, name, replaced);
+    }
   }
 }
 
 /**
  * The headers of an answer with `status`, without those a refusal set on this response when the
- * answer is not that refusal: a `Retry-After` goes, and a problem details type becomes JSON (the
- * adapter wrote the answer as JSON because the type said JSON).
+ * answer is not that refusal: a `Retry-After` goes (unless the app set one since, anywhere), and
+ * a problem details type becomes JSON (the adapter wrote the answer as JSON because the type said
+ * JSON). `passed`: the headers Fastify's reply passes to `writeHead`, where its `Retry-After`
+ * gets back the value it replaced.
  */
-export function withoutRefusalHeaders<T extends OutgoingHttpHeaders | Record<string, string>>(raw: ServerResponse, status: number, headers: T): T {
+export function withoutRefusalHeaders<T extends OutgoingHttpHeaders | Record<string, string>>(raw: ServerResponse, status: number, headers: T, passed = false): T {
   const set = setOn.get(raw);
   if (!set || set.status === status) return headers;
   for (const name of Object.keys(headers)) {
     const lower = name.toLowerCase();
-    const value = set.headers.get(lower);
-    if (value === undefined || !unchanged(lower, headers[name], value)) continue;
-    if (lower === 'content-type') (headers as OutgoingHttpHeaders)[name] = asJson(headers[name]);
-    else delete headers[name];
+    const header = set.headers.get(lower);
+    if (header === undefined || !unchanged(lower, headers[name], header.value)) continue;
+    if (lower === CONTENT_TYPE) {
+      (headers as OutgoingHttpHeaders)[name] = asJson(headers[name]);
+    } else if (passed) {
+      // Fastify's reply holds the refusal's own: its Retry-After, unless the app set one on the reply since.
+      if (set.place !== 'reply' || set.setByApp.reply.has(lower)) continue;
+      if (header.replaced === undefined) delete headers[name];
+      else (headers as OutgoingHttpHeaders)[name] = header.replaced as string;
+    } else if (!set.setByApp.raw.has(lower) && !set.setByApp.reply.has(lower)) {
+      delete headers[name];
+    }
   }
   return headers;
 }
@@ -124,14 +181,14 @@ function takeBackOnOtherStatus(raw: ServerResponse): void {
     if (set && args[0] === set.status) {
       if (set.close) closeAfter(raw, args);
     } else if (set) {
-      for (const [name, value] of set.headers) {
+      for (const [name, { value, replaced }] of set.headers) {
         const current = raw.getHeader(name);
         if (!unchanged(name, current, value)) continue;
-        if (name === 'content-type') raw.setHeader(name, asJson(current));
-        else raw.removeHeader(name);
+        if (name === CONTENT_TYPE) raw.setHeader(name, asJson(current));
+        else if (set.place === 'raw' && !set.setByApp.raw.has(name)) restore(raw, raw, 'raw', name, replaced);
       }
       const passed = args.find((arg): arg is OutgoingHttpHeaders => typeof arg === 'object' && arg !== null && !Array.isArray(arg));
-      if (passed) withoutRefusalHeaders(raw, args[0] as number, passed);
+      if (passed) withoutRefusalHeaders(raw, args[0] as number, passed, true);
     }
     return (writeHead as (...a: unknown[]) => ServerResponse).apply(this, args);
   } as ServerResponse['writeHead'];
@@ -141,43 +198,46 @@ function takeBackOnOtherStatus(raw: ServerResponse): void {
 const watched = new WeakSet<ServerResponse>();
 
 /**
- * A header the app sets after the refusal set it is the app's from then on, whatever its value:
- * no longer taken back. An exception filter answering the guard's 503 as 429 with its own
- * `Retry-After`, equal to the refusal's, lost it (an adversarial helper): equal values cannot be
- * told apart afterwards. Not the Content-Type: the adapter sets it again itself as it sends the
- * refusal (Express's `res.json()` adds a charset), so it stays judged by its media type.
+ * A header the app sets in `place` after the refusal set it is the app's there from then on,
+ * whatever its value: no longer taken back from that place. An exception filter answering the
+ * guard's 503 as 429 with its own `Retry-After`, equal to the refusal's, lost it (an adversarial
+ * helper): equal values cannot be told apart afterwards. Not the Content-Type: the adapter sets
+ * it again itself as it sends the refusal (Express's `res.json()` adds a charset), so it stays
+ * judged by its media type.
  */
-function disown(raw: ServerResponse, name: unknown): void {
+function disown(raw: ServerResponse, place: Place, name: unknown): void {
   const set = setOn.get(raw);
   if (set === undefined || typeof name !== 'string') return;
   const lower = name.toLowerCase();
-  if (lower !== 'content-type') set.headers.delete(lower);
+  if (lower !== CONTENT_TYPE && set.headers.has(lower)) set.setByApp[place].add(lower);
 }
 
 type HeaderSetter = (this: object, name: string, ...rest: unknown[]) => unknown;
 
 /**
  * Tells `disown` of each header the app sets on this response from now on: through Node's
- * `setHeader` (Express's `res.set()`, a filter's own call) and, on Fastify, through the reply's
- * `header()` (and `headers()`, which calls it), which keeps its headers apart until `writeHead`.
- * Each call then goes to the setter the response had (its own, or its prototype's at the call:
- * the guard's capture may give an Express response a prototype of its own later). Installed
- * once per response, on refused responses only. The refusal's own headers are set before
- * `setOn` holds them, so they are never taken for the app's.
+ * `setHeader` (Express's `res.set()`, a filter's own call, code on Fastify's `reply.raw`) and, on
+ * Fastify, through the reply's `header()` (and `headers()`, which calls it), which keeps its
+ * headers apart until `writeHead` and sends them over the Node response's. Each call goes to the
+ * setter the response had (its own, or its prototype's at the call: the guard's capture may give
+ * an Express response a prototype of its own later), and counts once it went through (a value
+ * Node refuses sets nothing). Installed once per response, on refused responses only. The
+ * refusal's own headers are set before `setOn` holds them, so they are never taken for the app's.
  */
 function watchAppHeaders(res: HttpResponse, raw: ServerResponse): void {
   if (watched.has(raw)) return;
   watched.add(raw);
-  telling(raw, 'setHeader', raw);
-  if ((res as object) !== raw && typeof (res as { header?: unknown }).header === 'function') telling(res, 'header', raw);
+  telling(raw, 'setHeader', raw, 'raw');
+  if ((res as object) !== raw && typeof (res as { header?: unknown }).header === 'function') telling(res, 'header', raw, 'reply');
 }
 
-/** Puts a setter on `target` as its own property that tells `disown` of each call, then makes it. */
-function telling(target: object, method: string, raw: ServerResponse): void {
+/** Puts a setter on `target` as its own property that makes each call, then tells `disown` of it. */
+function telling(target: object, method: string, raw: ServerResponse, place: Place): void {
   const own = Object.hasOwn(target, method) ? ((target as Record<string, unknown>)[method] as HeaderSetter) : undefined;
   (target as Record<string, unknown>)[method] = function (this: object, name: string, ...rest: unknown[]) {
-    disown(raw, name);
     const setter = own ?? (Reflect.get(Object.getPrototypeOf(this) as object, method, this) as HeaderSetter);
-    return setter.call(this, name, ...rest);
+    const result = setter.call(this, name, ...rest);
+    disown(raw, place, name);
+    return result;
   };
 }
