@@ -573,6 +573,18 @@ describe('IdempotentTransactions (PostgreSQL)', () => {
     expect(await transactions.run({ key: `fp-${randomUUID()}`, fingerprint: wide }, async () => ({ body: ++ran }))).toMatchObject({ status: 'ran' });
   });
 
+  // A blank key (a message id a producer left as spaces, a zero-width space) keyed every such call
+  // alike: the second was answered the first's body. Refused as the guard refuses such a key.
+  it('refuses a key of white space or invisible characters only, before any transaction', async () => {
+    let ran = 0;
+    for (const key of [' ', '   ', '\t', '\u200B', ' \u2060 ']) {
+      const refused = await transactions.run({ key }, async () => ({ body: ++ran })).catch((error: unknown) => error);
+      expect(refused).toBeInstanceOf(IdempotencyKeyError);
+      expect((refused as Error).message).toMatch(/only white space or invisible characters/);
+    }
+    expect(ran).toBe(0);
+  });
+
   it('refuses an empty key, a DataSource other than postgres and a wait bound that is not positive', async () => {
     await expect(transactions.run({ key: '' }, async () => ({ body: 1 }))).rejects.toThrow(IdempotencyKeyError);
     const mysql = { options: { type: 'mysql' } } as DataSource;

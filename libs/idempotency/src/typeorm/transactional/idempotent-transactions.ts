@@ -15,7 +15,7 @@
 import { Logger, type FactoryProvider, type InjectionToken } from '@nestjs/common';
 import { randomUUID } from 'node:crypto';
 import { DataSource, type EntityManager, type QueryRunner } from 'typeorm';
-import { IDEMPOTENCY_DEFAULTS, IdempotencyConfigError, IdempotencyError, IdempotencyKeyError, IdempotencyStoreError } from '../../index.js';
+import { IDEMPOTENCY_DEFAULTS, IdempotencyConfigError, IdempotencyError, IdempotencyKeyError, IdempotencyStoreError, isBlankText } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from '../store/idempotency-record.entity.js';
 import { recordKey } from '../store/record-key.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
@@ -176,11 +176,14 @@ export class IdempotentTransactions {
    * `EntityManager` and saves its answer, in one transaction; or answers from what holds the key.
    * Rethrows what `work` throws, after the rollback; a `statusCode` that is not an integer from
    * 200 to 599 is a `RangeError`, after the rollback too. Throws `IdempotencyStoreError` when the
-   * database fails, `IdempotencyKeyError` for an empty key, one with a lone surrogate or a NUL,
+   * database fails, `IdempotencyKeyError` for an empty or blank key (white space or invisible
+   * characters only), one with a lone surrogate or a NUL,
    * and `IdempotencyError` for a fingerprint the table cannot hold as given (see `fingerprintProblem`).
    */
   async run<T>(input: IdempotentRunInput, work: (manager: EntityManager) => Promise<IdempotentAnswer<T>>): Promise<IdempotentRunResult<T>> {
     if (typeof input.key !== 'string' || input.key === '') throw new IdempotencyKeyError('empty');
+    // Every blank key would be one operation: the second call answered the first's body.
+    if (isBlankText(input.key)) throw new IdempotencyKeyError('it is only white space or invisible characters');
     // Sent as UTF-8, every lone surrogate is U+FFFD (two such keys would be one); PostgreSQL text holds no NUL.
     if (/\p{Cs}/u.test(input.key)) throw new IdempotencyKeyError('it is not well-formed text: a lone surrogate');
     if (input.key.includes('\0')) throw new IdempotencyKeyError('it contains a NUL');
