@@ -86,6 +86,7 @@ class SlowDownFilter implements ExceptionFilter {
         // the filter goes on without one
       }
     }
+    if (req.headers['x-keep-409']) return httpAdapter.reply(res, exception.getResponse(), 409);
     httpAdapter.reply(res, { error: 'slow down' }, 429);
   }
 }
@@ -145,14 +146,12 @@ async function start(
   class AppModule {}
   const app = await NestFactory.create(AppModule, adapter === 'fastify' ? new FastifyAdapter() : new ExpressAdapter(), { logger: false });
   app.useGlobalInterceptors(new ClassSerializerInterceptor(app.get(Reflector)), new TimeoutInterceptor());
-  if (outer === 'slow-down filter') {
-    app.useGlobalFilters(new SlowDownFilter(app.get(HttpAdapterHost)));
-    // A middleware that sets a Retry-After of its own on the way in, before any guard.
-    app.use((req: { headers: Record<string, string | undefined> }, res: ServerResponse, next: () => void) => {
-      if (req.headers['x-early-retry-after']) res.setHeader('Retry-After', req.headers['x-early-retry-after']);
-      next();
-    });
-  }
+  if (outer === 'slow-down filter') app.useGlobalFilters(new SlowDownFilter(app.get(HttpAdapterHost)));
+  // A middleware that sets a Retry-After of its own on the way in, before any guard (on Fastify, on the Node.js response).
+  app.use((req: { headers: Record<string, string | undefined> }, res: ServerResponse, next: () => void) => {
+    if (req.headers['x-early-retry-after']) res.setHeader('Retry-After', req.headers['x-early-retry-after']);
+    next();
+  });
   await app.listen(0, '127.0.0.1');
   return { app, url: `http://127.0.0.1:${(app.getHttpServer().address() as { port: number }).port}` };
 }
@@ -209,6 +208,23 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
       const [, b] = await Promise.all([first, duplicate]);
       expect(b.status).toBe(201);
       expect(b.headers['retry-after']).toBeUndefined();
+    });
+
+    // helper-227: on Fastify, the guard took its own back from the reply with reply.removeHeader,
+    // which removes the Node.js response's too: the middleware's 99 was lost, in the record too.
+    it("the same retried 201 carries the Retry-After a middleware set before the refusal", async () => {
+      const key = randomUUID();
+      newGate();
+      failNext = true;
+      events.length = 0;
+      const headers = { 'x-early-retry-after': '99' };
+      const first = send(url, '/payments', { key, body: { amount: 17 }, headers, timeoutMs: 8000 });
+      await until(() => events.some((e) => e.type === 'acquired'));
+      const duplicate = send(url, '/payments', { key, body: { amount: 17 }, headers, timeoutMs: 8000 });
+      await until(() => events.some((e) => e.type === 'in_progress'));
+      gate.open();
+      const [, b] = await Promise.all([first, duplicate]);
+      expect([b.status, b.headers['idempotent-replayed'], b.headers['retry-after']]).toEqual([201, undefined, '99']);
     });
 
     it('regression: a duplicate still in progress after every retry is answered as the refusal: 409 problem+json with Retry-After', async () => {
@@ -351,6 +367,12 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
     it('carries no Retry-After where the filter tried to set one and Node refused it', async () => {
       const duplicate = await slowedDown(15, { 'x-failed-retry-after': '1' });
       expect([duplicate.status, duplicate.headers['retry-after']]).toEqual([429, undefined]);
+    });
+
+    // helper-227: on Fastify the refusal's value in the reply's headers went out over the app's.
+    it('sends the Retry-After the filter set on the Node.js response when it keeps the 409', async () => {
+      const duplicate = await slowedDown(18, { 'x-keep-409': '1', 'x-node-retry-after': '30' });
+      expect([duplicate.status, duplicate.headers['retry-after']]).toEqual([409, '30']);
     });
 
     // helper-225: the refusal's value replaced the middleware's, and was taken back with it (Express).

@@ -21,8 +21,10 @@ class Reply {
   getHeader(name: string): unknown {
     return this.list[name.toLowerCase()] ?? this.raw.getHeader(name);
   }
+  /** Fastify's removes the Node response's too. */
   removeHeader(name: string): this {
     delete this.list[name.toLowerCase()];
+    if (!this.raw.headersSent) this.raw.removeHeader(name);
     return this;
   }
   send(status: number, body: string): void {
@@ -162,6 +164,31 @@ describe('a refusal\'s headers (Retry-After, the problem details type)', () => {
 
     // helper-225: told of the Node response's set, the guard left its own value in the reply's
     // headers, which writeHead sends over the app's: Retry-After: 2 where the app set 30.
+    // helper-227: taking its own back from the reply, the guard removed the Node response's too.
+    it("leave the Node response's own when the request runs again: set before the refusal, or since", async () => {
+      for (const before of [true, false]) {
+        const got = await answered((raw) => {
+          const reply = new Reply(raw);
+          if (before) raw.setHeader('Retry-After', '99');
+          setRefusalHeaders(reply as never, raw, adapter, 409, REFUSAL);
+          if (!before) raw.setHeader('Retry-After', '99');
+          clearRefusalHeaders(reply as never, raw);
+          reply.send(201, '{}');
+        });
+        expect([before, got.status, got.headers['retry-after']]).toEqual([before, 201, '99']);
+      }
+    });
+
+    it('give way to a value the app set on the Node response since, on the refusal\'s own status too', async () => {
+      const got = await answered((raw) => {
+        const reply = new Reply(raw);
+        setRefusalHeaders(reply as never, raw, adapter, 409, REFUSAL);
+        raw.setHeader('Retry-After', '30');
+        reply.send(409, '{}');
+      });
+      expect([got.status, got.headers['retry-after']]).toEqual([409, '30']);
+    });
+
     it('give way to a value the app set on the Node response since', async () => {
       const got = await answered((raw) => {
         const reply = new Reply(raw);

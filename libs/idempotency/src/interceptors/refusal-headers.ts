@@ -88,11 +88,24 @@ function valueIn(res: HttpResponse, raw: ServerResponse, place: Place, name: str
 
 /** Gives `name` back its `replaced` value in `place`, or removes it. */
 function restore(res: HttpResponse, raw: ServerResponse, place: Place, name: string, replaced: RefusalHeader['replaced']): void {
-  if (replaced === undefined) {
-    if (place === 'raw') raw.removeHeader(name);
-    else (res as unknown as Reply).removeHeader(name);
-  } else if (place === 'raw') raw.setHeader(name, replaced);
+  if (replaced === undefined) removeFrom(res, raw, place, name);
+  else if (place === 'raw') raw.setHeader(name, replaced);
   else (res as unknown as Reply).header(name, replaced);
+}
+
+/**
+ * Removes `name` from `place`. Fastify's `reply.removeHeader` removes the Node response's too,
+ * which is the app's (a middleware's, or code on `reply.raw`): lost, an adversarial helper found,
+ * when an outer `retry()` ran the request again. It is put back.
+ */
+function removeFrom(res: HttpResponse, raw: ServerResponse, place: Place, name: string): void {
+  if (place === 'raw') {
+    raw.removeHeader(name);
+    return;
+  }
+  const apps = raw.headersSent ? undefined : raw.getHeader(name);
+  (res as unknown as Reply).removeHeader(name);
+  if (apps !== undefined) raw.setHeader(name, apps);
 }
 
 /** Before the same request is run or replayed again: takes back what an earlier refusal set, where still unchanged. */
@@ -103,7 +116,7 @@ export function clearRefusalHeaders(res: HttpResponse, raw: ServerResponse): voi
   const response = res as unknown as HeaderAccess;
   for (const [name, { value, replaced }] of set.headers) {
     if (name === CONTENT_TYPE) {
-      if (unchanged(name, response.getHeader(name), value)) response.removeHeader(name);
+      if (unchanged(name, response.getHeader(name), value)) removeFrom(res, raw, set.place, name);
     } else if (!set.setByApp[set.place].has(name) && unchanged(name, (set.place === 'raw' ? raw : response).getHeader(name), value)) {
       restore(res, raw, set.place, name, replaced);
     }
@@ -146,6 +159,21 @@ function asJson(value: unknown): string {
 }
 
 /**
+ * On the refusal's own answer, Fastify's reply passes its headers to `writeHead`, over the Node
+ * response's: a `Retry-After` the app set on `reply.raw` since, and not on the reply, would lose
+ * to the refusal's. The refusal's goes from what is passed.
+ */
+function givenWay(set: RefusalHeaders, args: unknown[]): void {
+  const passed = args.find((arg): arg is OutgoingHttpHeaders => typeof arg === 'object' && arg !== null && !Array.isArray(arg));
+  if (!passed) return;
+  for (const name of Object.keys(passed)) {
+    const lower = name.toLowerCase();
+    const header = set.headers.get(lower);
+    if (header && set.setByApp.raw.has(lower) && !set.setByApp.reply.has(lower) && unchanged(lower, passed[name], header.value)) delete passed[name];
+  }
+}
+
+/**
  * Closes the connection after this answer: Node sends `Connection: close` on HTTP/1.1. A
  * `Connection` header the app sets on every answer (`keep-alive`, a middleware's or a Fastify
  * hook's) would keep it open (Node reads it when it writes the head): it says `close` on this
@@ -168,9 +196,10 @@ function closeAfter(raw: ServerResponse, args: unknown[]): void {
  * When the head goes out with another status than the refusal's, takes its headers back: set on
  * the response (Express) or passed to `writeHead` (Fastify). With the refusal's status, closes
  * the connection after it where the refusal says so: Node then sends `Connection: close` on
- * HTTP/1.1 (HTTP/2 has no such header). Not a header set up front: taken back from another
- * answer, Express's `removeHeader('connection')` left that answer with no Connection header at
- * all. Installed once per response.
+ * HTTP/1.1 (HTTP/2 has no such header), and on Fastify gives way to what the app set on the Node
+ * response since (`givenWay`). Not a header set up front: taken back from another answer,
+ * Express's `removeHeader('connection')` left that answer with no Connection header at all.
+ * Installed once per response.
  */
 function takeBackOnOtherStatus(raw: ServerResponse): void {
   if (hooked.has(raw)) return;
@@ -180,6 +209,7 @@ function takeBackOnOtherStatus(raw: ServerResponse): void {
     const set = setOn.get(raw);
     if (set && args[0] === set.status) {
       if (set.close) closeAfter(raw, args);
+      if (set.place === 'reply') givenWay(set, args);
     } else if (set) {
       for (const [name, { value, replaced }] of set.headers) {
         const current = raw.getHeader(name);
