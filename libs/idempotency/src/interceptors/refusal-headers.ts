@@ -82,8 +82,8 @@ export function setRefusalHeaders(
  * is taken back from the reply).
  */
 function valueIn(res: HttpResponse, raw: ServerResponse, place: Place, name: string): RefusalHeader['replaced'] {
-  if (place === 'raw' || raw.hasHeader(name)) return place === 'raw' ? raw.getHeader(name) : undefined;
-  return (res as unknown as HeaderAccess).getHeader(name);
+  if (place === 'raw') return raw.getHeader(name);
+  return raw.hasHeader(name) ? undefined : (res as unknown as HeaderAccess).getHeader(name);
 }
 
 /** Gives `name` back its `replaced` value in `place`, or removes it. */
