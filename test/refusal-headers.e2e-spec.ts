@@ -9,6 +9,7 @@ import {
   Module,
   Post,
   RequestTimeoutException,
+  StreamableFile,
   type ArgumentsHost,
   type CallHandler,
   type ExceptionFilter,
@@ -50,11 +51,13 @@ class RetryInterceptor implements NestInterceptor {
 
 /** Answers a duplicate in flight as "202 pending" instead of the guard's 409. */
 class PendingInterceptor implements NestInterceptor {
-  intercept(_ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
+  intercept(ctx: ExecutionContext, next: CallHandler): Observable<unknown> {
+    // With `x-pending-stream`, the answer is a stream (Fastify copies its headers onto the Node.js response for one).
+    const streamed = ctx.switchToHttp().getRequest<{ headers: Record<string, string | undefined> }>().headers['x-pending-stream'];
     return next.handle().pipe(
       catchError((err: unknown) =>
         err instanceof ConflictException || (err instanceof HttpException && err.getStatus() === 409)
-          ? of({ pending: true })
+          ? of(streamed ? new StreamableFile(Buffer.from('pending'), { type: 'text/plain' }) : { pending: true })
           : throwError(() => err),
       ),
     );
@@ -293,6 +296,28 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
       expect(JSON.parse(duplicate.text)).toEqual({ pending: true });
       // Before the fix: Content-Type: application/problem+json on { pending: true }.
       expect(contentType(duplicate)).toMatch(/^application\/json/);
+    });
+
+    // helper-228: Fastify copies a stream's headers onto the Node.js response one by one, which the
+    // guard took for the app's own: Retry-After: 2 on the 201.
+    it('its streamed answer carries no Retry-After, and a middleware\'s comes back', async () => {
+      const streamedIn = async (amount: number, headers: Record<string, string>) => {
+        const key = randomUUID();
+        newGate();
+        failNext = false;
+        events.length = 0;
+        const first = send(url, '/payments', { key, body: { amount } });
+        await until(() => events.some((e) => e.type === 'acquired'));
+        const duplicate = await send(url, '/payments', { key, body: { amount }, headers: { 'x-pending-stream': '1', ...headers } });
+        gate.open();
+        await first;
+        return [duplicate.status, duplicate.text, duplicate.headers['retry-after']];
+      };
+      // Its type is application/json, not the stream's: the adapter sets a stream's type only where none is set (README).
+      expect({ plain: await streamedIn(19, {}), afterMiddleware: await streamedIn(20, { 'x-early-retry-after': '99' }) }).toEqual({
+        plain: [201, 'pending', undefined],
+        afterMiddleware: [201, 'pending', '99'],
+      });
     });
 
     it('its { pending: true } carries no Retry-After either, in the default format too', async () => {

@@ -31,6 +31,12 @@ class Reply {
     this.raw.writeHead(status, this.list as Record<string, string>);
     this.raw.end(body);
   }
+  /** A stream's answer: Fastify copies its headers onto the Node response, then lets Node write the head. */
+  sendStream(status: number, body: string): void {
+    for (const name in this.list) this.raw.setHeader(name, this.list[name] as string);
+    this.raw.statusCode = status;
+    this.raw.end(body);
+  }
 }
 const REFUSAL = { 'Retry-After': '2', 'Content-Type': 'application/problem+json' };
 
@@ -185,6 +191,36 @@ describe('a refusal\'s headers (Retry-After, the problem details type)', () => {
         setRefusalHeaders(reply as never, raw, adapter, 409, REFUSAL);
         raw.setHeader('Retry-After', '30');
         reply.send(409, '{}');
+      });
+      expect([got.status, got.headers['retry-after']]).toEqual([409, '30']);
+    });
+
+    // helper-228: each header Fastify copied for a stream was taken for the app's: the refusal's reached a 202.
+    it('are taken back from a streamed answer with another status, giving back what the Node response had', async () => {
+      const cases: [string, (raw: ServerResponse) => void, (raw: ServerResponse) => void, string | undefined][] = [
+        ['none', () => undefined, () => undefined, undefined],
+        ['before', (raw) => raw.setHeader('Retry-After', '99'), () => undefined, '99'],
+        ['since', () => undefined, (raw) => raw.setHeader('Retry-After', '30'), '30'],
+      ];
+      for (const [name, before, since, expected] of cases) {
+        const got = await answered((raw) => {
+          const reply = new Reply(raw);
+          before(raw);
+          setRefusalHeaders(reply as never, raw, adapter, 409, REFUSAL);
+          since(raw);
+          reply.header('Content-Type', 'text/plain');
+          reply.sendStream(202, 'pending');
+        });
+        expect([name, got.status, got.headers['retry-after'], got.headers['content-type']]).toEqual([name, 202, expected, 'text/plain']);
+      }
+    });
+
+    it('give way on a streamed refusal to a value the app set on the Node response since', async () => {
+      const got = await answered((raw) => {
+        const reply = new Reply(raw);
+        setRefusalHeaders(reply as never, raw, adapter, 409, REFUSAL);
+        raw.setHeader('Retry-After', '30');
+        reply.sendStream(409, '{}');
       });
       expect([got.status, got.headers['retry-after']]).toEqual([409, '30']);
     });

@@ -2,10 +2,16 @@ import type { AbstractHttpAdapter } from '@nestjs/core';
 import type { OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import type { HttpResponse } from './http-request.js';
 
-/** A header a refusal set: its value, and the app's value it replaced there (undefined: none). */
+type HeaderValue = string | number | readonly string[] | undefined;
+
+/**
+ * A header a refusal set: its value, the app's value it replaced there (undefined: none), and on
+ * Fastify the Node response's own value then (Fastify copies the reply's over it for a stream).
+ */
 interface RefusalHeader {
   value: string;
-  replaced: string | number | readonly string[] | undefined;
+  replaced: HeaderValue;
+  rawOwn: HeaderValue;
 }
 
 /** Where a response keeps headers: the Node.js response's own, or Fastify's reply, which passes its own to `writeHead`. */
@@ -20,7 +26,8 @@ interface RefusalHeaders {
   status: number;
   headers: Map<string, RefusalHeader>;
   place: Place;
-  setByApp: Record<Place, Set<string>>;
+  /** Each name the app set since, with the value it set last, per place. */
+  setByApp: Record<Place, Map<string, HeaderValue>>;
   close: boolean;
 }
 
@@ -67,10 +74,11 @@ export function setRefusalHeaders(
   for (const name of names) {
     const lower = name.toLowerCase();
     const replaced = valueIn(res, raw, place, lower);
+    const rawOwn = place === 'reply' ? raw.getHeader(lower) : undefined;
     adapter.setHeader(res, name, headers[name]);
-    if (lower === CONTENT_TYPE || replaced === undefined || String(replaced) !== headers[name]) set.set(lower, { value: headers[name], replaced });
+    if (lower === CONTENT_TYPE || replaced === undefined || String(replaced) !== headers[name]) set.set(lower, { value: headers[name], replaced, rawOwn });
   }
-  setOn.set(raw, { status, headers: set, place, setByApp: { raw: new Set(), reply: new Set() }, close });
+  setOn.set(raw, { status, headers: set, place, setByApp: { raw: new Map(), reply: new Map() }, close });
   takeBackOnOtherStatus(raw);
   watchAppHeaders(res, raw);
 }
@@ -81,13 +89,13 @@ export function setRefusalHeaders(
  * response's where it has none, which is not its own: that one shows again once the refusal's
  * is taken back from the reply).
  */
-function valueIn(res: HttpResponse, raw: ServerResponse, place: Place, name: string): RefusalHeader['replaced'] {
+function valueIn(res: HttpResponse, raw: ServerResponse, place: Place, name: string): HeaderValue {
   if (place === 'raw') return raw.getHeader(name);
   return raw.hasHeader(name) ? undefined : (res as unknown as HeaderAccess).getHeader(name);
 }
 
 /** Gives `name` back its `replaced` value in `place`, or removes it. */
-function restore(res: HttpResponse, raw: ServerResponse, place: Place, name: string, replaced: RefusalHeader['replaced']): void {
+function restore(res: HttpResponse, raw: ServerResponse, place: Place, name: string, replaced: HeaderValue): void {
   if (replaced === undefined) removeFrom(res, raw, place, name);
   else if (place === 'raw') raw.setHeader(name, replaced);
   else (res as unknown as Reply).header(name, replaced);
@@ -163,13 +171,30 @@ function asJson(value: unknown): string {
  * response's: a `Retry-After` the app set on `reply.raw` since, and not on the reply, would lose
  * to the refusal's. The refusal's goes from what is passed.
  */
-function givenWay(set: RefusalHeaders, args: unknown[]): void {
+function givenWay(set: RefusalHeaders, raw: ServerResponse, args: unknown[]): void {
   const passed = args.find((arg): arg is OutgoingHttpHeaders => typeof arg === 'object' && arg !== null && !Array.isArray(arg));
-  if (!passed) return;
-  for (const name of Object.keys(passed)) {
+  const apps = (name: string) => set.setByApp.raw.has(name) && !set.setByApp.reply.has(name);
+  for (const name of passed ? Object.keys(passed) : []) {
     const lower = name.toLowerCase();
     const header = set.headers.get(lower);
-    if (header && set.setByApp.raw.has(lower) && !set.setByApp.reply.has(lower) && unchanged(lower, passed[name], header.value)) delete passed[name];
+    if (header && apps(lower) && unchanged(lower, passed![name], header.value)) delete passed![name];
+  }
+  copiedBack(set, raw, passed, (name, header) => apps(name) && unchanged(name, raw.getHeader(name), header.value));
+}
+
+/**
+ * For a stream, Fastify copies the reply's headers onto the Node response one by one and passes
+ * none to `writeHead` (an adversarial helper: the refusal's Retry-After reached a 202 there). A
+ * refusal's header not passed, and that `copied` says Fastify copied over the Node response's,
+ * gets back the value the app set there since, else the one it had at the refusal.
+ */
+function copiedBack(set: RefusalHeaders, raw: ServerResponse, passed: OutgoingHttpHeaders | undefined, copied: (name: string, header: RefusalHeader) => boolean): void {
+  const given = passed ? new Set(Object.keys(passed).map((name) => name.toLowerCase())) : undefined;
+  for (const [name, header] of set.headers) {
+    if (name === CONTENT_TYPE || given?.has(name) || !copied(name, header)) continue;
+    const own = set.setByApp.raw.has(name) ? set.setByApp.raw.get(name) : header.rawOwn;
+    if (own === undefined) raw.removeHeader(name);
+    else raw.setHeader(name, own);
   }
 }
 
@@ -209,7 +234,7 @@ function takeBackOnOtherStatus(raw: ServerResponse): void {
     const set = setOn.get(raw);
     if (set && args[0] === set.status) {
       if (set.close) closeAfter(raw, args);
-      if (set.place === 'reply') givenWay(set, args);
+      if (set.place === 'reply') givenWay(set, raw, args);
     } else if (set) {
       for (const [name, { value, replaced }] of set.headers) {
         const current = raw.getHeader(name);
@@ -219,6 +244,7 @@ function takeBackOnOtherStatus(raw: ServerResponse): void {
       }
       const passed = args.find((arg): arg is OutgoingHttpHeaders => typeof arg === 'object' && arg !== null && !Array.isArray(arg));
       if (passed) withoutRefusalHeaders(raw, args[0] as number, passed, true);
+      if (set.place === 'reply') copiedBack(set, raw, passed, (name, header) => !set.setByApp.reply.has(name) && unchanged(name, raw.getHeader(name), header.value));
     }
     return (writeHead as (...a: unknown[]) => ServerResponse).apply(this, args);
   } as ServerResponse['writeHead'];
@@ -235,11 +261,14 @@ const watched = new WeakSet<ServerResponse>();
  * it again itself as it sends the refusal (Express's `res.json()` adds a charset), so it stays
  * judged by its media type.
  */
-function disown(raw: ServerResponse, place: Place, name: unknown): void {
+function disown(raw: ServerResponse, place: Place, name: unknown, value: unknown, reply: HeaderAccess | undefined): void {
   const set = setOn.get(raw);
   if (set === undefined || typeof name !== 'string') return;
   const lower = name.toLowerCase();
-  if (lower !== CONTENT_TYPE && set.headers.has(lower)) set.setByApp[place].add(lower);
+  if (lower === CONTENT_TYPE || !set.headers.has(lower)) return;
+  // Fastify copying the reply's own value onto the Node response (a stream's answer) is not the app.
+  if (place === 'raw' && reply !== undefined && reply.getHeader(lower) === value) return;
+  set.setByApp[place].set(lower, value as HeaderValue);
 }
 
 type HeaderSetter = (this: object, name: string, ...rest: unknown[]) => unknown;
@@ -257,17 +286,18 @@ type HeaderSetter = (this: object, name: string, ...rest: unknown[]) => unknown;
 function watchAppHeaders(res: HttpResponse, raw: ServerResponse): void {
   if (watched.has(raw)) return;
   watched.add(raw);
-  telling(raw, 'setHeader', raw, 'raw');
-  if ((res as object) !== raw && typeof (res as { header?: unknown }).header === 'function') telling(res, 'header', raw, 'reply');
+  const reply = (res as object) !== raw && typeof (res as { header?: unknown }).header === 'function' ? (res as unknown as Reply) : undefined;
+  telling(raw, 'setHeader', raw, 'raw', reply);
+  if (reply) telling(reply, 'header', raw, 'reply', undefined);
 }
 
 /** Puts a setter on `target` as its own property that makes each call, then tells `disown` of it. */
-function telling(target: object, method: string, raw: ServerResponse, place: Place): void {
+function telling(target: object, method: string, raw: ServerResponse, place: Place, reply: HeaderAccess | undefined): void {
   const own = Object.hasOwn(target, method) ? ((target as Record<string, unknown>)[method] as HeaderSetter) : undefined;
-  (target as Record<string, unknown>)[method] = function (this: object, name: string, ...rest: unknown[]) {
+  (target as Record<string, unknown>)[method] = function (this: object, name: string, value?: unknown, ...rest: unknown[]) {
     const setter = own ?? (Reflect.get(Object.getPrototypeOf(this) as object, method, this) as HeaderSetter);
-    const result = setter.call(this, name, ...rest);
-    disown(raw, place, name);
+    const result = setter.call(this, name, value, ...rest);
+    disown(raw, place, name, value, reply);
     return result;
   };
 }
