@@ -170,6 +170,20 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
     });
     afterAll(async () => app?.close());
 
+    /** A duplicate refused in progress while the first run fails, then run by the retry: both answers. */
+    async function retriedDuplicate(amount: number, headers: Record<string, string> = {}) {
+      const key = randomUUID();
+      newGate();
+      failNext = true;
+      events.length = 0;
+      const first = send(url, '/payments', { key, body: { amount }, headers, timeoutMs: 8000 });
+      await until(() => events.some((e) => e.type === 'acquired'));
+      const duplicate = send(url, '/payments', { key, body: { amount }, headers, timeoutMs: 8000 });
+      await until(() => events.some((e) => e.type === 'in_progress'));
+      gate.open();
+      return Promise.all([first, duplicate]);
+    }
+
     it('a duplicate refused 409 in progress, then run by the retry after the first failed, answers 201 as application/json, and its replay too', async () => {
       const key = randomUUID();
       newGate();
@@ -199,34 +213,15 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
     });
 
     it('the same retried 201 carries no Retry-After (a header of the refusal it superseded)', async () => {
-      const key = randomUUID();
-      newGate();
-      failNext = true;
-      events.length = 0;
-      const first = send(url, '/payments', { key, body: { amount: 6 }, timeoutMs: 8000 });
-      await until(() => events.some((e) => e.type === 'acquired'));
-      const duplicate = send(url, '/payments', { key, body: { amount: 6 }, timeoutMs: 8000 });
-      await until(() => events.some((e) => e.type === 'in_progress'));
-      gate.open();
-      const [, b] = await Promise.all([first, duplicate]);
+      const [, b] = await retriedDuplicate(6);
       expect(b.status).toBe(201);
       expect(b.headers['retry-after']).toBeUndefined();
     });
 
     // helper-227: on Fastify, the guard took its own back from the reply with reply.removeHeader,
     // which removes the Node.js response's too: the middleware's 99 was lost, in the record too.
-    it("the same retried 201 carries the Retry-After a middleware set before the refusal", async () => {
-      const key = randomUUID();
-      newGate();
-      failNext = true;
-      events.length = 0;
-      const headers = { 'x-early-retry-after': '99' };
-      const first = send(url, '/payments', { key, body: { amount: 17 }, headers, timeoutMs: 8000 });
-      await until(() => events.some((e) => e.type === 'acquired'));
-      const duplicate = send(url, '/payments', { key, body: { amount: 17 }, headers, timeoutMs: 8000 });
-      await until(() => events.some((e) => e.type === 'in_progress'));
-      gate.open();
-      const [, b] = await Promise.all([first, duplicate]);
+    it('the same retried 201 carries the Retry-After a middleware set before the refusal', async () => {
+      const [, b] = await retriedDuplicate(17, { 'x-early-retry-after': '99' });
       expect([b.status, b.headers['idempotent-replayed'], b.headers['retry-after']]).toEqual([201, undefined, '99']);
     });
 
@@ -354,6 +349,7 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
       }
     });
   });
+
   describe('under an exception filter that answers the guard\'s 409 as 429', () => {
     let app: INestApplication;
     let url: string;
