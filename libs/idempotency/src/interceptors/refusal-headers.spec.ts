@@ -215,6 +215,26 @@ describe('a refusal\'s headers (Retry-After, the problem details type)', () => {
       }
     });
 
+    // helper-229: a set on the Node response equal to the reply's own was taken for Fastify's copy
+    // (a JSON 429 lost the app's 2); a removal there was not seen (a stream got the middleware's 99 back).
+    it("keep the app's value on the Node response equal to the refusal's, and its removal there", async () => {
+      const cases: [string, (raw: ServerResponse) => void, (raw: ServerResponse) => void, (reply: Reply) => void, string | undefined][] = [
+        ['equal, JSON', () => undefined, (raw) => raw.setHeader('Retry-After', '2'), (reply) => reply.send(429, '{}'), '2'],
+        ['equal, stream', () => undefined, (raw) => raw.setHeader('Retry-After', '2'), (reply) => reply.sendStream(202, 'pending'), '2'],
+        ['removed, stream', (raw) => raw.setHeader('Retry-After', '99'), (raw) => raw.removeHeader('Retry-After'), (reply) => reply.sendStream(202, 'pending'), undefined],
+      ];
+      for (const [name, before, since, answer, expected] of cases) {
+        const got = await answered((raw) => {
+          const reply = new Reply(raw);
+          before(raw);
+          setRefusalHeaders(reply as never, raw, adapter, 409, REFUSAL);
+          since(raw);
+          answer(reply);
+        });
+        expect([name, got.headers['retry-after']]).toEqual([name, expected]);
+      }
+    });
+
     it('give way on a streamed refusal to a value the app set on the Node response since', async () => {
       const got = await answered((raw) => {
         const reply = new Reply(raw);

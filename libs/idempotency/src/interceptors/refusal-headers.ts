@@ -26,8 +26,10 @@ interface RefusalHeaders {
   status: number;
   headers: Map<string, RefusalHeader>;
   place: Place;
-  /** Each name the app set since, with the value it set last, per place. */
+  /** Each name the app set since, with the value it set last (undefined: removed), per place. */
   setByApp: Record<Place, Map<string, HeaderValue>>;
+  /** How often each name was set on the Node response to the reply's own value: Fastify copies it once for a stream. */
+  copies: Map<string, number>;
   close: boolean;
 }
 
@@ -78,7 +80,7 @@ export function setRefusalHeaders(
     adapter.setHeader(res, name, headers[name]);
     if (lower === CONTENT_TYPE || replaced === undefined || String(replaced) !== headers[name]) set.set(lower, { value: headers[name], replaced, rawOwn });
   }
-  setOn.set(raw, { status, headers: set, place, setByApp: { raw: new Map(), reply: new Map() }, close });
+  setOn.set(raw, { status, headers: set, place, setByApp: { raw: new Map(), reply: new Map() }, copies: new Map(), close });
   takeBackOnOtherStatus(raw);
   watchAppHeaders(res, raw);
 }
@@ -179,19 +181,19 @@ function givenWay(set: RefusalHeaders, raw: ServerResponse, args: unknown[]): vo
     const header = set.headers.get(lower);
     if (header && apps(lower) && unchanged(lower, passed![name], header.value)) delete passed![name];
   }
-  copiedBack(set, raw, passed, (name, header) => apps(name) && unchanged(name, raw.getHeader(name), header.value));
+  if (!passed) copiedBack(set, raw, (name, header) => apps(name) && unchanged(name, raw.getHeader(name), header.value));
 }
 
 /**
  * For a stream, Fastify copies the reply's headers onto the Node response one by one and passes
  * none to `writeHead` (an adversarial helper: the refusal's Retry-After reached a 202 there). A
- * refusal's header not passed, and that `copied` says Fastify copied over the Node response's,
- * gets back the value the app set there since, else the one it had at the refusal.
+ * refusal's header that `copied` says Fastify copied over the Node response's gets back the value
+ * the app set there since (or its removal), else the one it had at the refusal. Set there twice
+ * to the reply's value, it was the app's too (with the refusal's value), and stays.
  */
-function copiedBack(set: RefusalHeaders, raw: ServerResponse, passed: OutgoingHttpHeaders | undefined, copied: (name: string, header: RefusalHeader) => boolean): void {
-  const given = passed ? new Set(Object.keys(passed).map((name) => name.toLowerCase())) : undefined;
+function copiedBack(set: RefusalHeaders, raw: ServerResponse, copied: (name: string, header: RefusalHeader) => boolean): void {
   for (const [name, header] of set.headers) {
-    if (name === CONTENT_TYPE || given?.has(name) || !copied(name, header)) continue;
+    if (name === CONTENT_TYPE || (set.copies.get(name) ?? 0) > 1 || !copied(name, header)) continue;
     const own = set.setByApp.raw.has(name) ? set.setByApp.raw.get(name) : header.rawOwn;
     if (own === undefined) raw.removeHeader(name);
     else raw.setHeader(name, own);
@@ -244,7 +246,7 @@ function takeBackOnOtherStatus(raw: ServerResponse): void {
       }
       const passed = args.find((arg): arg is OutgoingHttpHeaders => typeof arg === 'object' && arg !== null && !Array.isArray(arg));
       if (passed) withoutRefusalHeaders(raw, args[0] as number, passed, true);
-      if (set.place === 'reply') copiedBack(set, raw, passed, (name, header) => !set.setByApp.reply.has(name) && unchanged(name, raw.getHeader(name), header.value));
+      if (set.place === 'reply' && !passed) copiedBack(set, raw, (name, header) => !set.setByApp.reply.has(name) && unchanged(name, raw.getHeader(name), header.value));
     }
     return (writeHead as (...a: unknown[]) => ServerResponse).apply(this, args);
   } as ServerResponse['writeHead'];
@@ -266,8 +268,12 @@ function disown(raw: ServerResponse, place: Place, name: unknown, value: unknown
   if (set === undefined || typeof name !== 'string') return;
   const lower = name.toLowerCase();
   if (lower === CONTENT_TYPE || !set.headers.has(lower)) return;
-  // Fastify copying the reply's own value onto the Node response (a stream's answer) is not the app.
-  if (place === 'raw' && reply !== undefined && reply.getHeader(lower) === value) return;
+  // Fastify copying the reply's own value onto the Node response (a stream's answer) is not the app
+  // (or is, with the same value, when it happens twice: see copiedBack).
+  if (place === 'raw' && reply !== undefined && reply.getHeader(lower) === value) {
+    set.copies.set(lower, (set.copies.get(lower) ?? 0) + 1);
+    return;
+  }
   set.setByApp[place].set(lower, value as HeaderValue);
 }
 
@@ -288,6 +294,7 @@ function watchAppHeaders(res: HttpResponse, raw: ServerResponse): void {
   watched.add(raw);
   const reply = (res as object) !== raw && typeof (res as { header?: unknown }).header === 'function' ? (res as unknown as Reply) : undefined;
   telling(raw, 'setHeader', raw, 'raw', reply);
+  telling(raw, 'removeHeader', raw, 'raw', undefined);
   if (reply) telling(reply, 'header', raw, 'reply', undefined);
 }
 
@@ -296,8 +303,8 @@ function telling(target: object, method: string, raw: ServerResponse, place: Pla
   const own = Object.hasOwn(target, method) ? ((target as Record<string, unknown>)[method] as HeaderSetter) : undefined;
   (target as Record<string, unknown>)[method] = function (this: object, name: string, value?: unknown, ...rest: unknown[]) {
     const setter = own ?? (Reflect.get(Object.getPrototypeOf(this) as object, method, this) as HeaderSetter);
-    const result = setter.call(this, name, value, ...rest);
-    disown(raw, place, name, value, reply);
+    const result = method === 'removeHeader' ? setter.call(this, name) : setter.call(this, name, value, ...rest);
+    disown(raw, place, name, method === 'removeHeader' ? undefined : value, reply);
     return result;
   };
 }
