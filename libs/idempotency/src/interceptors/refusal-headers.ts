@@ -280,8 +280,9 @@ function disown(raw: ServerResponse, place: Place, name: unknown, value: unknown
 type HeaderSetter = (this: object, name: string, ...rest: unknown[]) => unknown;
 
 /**
- * Tells `disown` of each header the app sets on this response from now on: through Node's
- * `setHeader` (Express's `res.set()`, a filter's own call, code on Fastify's `reply.raw`) and, on
+ * Tells `disown` of each header the app sets or removes on this response from now on: through
+ * Node's `setHeader` and `removeHeader` (Express's `res.set()`, a filter's own call, code on
+ * Fastify's `reply.raw`) and, on
  * Fastify, through the reply's `header()` (and `headers()`, which calls it), which keeps its
  * headers apart until `writeHead` and sends them over the Node response's. Each call goes to the
  * setter the response had (its own, or its prototype's at the call: the guard's capture may give
@@ -298,7 +299,7 @@ function watchAppHeaders(res: HttpResponse, raw: ServerResponse): void {
   if (reply) telling(reply, 'header', raw, 'reply', undefined);
 }
 
-/** Puts a setter on `target` as its own property that makes each call, then tells `disown` of it. */
+/** Puts a setter (or `removeHeader`) on `target` as its own property that makes each call, then tells `disown` of it. */
 function telling(target: object, method: string, raw: ServerResponse, place: Place, reply: HeaderAccess | undefined): void {
   const own = Object.hasOwn(target, method) ? ((target as Record<string, unknown>)[method] as HeaderSetter) : undefined;
   (target as Record<string, unknown>)[method] = function (this: object, name: string, value?: unknown, ...rest: unknown[]) {
