@@ -161,6 +161,20 @@ async function start(
 
 const contentType = (answer: RawAnswer) => answer.headers['content-type'];
 
+/** A duplicate sent to `url` while the first request holds its key: the duplicate's answer, once the first answered 201. */
+async function duplicateInFlight(url: string, amount: number, headers: Record<string, string> = {}): Promise<RawAnswer> {
+  const key = randomUUID();
+  newGate();
+  failNext = false;
+  events.length = 0;
+  const first = send(url, '/payments', { key, body: { amount } });
+  await until(() => events.some((e) => e.type === 'acquired'));
+  const duplicate = await send(url, '/payments', { key, body: { amount }, headers });
+  gate.open();
+  expect((await first).status).toBe(201);
+  return duplicate;
+}
+
 describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, Retry-After) on answers that are not refusals (%s)', (adapter) => {
   describe('under an outer retry interceptor', () => {
     let app: INestApplication;
@@ -279,15 +293,7 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
     afterAll(async () => app?.close());
 
     it('its 201 { pending: true } goes out as application/json, not as problem details', async () => {
-      const key = randomUUID();
-      newGate();
-      failNext = false;
-      events.length = 0;
-      const first = send(url, '/payments', { key, body: { amount: 7 } });
-      await until(() => events.some((e) => e.type === 'acquired'));
-      const duplicate = await send(url, '/payments', { key, body: { amount: 7 } });
-      gate.open();
-      expect((await first).status).toBe(201);
+      const duplicate = await duplicateInFlight(url, 7);
       expect(JSON.parse(duplicate.text)).toEqual({ pending: true });
       // Before the fix: Content-Type: application/problem+json on { pending: true }.
       expect(contentType(duplicate)).toMatch(/^application\/json/);
@@ -297,15 +303,7 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
     // guard took for the app's own: Retry-After: 2 on the 201.
     it('its streamed answer carries no Retry-After, and a middleware\'s comes back', async () => {
       const streamedIn = async (amount: number, headers: Record<string, string>) => {
-        const key = randomUUID();
-        newGate();
-        failNext = false;
-        events.length = 0;
-        const first = send(url, '/payments', { key, body: { amount } });
-        await until(() => events.some((e) => e.type === 'acquired'));
-        const duplicate = await send(url, '/payments', { key, body: { amount }, headers: { 'x-pending-stream': '1', ...headers } });
-        gate.open();
-        await first;
+        const duplicate = await duplicateInFlight(url, amount, { 'x-pending-stream': '1', ...headers });
         return [duplicate.status, duplicate.text, duplicate.headers['retry-after']];
       };
       // Its type is application/json, not the stream's: the adapter sets a stream's type only where none is set (README).
@@ -317,15 +315,7 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
 
     it('its { pending: true } carries no Retry-After either, in the default format too', async () => {
       const pendingIn = async (target: string, amount: number) => {
-        const key = randomUUID();
-        newGate();
-        failNext = false;
-        events.length = 0;
-        const first = send(target, '/payments', { key, body: { amount } });
-        await until(() => events.some((e) => e.type === 'acquired'));
-        const duplicate = await send(target, '/payments', { key, body: { amount } });
-        gate.open();
-        await first;
+        const duplicate = await duplicateInFlight(target, amount);
         return [duplicate.status, JSON.parse(duplicate.text), duplicate.headers['retry-after'], contentType(duplicate)];
       };
       const nest = await start(adapter, 'pending', 'nest');
@@ -359,18 +349,7 @@ describe.each(['express', 'fastify'] as const)('refusal headers (problem+json, R
     afterAll(async () => app?.close());
 
     /** A duplicate sent while the first request runs: what the filter answered it. */
-    async function slowedDown(amount: number, headers: Record<string, string>) {
-      const key = randomUUID();
-      newGate();
-      failNext = false;
-      events.length = 0;
-      const first = send(url, '/payments', { key, body: { amount } });
-      await until(() => events.some((e) => e.type === 'acquired'));
-      const duplicate = await send(url, '/payments', { key, body: { amount }, headers });
-      gate.open();
-      expect((await first).status).toBe(201);
-      return duplicate;
-    }
+    const slowedDown = (amount: number, headers: Record<string, string>) => duplicateInFlight(url, amount, headers);
 
     it('keeps the Retry-After the filter set itself, though its value is the refusal\'s', async () => {
       const duplicate = await slowedDown(12, { 'x-copy-retry-after': '1' });
