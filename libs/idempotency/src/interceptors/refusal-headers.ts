@@ -39,7 +39,7 @@ type HeaderAccess = Pick<ServerResponse, 'getHeader' | 'removeHeader'>;
 type Reply = HeaderAccess & { header(name: string, value: unknown): unknown };
 
 const setOn = new WeakMap<ServerResponse, RefusalHeaders>();
-/** Responses whose `writeHead` takes refusal headers back. */
+/** Responses whose `writeHead` takes refusal headers back and whose header setters are watched: installed once each. */
 const hooked = new WeakSet<ServerResponse>();
 const JSON_CONTENT_TYPE = 'application/json';
 const CONTENT_TYPE = 'content-type';
@@ -81,6 +81,8 @@ export function setRefusalHeaders(
     if (lower === CONTENT_TYPE || replaced === undefined || String(replaced) !== headers[name]) set.set(lower, { value: headers[name], replaced, rawOwn });
   }
   setOn.set(raw, { status, headers: set, place, setByApp: { raw: new Map(), reply: new Map() }, copies: new Map(), close });
+  if (hooked.has(raw)) return;
+  hooked.add(raw);
   takeBackOnOtherStatus(raw);
   watchAppHeaders(res, raw);
 }
@@ -229,8 +231,6 @@ function closeAfter(raw: ServerResponse, args: unknown[]): void {
  * Installed once per response.
  */
 function takeBackOnOtherStatus(raw: ServerResponse): void {
-  if (hooked.has(raw)) return;
-  hooked.add(raw);
   const writeHead = raw.writeHead;
   raw.writeHead = function (this: ServerResponse, ...args: unknown[]) {
     const set = setOn.get(raw);
@@ -251,9 +251,6 @@ function takeBackOnOtherStatus(raw: ServerResponse): void {
     return (writeHead as (...a: unknown[]) => ServerResponse).apply(this, args);
   } as ServerResponse['writeHead'];
 }
-
-/** Responses whose header setters tell `disown` of the app's calls. */
-const watched = new WeakSet<ServerResponse>();
 
 /**
  * A header the app sets in `place` after the refusal set it is the app's there from then on,
@@ -282,17 +279,15 @@ type HeaderSetter = (this: object, name: string, ...rest: unknown[]) => unknown;
 /**
  * Tells `disown` of each header the app sets or removes on this response from now on: through
  * Node's `setHeader` and `removeHeader` (Express's `res.set()`, a filter's own call, code on
- * Fastify's `reply.raw`) and, on
- * Fastify, through the reply's `header()` (and `headers()`, which calls it), which keeps its
- * headers apart until `writeHead` and sends them over the Node response's. Each call goes to the
+ * Fastify's `reply.raw`) and, on Fastify, through the reply's `header()` (and `headers()`, which
+ * calls it), which keeps its headers apart until `writeHead` and sends them over the Node
+ * response's. Each call goes to the
  * setter the response had (its own, or its prototype's at the call: the guard's capture may give
  * an Express response a prototype of its own later), and counts once it went through (a value
  * Node refuses sets nothing). Installed once per response, on refused responses only. The
  * refusal's own headers are set before `setOn` holds them, so they are never taken for the app's.
  */
 function watchAppHeaders(res: HttpResponse, raw: ServerResponse): void {
-  if (watched.has(raw)) return;
-  watched.add(raw);
   const reply = (res as object) !== raw && typeof (res as { header?: unknown }).header === 'function' ? (res as unknown as Reply) : undefined;
   telling(raw, 'setHeader', raw, 'raw', reply);
   telling(raw, 'removeHeader', raw, 'raw', undefined);
