@@ -414,7 +414,7 @@ export async function claimUntilAnswered<T>(what: string, attempt: () => Promise
  * `query_timeout`, "Connection terminated", a socket's error) may leave the connection broken or
  * still running the statement.
  */
-function isStatementError(error: unknown): boolean {
+export function isStatementError(error: unknown): boolean {
   const state = sqlStateOf(error);
   const shape = error as { severity?: unknown; driverError?: { severity?: unknown } } | undefined;
   const severity = shape?.driverError?.severity ?? shape?.severity;

@@ -1,3 +1,4 @@
+import { BATCH_LOCK_TIMEOUT } from '../postgres/batched-statement.js';
 import { heldBy, LEASE_RUNNING, msFromClock, msFromNow, REMAINING_MS } from '../postgres/lease-sql.js';
 
 /**
@@ -173,3 +174,64 @@ SELECT r."state", r."token", r."fingerprint", r."status_code", r."headers", r."b
        r."body_encoding", r."unreplayable", ${REMAINING_MS} AS ttl_ms
   FROM ${table} AS r
  WHERE r."key" = $1 AND r."expires_at" > now()`;
+
+/**
+ * `claimSql` for many claims in one statement (`PostgresIdempotencyStore.claim` on a busy store:
+ * `batchedStatement`).
+ *
+ * $1 keys, $2 owner tokens, $3 fingerprints, $4 leases (ms): arrays, one element per claim. Returns
+ * one row per claim: its `n` (from 1, by array position), `acquired`, and the live record that
+ * refused it as `claimSql` returns it. Of the claims of one key that finds no live record, the
+ * first (by `n`) inserts it (or takes over an expired one), and the others are refused by that
+ * claim, as if it had come first. A claim refused by a record that is not in the statement's
+ * snapshot has `acquired = false` and `state` NULL: run it again. New rows go in key order, so
+ * that two such statements take their rows in one order.
+ */
+export const claimManySql = (table: string) => `
+WITH c AS (
+  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) WITH ORDINALITY AS c("key", "token", "fingerprint", lease_ms, n)
+   WHERE ${BATCH_LOCK_TIMEOUT}
+), live AS (
+  SELECT c.n, r."state", r."fingerprint", r."status_code", r."headers", r."body", r."has_body", r."body_encoding", r."unreplayable",
+         ${REMAINING_MS} AS remaining_ms
+    FROM c JOIN ${table} AS r ON r."key" = c."key" AND r."expires_at" > now()
+), claimed AS (
+  INSERT INTO ${table} AS r ("key", "state", "token", "fingerprint", "status_code", "headers", "body", "has_body",
+                            "body_encoding", "unreplayable", "expires_at")
+  SELECT DISTINCT ON (c."key") c."key", 'processing', c."token", c."fingerprint", NULL, NULL, NULL, false, NULL, NULL, ${msFromNow('c.lease_ms')}
+    FROM c
+   WHERE NOT EXISTS (SELECT 1 FROM live AS l WHERE l.n = c.n)
+   ORDER BY c."key", c.n
+  ON CONFLICT ("key") DO UPDATE
+    SET "state" = 'processing', "token" = excluded."token", "fingerprint" = excluded."fingerprint",
+        "status_code" = NULL, "headers" = NULL, "body" = NULL, "has_body" = false,
+        "body_encoding" = NULL, "unreplayable" = NULL, "expires_at" = excluded."expires_at"
+    WHERE r."expires_at" <= now()
+  RETURNING r."key", r."token", r."fingerprint", ${REMAINING_MS} AS remaining_ms
+), firsts AS (
+  SELECT c."key", min(c.n) AS n FROM c GROUP BY c."key"
+)
+SELECT c.n, k."key" IS NOT NULL AND f.n = c.n AS acquired,
+       CASE WHEN k."key" IS NOT NULL AND f.n <> c.n THEN 'processing' ELSE l."state" END AS state,
+       COALESCE(l."fingerprint", k."fingerprint") AS fingerprint, l."status_code", l."headers", l."body", l."has_body",
+       l."body_encoding", l."unreplayable", COALESCE(l.remaining_ms, k.remaining_ms) AS remaining_ms
+  FROM c
+  LEFT JOIN live AS l ON l.n = c.n
+  LEFT JOIN claimed AS k ON k."key" = c."key"
+  LEFT JOIN firsts AS f ON f."key" = c."key"`;
+
+/**
+ * `completeSql` for many saves in one statement (`batchedStatement`). $1 keys (distinct), $2
+ * owner tokens, $3 status codes, $4 headers (JSON), $5 bodies (NULL: none), $6 has body, $7
+ * retentions (ms), $8 body encodings, $9 unreplayable reasons: arrays, one element per save.
+ * Returns the `n` (from 1, by array position) of each save made.
+ */
+export const completeManySql = (table: string) => `
+UPDATE ${table} AS r
+   SET "state" = 'completed', "status_code" = c.status_code, "headers" = c.headers::jsonb, "body" = c.body, "has_body" = c.has_body,
+       "body_encoding" = c.body_encoding, "unreplayable" = c.unreplayable, "expires_at" = ${msFromNow('c.retention_ms')}
+  FROM (SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[], $6::boolean[], $7::float8[], $8::text[], $9::text[])
+                 WITH ORDINALITY AS c("key", "token", status_code, headers, body, has_body, retention_ms, body_encoding, unreplayable, n)
+         WHERE ${BATCH_LOCK_TIMEOUT}) AS c
+ WHERE r."key" = c."key" AND r."token" = c."token" AND r."state" = 'processing' AND ${LEASE_RUNNING}
+RETURNING c.n`;

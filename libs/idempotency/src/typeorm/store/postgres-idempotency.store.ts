@@ -11,8 +11,9 @@ import {
   type UnreplayableReason,
 } from '../../index.js';
 import { IDEMPOTENCY_RECORDS_TABLE } from './idempotency-record.entity.js';
-import { claimSql, completeAfterLeaseSql, completeSql, forgetSql, getSql, releaseSql, renewLockedSql, renewSql } from './postgres-idempotency.sql.js';
+import { claimManySql, claimSql, completeAfterLeaseSql, completeManySql, completeSql, forgetSql, getSql, releaseSql, renewLockedSql, renewSql } from './postgres-idempotency.sql.js';
 import { recordKey } from './record-key.js';
+import { batchedStatement } from '../postgres/batched-statement.js';
 import { ExpiredRowsPurge, keptClaimsMs } from '../postgres/purge.js';
 import { claimUntilAnswered, positiveMs, postgresSchemaOf, purgeIntervalMs, sqlStateOf, statementRunner, type RunStatement } from '../postgres/statements.js';
 import { entityTable, qualifiedTable } from '../postgres/table-name.js';
@@ -133,6 +134,10 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   private readonly purgeSchedule: ExpiredRowsPurge;
   /** The records' table, quoted for SQL. */
   private readonly table: string;
+  /** Claims, many in a statement on a busy store (`batchedStatement`). */
+  private readonly claimMany: (call: ClaimCall) => Promise<ClaimRow>;
+  /** Saves of held claims, many in a statement on a busy store. */
+  private readonly completeMany: (params: unknown[]) => Promise<boolean>;
 
   constructor(
     readonly dataSource: DataSource,
@@ -148,6 +153,31 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     this.terminate = statementRunner(dataSource, { timeoutMs, showsProgress: false });
     const table = qualifiedTable(options.tableName ?? entityTable(dataSource.options, IDEMPOTENCY_RECORDS_TABLE), schema);
     this.table = table;
+    this.claimMany = batchedStatement({
+      run: this.run,
+      sql: claimManySql(table),
+      params: (calls) => [calls.map((call) => call.key), calls.map((call) => call.token), calls.map((call) => call.fingerprint), calls.map((call) => call.leaseMs)],
+      answers: (result, calls) => {
+        const rows = new Map((result.records as (ClaimRow & { n: string | number })[]).map((row) => [Number(row.n), row]));
+        return calls.map((_, i) => rows.get(i + 1) ?? NO_ANSWER);
+      },
+      alone: async ({ key, token, fingerprint, leaseMs }) => {
+        const [row] = (await this.run(this.sql.claim, [key, token, fingerprint, leaseMs])).records as ClaimRow[];
+        return row ?? NO_ANSWER;
+      },
+    });
+    this.completeMany = batchedStatement({
+      run: this.runHeld,
+      sql: completeManySql(table),
+      key: (save) => sentText(save[0] as string),
+      weight: (save) => ((save[4] as string | null)?.length ?? 0) + (save[3] as string).length,
+      params: (saves) => saves[0]!.map((_, column) => saves.map((save) => save[column])),
+      answers: (result, saves) => {
+        const made = new Set((result.records as { n: string | number }[]).map((row) => Number(row.n)));
+        return saves.map((_, i) => made.has(i + 1));
+      },
+      alone: async (params) => (await this.runHeld(this.sql.complete, params)).affected === 1,
+    });
     this.sql = {
       claim: claimSql(table),
       complete: completeSql(table),
@@ -171,10 +201,10 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 
   claim({ key, token, fingerprint, leaseMs }: ClaimInput): Promise<ClaimResult> {
-    const params = [recordKey(key), token, fingerprint, leaseMs];
+    const call: ClaimCall = { key: recordKey(key), token, fingerprint, leaseMs };
     return claimUntilAnswered<ClaimResult>(`claim of ${JSON.stringify(key)}`, async () => {
-      const [row] = (await this.run(this.sql.claim, params)).records as ClaimRow[];
-      if (!row) return undefined;
+      const row = await this.claimMany(call);
+      if (!row.acquired && row.state === null) return undefined;
       if (row.acquired) return { status: 'acquired', token };
       if (fingerprint !== '' && row.fingerprint !== '' && row.fingerprint !== fingerprint) return { status: 'mismatch' };
       if (row.state === 'completed') return { status: 'completed', response: toSaved(row) };
@@ -183,7 +213,8 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
   }
 
   async complete(key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
-    return this.save(this.sql.complete, key, token, response, retentionMs);
+    if (this.ending.size > 0) await Promise.all(this.ending);
+    return this.completeMany(saveParams(key, token, response, retentionMs));
   }
 
   /** The expired claim's row is kept (until a claim takes it, or the purge): its token tells. */
@@ -193,20 +224,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
 
   private async save(sql: string, key: string, token: string, response: SavedResponse, retentionMs: number): Promise<boolean> {
     if (this.ending.size > 0) await Promise.all(this.ending);
-    const { statusCode, headers, body, encoding, unreplayable } = response;
-    const hasBody = body !== undefined;
-    const params = [
-      recordKey(key),
-      token,
-      statusCode,
-      JSON.stringify(headers),
-      hasBody ? body : null,
-      hasBody,
-      retentionMs,
-      encoding ?? null,
-      unreplayable ?? null,
-    ];
-    return (await this.runHeld(sql, params)).affected === 1;
+    return (await this.runHeld(sql, saveParams(key, token, response, retentionMs))).affected === 1;
   }
 
   async release(key: string, token: string): Promise<boolean> {
@@ -425,6 +443,29 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     // The DataSource closes after its module shuts down; let a running purge finish first.
     await this.purgeSchedule.stop();
   }
+}
+
+/** A claim's row when its statement's snapshot missed the record that refused it: run it again. */
+const NO_ANSWER = { acquired: false, state: null } as ClaimRow;
+
+/** One claim's parameters (`claimManySql`). */
+interface ClaimCall {
+  key: string;
+  token: string;
+  fingerprint: string;
+  leaseMs: number;
+}
+
+/** A key as PostgreSQL reads it: the driver sends a lone surrogate as U+FFFD. */
+function sentText(key: string): string {
+  return (key as string & { toWellFormed(): string }).toWellFormed();
+}
+
+/** The parameters of a save (`completeSql`), in its order. */
+function saveParams(key: string, token: string, response: SavedResponse, retentionMs: number): unknown[] {
+  const { statusCode, headers, body, encoding, unreplayable } = response;
+  const hasBody = body !== undefined;
+  return [recordKey(key), token, statusCode, JSON.stringify(headers), hasBody ? body : null, hasBody, retentionMs, encoding ?? null, unreplayable ?? null];
 }
 
 type ResponseColumns = 'status_code' | 'headers' | 'body' | 'has_body' | 'body_encoding' | 'unreplayable';
