@@ -1,4 +1,4 @@
-import { isStatementError, type RunStatement, type StatementResult } from './statements.js';
+import { isStatementError, NoAnswerInTime, type RunStatement, type StatementResult } from './statements.js';
 
 /** How a batched runner makes its statement and reads it (`batchedStatement`). */
 export interface Batching<I, O> {
@@ -55,10 +55,14 @@ export const BATCH_LOCK_TIMEOUT = `set_config('lock_timeout', '200ms', true) IS 
  * the next, up to `MOST_CALLS` and `MOST_WEIGHT` (with `key`, one per row, none a statement out
  * writes: two statements of the process's own never wait for each other's rows). A statement
  * PostgreSQL refused (a call's values, a lock wait past `BATCH_LOCK_TIMEOUT`) runs each call it
- * carried again alone, so that one call's values or row fail or hold that call only; any other
- * failure (no connection in time, no answer in time, a lost connection) fails the calls it
- * carried, as it would have failed each, and the calls due then, which waited for it as they
- * would have waited for a connection.
+ * carried again alone, as before batching, so that one call's values or row fail or hold that
+ * call only (and a lone call waits for its row as long as it would have). A lost connection (a
+ * backend ended, a socket cut) fails the calls the statement carried, as it would have failed
+ * each, and no other: failing those due too, one backend ended on a healthy database failed a
+ * whole storm of duplicates, which a fail-open route then ran, one key up to 200 times (an
+ * adversarial helper). A statement with no connection or no answer within its bound
+ * (`NoAnswerInTime`) also fails the calls due then: the store does not answer, and they waited
+ * for it as they would have waited for a connection.
  */
 export function batchedStatement<I, O>({ run, sql, key, weight, params, answers, alone }: Batching<I, O>): (item: I) => Promise<O> {
   let due: Due<I, O>[] = [];
@@ -106,14 +110,14 @@ export function batchedStatement<I, O>({ run, sql, key, weight, params, answers,
         sent!.forEach((call, i) => call.resolve(read[i]!));
       },
       (error: unknown) => {
-        if (sent !== undefined && isStatementError((error as Error).cause)) {
+        const cause = (error as Error).cause;
+        if (sent !== undefined && isStatementError(cause)) {
           end();
-          if (sent.length === 1) sent[0]!.reject(error);
-          else for (const call of sent) call.resolve(alone(call.item));
+          for (const call of sent) call.resolve(alone(call.item));
           return;
         }
-        // An outage fails the calls it carried and those due meanwhile: they waited for it, as for a connection.
-        const failed = [...(sent ?? []), ...due.splice(0)];
+        // Past its bound the store does not answer: the calls due waited for it, as they would have for a connection.
+        const failed = cause instanceof NoAnswerInTime ? [...(sent ?? []), ...due.splice(0)] : (sent ?? []);
         end();
         for (const call of failed) call.reject(error);
       },

@@ -231,6 +231,68 @@ describe('PostgresIdempotencyStore', () => {
     }
   });
 
+  // helper-231: failing the calls due behind a statement whose connection was lost, one backend
+  // ended on a healthy database failed a whole storm, and a fail-open route ran one key up to 200 times.
+  it('fails only the calls a statement carried when its connection is lost, not those due behind it', async () => {
+    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
+    const url = new URL(DATABASE_URL);
+    url.port = String(proxy.port);
+    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 8 } });
+    await viaProxy.initialize();
+    const proxied = new PostgresIdempotencyStore(viaProxy);
+    /** The connections whose claim statement the proxy holds (its first two): cut one to lose it. */
+    const held: (() => void)[] = [];
+    proxy.swallowRequest = (chunk, cut) => {
+      if (held.length >= 2 || !chunk.includes('unnest(')) return false;
+      held.push(cut);
+      return true;
+    };
+    try {
+      const first: Promise<unknown>[] = [];
+      for (const i of [0, 1]) {
+        first.push(proxied.claim({ key: `lost:${i}:${randomUUID()}`, token: `l${i}`, fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e));
+        await until(async () => held.length === i + 1);
+      }
+      // Two statements out: these wait for one of them to end.
+      const keys = Array.from({ length: 30 }, (_, i) => `due:${i}:${randomUUID()}`);
+      const due = keys.map((key) => proxied.claim({ key, token: 't', fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e));
+      held[0]();
+      expect(await first[0]).toBeInstanceOf(IdempotencyStoreError);
+      expect((await Promise.all(due)).map((claim) => (claim as { status?: string }).status ?? String(claim))).toEqual(keys.map(() => 'acquired'));
+      held[1]();
+      expect(await first[1]).toBeInstanceOf(IdempotencyStoreError);
+    } finally {
+      await proxy.stop();
+      await viaProxy.destroy();
+    }
+  });
+
+  it("waits for a row another transaction holds when its claim goes alone, not only for the statement of many's 200 ms", async () => {
+    const key = `alone-held:${randomUUID()}`;
+    const locker = dataSource.createQueryRunner();
+    await locker.connect();
+    await locker.startTransaction();
+    try {
+      await locker.query(
+        `INSERT INTO "${schema}".idempotency_records (key, state, token, fingerprint, expires_at) VALUES ($1, 'processing', 'tx', '', now() + interval '1 minute')`,
+        [recordKey(key)],
+      );
+      let answer: unknown = 'waiting';
+      const claim = store.claim({ key, token: 'lone', fingerprint: '', leaseMs: 60_000 }).then(
+        (result) => (answer = result),
+        (error: unknown) => (answer = error),
+      );
+      await sleep(600);
+      expect(answer).toBe('waiting');
+      await locker.rollbackTransaction();
+      await claim;
+      expect(answer).toEqual({ status: 'acquired', token: 'lone' });
+    } finally {
+      if (locker.isTransactionActive) await locker.rollbackTransaction();
+      await locker.release();
+    }
+  });
+
   it('sets the lease and the retention by the database clock', async () => {
     const key = `clock:${randomUUID()}`;
     const expiresInMs = async () =>
