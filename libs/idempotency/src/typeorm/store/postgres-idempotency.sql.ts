@@ -180,45 +180,48 @@ SELECT r."state", r."token", r."fingerprint", r."status_code", r."headers", r."b
  * `batchedStatement`).
  *
  * $1 keys, $2 owner tokens, $3 fingerprints, $4 leases (ms): arrays, one element per claim. Returns
- * one row per claim: its `n` (from 1, by array position), `acquired`, and the live record that
- * refused it as `claimSql` returns it. Of the claims of one key that finds no live record, the
- * first (by `n`) inserts it (or takes over an expired one), and the others are refused by that
- * claim, as if it had come first. A claim refused by a record that is not in the statement's
- * snapshot has `acquired = false` and `state` NULL: run it again. New rows go in key order, so
- * that two such statements take their rows in one order.
+ * one row per claim: its `n` (from 1, by array position), `first` (the `n` of its key's first
+ * claim in the statement), `acquired`, and the live record that refused it as `claimSql` returns
+ * it, its body on the key's first claim's row only (a storm of duplicates replays one body, not
+ * a copy per claim). Of the claims of one key that finds no live record, the first inserts it (or
+ * takes over an expired one), and the others are refused by that claim, as if it had come first.
+ * A claim refused by a record that is not in the statement's snapshot has `acquired = false`
+ * and `state` NULL: run it again. New rows go in key order, so that two such statements take
+ * their rows in one order.
  */
 export const claimManySql = (table: string) => `
 WITH c AS (
   SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) WITH ORDINALITY AS c("key", "token", "fingerprint", lease_ms, n)
    WHERE ${BATCH_LOCK_TIMEOUT}
+), firsts AS (
+  SELECT c."key", min(c.n) AS n FROM c GROUP BY c."key"
 ), live AS (
-  SELECT c.n, r."state", r."fingerprint", r."status_code", r."headers", r."body", r."has_body", r."body_encoding", r."unreplayable",
+  SELECT r."key", r."state", r."fingerprint", r."status_code", r."headers", r."body", r."has_body", r."body_encoding", r."unreplayable",
          ${REMAINING_MS} AS remaining_ms
-    FROM c JOIN ${table} AS r ON r."key" = c."key" AND r."expires_at" > now()
+    FROM firsts AS f JOIN ${table} AS r ON r."key" = f."key" AND r."expires_at" > now()
 ), claimed AS (
   INSERT INTO ${table} AS r ("key", "state", "token", "fingerprint", "status_code", "headers", "body", "has_body",
                             "body_encoding", "unreplayable", "expires_at")
-  SELECT DISTINCT ON (c."key") c."key", 'processing', c."token", c."fingerprint", NULL, NULL, NULL, false, NULL, NULL, ${msFromNow('c.lease_ms')}
-    FROM c
-   WHERE NOT EXISTS (SELECT 1 FROM live AS l WHERE l.n = c.n)
-   ORDER BY c."key", c.n
+  SELECT c."key", 'processing', c."token", c."fingerprint", NULL, NULL, NULL, false, NULL, NULL, ${msFromNow('c.lease_ms')}
+    FROM c JOIN firsts AS f ON f.n = c.n
+   WHERE NOT EXISTS (SELECT 1 FROM live AS l WHERE l."key" = c."key")
+   ORDER BY c."key"
   ON CONFLICT ("key") DO UPDATE
     SET "state" = 'processing', "token" = excluded."token", "fingerprint" = excluded."fingerprint",
         "status_code" = NULL, "headers" = NULL, "body" = NULL, "has_body" = false,
         "body_encoding" = NULL, "unreplayable" = NULL, "expires_at" = excluded."expires_at"
     WHERE r."expires_at" <= now()
-  RETURNING r."key", r."token", r."fingerprint", ${REMAINING_MS} AS remaining_ms
-), firsts AS (
-  SELECT c."key", min(c.n) AS n FROM c GROUP BY c."key"
+  RETURNING r."key", r."fingerprint", ${REMAINING_MS} AS remaining_ms
 )
-SELECT c.n, k."key" IS NOT NULL AND f.n = c.n AS acquired,
+SELECT c.n, f.n AS first, k."key" IS NOT NULL AND f.n = c.n AS acquired,
        CASE WHEN k."key" IS NOT NULL AND f.n <> c.n THEN 'processing' ELSE l."state" END AS state,
-       COALESCE(l."fingerprint", k."fingerprint") AS fingerprint, l."status_code", l."headers", l."body", l."has_body",
-       l."body_encoding", l."unreplayable", COALESCE(l.remaining_ms, k.remaining_ms) AS remaining_ms
+       COALESCE(l."fingerprint", k."fingerprint") AS fingerprint, l."status_code", l."headers",
+       CASE WHEN f.n = c.n THEN l."body" END AS body, l."has_body", l."body_encoding", l."unreplayable",
+       COALESCE(l.remaining_ms, k.remaining_ms) AS remaining_ms
   FROM c
-  LEFT JOIN live AS l ON l.n = c.n
-  LEFT JOIN claimed AS k ON k."key" = c."key"
-  LEFT JOIN firsts AS f ON f."key" = c."key"`;
+  JOIN firsts AS f ON f."key" = c."key"
+  LEFT JOIN live AS l ON l."key" = c."key"
+  LEFT JOIN claimed AS k ON k."key" = c."key"`;
 
 /**
  * `completeSql` for many saves in one statement (`batchedStatement`). $1 keys (distinct), $2

@@ -168,6 +168,21 @@ describe('PostgresIdempotencyStore', () => {
     expect(await store.claim({ key: duplicated, token: 'later', fingerprint: 'other', leaseMs: 60_000 })).toEqual({ status: 'mismatch' });
   });
 
+  it('replays a record to many claims of a statement from one copy of its body', async () => {
+    const key = `many-replays:${randomUUID()}`;
+    const body = 'x'.repeat(100_000);
+    await store.claim({ key, token: 'owner', fingerprint: 'fp', leaseMs: 60_000 });
+    await store.complete(key, 'owner', { statusCode: 200, headers: { 'content-type': 'text/plain' }, body }, 60_000);
+    const clients = (dataSource.driver as unknown as { master: { _clients: { connection?: { stream?: { bytesRead: number } } }[] } }).master._clients;
+    const read = () => clients.reduce((sum, client) => sum + (client.connection?.stream?.bytesRead ?? 0), 0);
+    const before = read();
+    const replays = await Promise.all(Array.from({ length: 40 }, (_, i) => store.claim({ key, token: `r${i}`, fingerprint: 'fp', leaseMs: 60_000 })));
+    const bytes = read() - before;
+    expect(replays).toEqual(replays.map(() => ({ status: 'completed', response: { statusCode: 200, headers: { 'content-type': 'text/plain' }, body } })));
+    // The first two claims go alone (a copy each), the other 38 in one statement: one more copy, not 38.
+    expect(bytes).toBeLessThan(10 * body.length);
+  });
+
   it('answers claims of one key made at once with another fingerprint as mismatches, in the statement that claimed it', async () => {
     const key = `many-fp:${randomUUID()}`;
     const claims = await Promise.all(

@@ -158,8 +158,14 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
       sql: claimManySql(table),
       params: (calls) => [calls.map((call) => call.key), calls.map((call) => call.token), calls.map((call) => call.fingerprint), calls.map((call) => call.leaseMs)],
       answers: (result, calls) => {
-        const rows = new Map((result.records as (ClaimRow & { n: string | number })[]).map((row) => [Number(row.n), row]));
-        return calls.map((_, i) => rows.get(i + 1) ?? NO_ANSWER);
+        const rows = new Map((result.records as ManyClaimRow[]).map((row) => [Number(row.n), row]));
+        return calls.map((_, i) => {
+          const row = rows.get(i + 1);
+          if (!row) return NO_ANSWER;
+          // The body comes once a key, on its first claim's row.
+          if (row.has_body && Number(row.first) !== i + 1) row.body = rows.get(Number(row.first))!.body;
+          return row;
+        });
       },
       alone: async ({ key, token, fingerprint, leaseMs }) => {
         const [row] = (await this.run(this.sql.claim, [key, token, fingerprint, leaseMs])).records as ClaimRow[];
@@ -447,6 +453,12 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
 
 /** A claim's row when its statement's snapshot missed the record that refused it: run it again. */
 const NO_ANSWER = { acquired: false, state: null } as ClaimRow;
+
+/** A row of `claimManySql`: a claim's `n`, and its key's first claim's. */
+interface ManyClaimRow extends ClaimRow {
+  n: string | number;
+  first: string | number;
+}
 
 /** One claim's parameters (`claimManySql`). */
 interface ClaimCall {
