@@ -1,15 +1,14 @@
-import { isStatementError, NoAnswerInTime, type RunStatement, type StatementResult } from './statements.js';
+import { isStatementError, type RunStatement, type StatementResult } from './statements.js';
 
 /** How a batched runner makes its statement and reads it (`batchedStatement`). */
 export interface Batching<I, O> {
   run: RunStatement;
   /** The statement of many calls; it must give up a lock wait soon (see `BATCH_LOCK_TIMEOUT`). */
   sql: string;
-  /**
-   * The row a call writes, where two calls of one row must not share a statement: one carries
-   * one call per row, none a statement out already writes. Without it, any calls go together.
-   */
-  key?(item: I): string;
+  /** The row a call reads or writes (its key as PostgreSQL reads it). */
+  row(item: I): string;
+  /** Whether two calls of one row must not share a statement: one carries one call a row, none a statement out carries. */
+  distinctRows?: boolean;
   /** What a call weighs in a statement (its body's characters, say): one carries up to `MOST_WEIGHT`, or one call. Default 0. */
   weight?(item: I): number;
   /** The statement's parameters for the calls it carries. */
@@ -24,8 +23,8 @@ export interface Batching<I, O> {
 interface Due<I, O> {
   item: I;
   weight: number;
-  /** Its row (`Batching.key`), or none. */
-  key: string | undefined;
+  /** Its row (`Batching.row`). */
+  row: string;
   resolve(answer: O | Promise<O>): void;
   reject(error: unknown): void;
 }
@@ -52,28 +51,52 @@ export const BATCH_LOCK_TIMEOUT = `set_config('lock_timeout', '200ms', true) IS 
  * busy store is most of what a call costs, on the app's side as on PostgreSQL's. A call goes out
  * at once while fewer than `STATEMENTS_AT_ONCE` statements of the runner are out (so a lone call
  * waits for nothing); past that, the calls made meanwhile wait for one to end and go together in
- * the next, up to `MOST_CALLS` and `MOST_WEIGHT` (with `key`, one per row, none a statement out
- * writes: two statements of the process's own never wait for each other's rows). A statement
+ * the next, up to `MOST_CALLS` and `MOST_WEIGHT` (with `distinctRows`, one a row, none a statement
+ * out carries: two statements of the process's own never wait for each other's rows). A statement
  * PostgreSQL refused (a call's values, a lock wait past `BATCH_LOCK_TIMEOUT`) runs each call it
  * carried again alone, as before batching, so that one call's values or row fail or hold that
- * call only (and a lone call waits for its row as long as it would have). A lost connection (a
- * backend ended, a socket cut) fails the calls the statement carried, as it would have failed
- * each, and no other: failing those due too, one backend ended on a healthy database failed a
- * whole storm of duplicates, which a fail-open route then ran, one key up to 200 times (an
- * adversarial helper). A statement with no connection or no answer within its bound
- * (`NoAnswerInTime`) also fails the calls due then: the store does not answer, and they waited
- * for it as they would have waited for a connection.
+ * call only (and a lone call waits for its row as long as it would have). A statement that got
+ * no connection (refused, or none within its bound) fails the calls due, as each would have
+ * failed to get one: calls left due, a refused connection sent the next statement at once, for
+ * ever, a core spinning and no call answered (an adversarial helper). A statement whose
+ * connection was lost, or that had no answer within its bound, fails the first call of each row
+ * it carried, which may have written it, as it would have failed that call alone, and sends the
+ * others again, which wrote nothing (the later claims of a key, answered by the first): failing
+ * the calls due behind it too, or every call it carried, one backend ended or one connection
+ * hung on a healthy database failed a storm of duplicates, and a fail-open route ran one key up
+ * to 200 times (adversarial helpers).
  */
-export function batchedStatement<I, O>({ run, sql, key, weight, params, answers, alone }: Batching<I, O>): (item: I) => Promise<O> {
+export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, weight, params, answers, alone }: Batching<I, O>): (item: I) => Promise<O> {
   let due: Due<I, O>[] = [];
   /** A statement waits for a connection: the calls due when it gets one go in it. */
   let waiting = false;
   let out = 0;
-  /** The rows the statements out write. */
-  const writing = new Set<string>();
+  /** With `distinctRows`, the rows of the statements out. */
+  const carrying = new Set<string>();
+  /** The calls running alone, by row (settled either way when the call is). */
+  const aloneRuns = new Map<string, Promise<void>>();
   const free = () => !waiting && out < STATEMENTS_AT_ONCE;
   /** Whether a call may go in the next statement. */
-  const goes = (call: Due<I, O>) => call.key === undefined || !writing.has(call.key);
+  const goes = (call: Due<I, O>) => !distinctRows || !carrying.has(call.row);
+  /** A call goes in the next statement, after the call of its row running alone, if any. */
+  const enqueue = (call: Due<I, O>): void => {
+    const running = aloneRuns.get(call.row);
+    if (running) return void running.then(() => enqueue(call));
+    due.push(call);
+    if (free() && goes(call)) send();
+  };
+  /**
+   * A call of a refused statement runs alone, as before batching; another call of its row waits
+   * for it (a row held by another transaction then holds one connection, not one a call: the
+   * duplicates of a key a transaction held each waited for its lock on a connection of their
+   * own, and starved the pool of the other keys' claims, an adversarial helper).
+   */
+  const runAlone = (call: Due<I, O>): void => {
+    if (aloneRuns.has(call.row)) return enqueue(call);
+    const settled = alone(call.item).then(call.resolve, call.reject);
+    aloneRuns.set(call.row, settled);
+    void settled.then(() => aloneRuns.delete(call.row));
+  };
   const send = () => {
     waiting = true;
     out++;
@@ -87,20 +110,20 @@ export function batchedStatement<I, O>({ run, sql, key, weight, params, answers,
       let carried = 0;
       for (const call of due) {
         const fits = taken.length === 0 || (taken.length < MOST_CALLS && carried + call.weight <= MOST_WEIGHT);
-        if (fits && (call.key === undefined || (!writing.has(call.key) && !rows.has(call.key)))) {
-          if (call.key !== undefined) rows.add(call.key);
+        if (fits && (!distinctRows || (!carrying.has(call.row) && !rows.has(call.row)))) {
+          if (distinctRows) rows.add(call.row);
           carried += call.weight;
           taken.push(call);
         } else left.push(call);
       }
       due = left;
-      for (const row of rows) writing.add(row);
+      for (const taken of rows) carrying.add(taken);
       return taken;
     };
     const end = () => {
       out--;
       if (waiting && sent === undefined) waiting = false;
-      for (const call of sent ?? []) if (call.key !== undefined) writing.delete(call.key);
+      if (distinctRows) for (const call of sent ?? []) carrying.delete(call.row);
       if (free() && due.some(goes)) send();
     };
     run(sql, () => params((sent = take()).map((call) => call.item))).then(
@@ -110,23 +133,29 @@ export function batchedStatement<I, O>({ run, sql, key, weight, params, answers,
         sent!.forEach((call, i) => call.resolve(read[i]!));
       },
       (error: unknown) => {
-        const cause = (error as Error).cause;
-        if (sent !== undefined && isStatementError(cause)) {
+        if (sent === undefined) {
+          // No connection (refused, or none within the bound): each call due would have failed to get one.
+          const failed = due.splice(0);
           end();
-          for (const call of sent) call.resolve(alone(call.item));
+          for (const call of failed) call.reject(error);
           return;
         }
-        // Past its bound the store does not answer: the calls due waited for it, as they would have for a connection.
-        const failed = cause instanceof NoAnswerInTime ? [...(sent ?? []), ...due.splice(0)] : (sent ?? []);
         end();
-        for (const call of failed) call.reject(error);
+        if (isStatementError((error as Error).cause)) {
+          for (const call of sent) runAlone(call);
+          return;
+        }
+        // Lost, or no answer in time: only a row's first call may have written it.
+        const firsts = new Set<string>();
+        for (const call of sent) {
+          if (firsts.has(call.row)) enqueue(call);
+          else {
+            firsts.add(call.row);
+            call.reject(error);
+          }
+        }
       },
     );
   };
-  return (item) =>
-    new Promise<O>((resolve, reject) => {
-      const call = { item, key: key?.(item), weight: weight?.(item) ?? 0, resolve, reject };
-      due.push(call);
-      if (free() && goes(call)) send();
-    });
+  return (item) => new Promise<O>((resolve, reject) => enqueue({ item, row: row(item), weight: weight?.(item) ?? 0, resolve, reject }));
 }

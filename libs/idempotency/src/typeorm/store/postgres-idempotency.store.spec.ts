@@ -282,6 +282,116 @@ describe('PostgresIdempotencyStore', () => {
     }
   });
 
+  // helper-231: with 20 to 40 duplicates of a key another transaction held, each waited for the
+  // lock on a connection of its own (before batching too), and the other keys' claims waited for
+  // the pool: 1.5 to 2.4 s. The duplicates now wait for one claim of theirs running alone.
+  it("keeps the pool for other keys' claims while many claims of one key wait for a row another transaction holds", async () => {
+    const small = new DataSource({ ...dataSource.options, migrationsRun: false, logger: undefined, extra: { max: 6 } } as typeof dataSource.options);
+    await small.initialize();
+    const bounded = new PostgresIdempotencyStore(small, { statementTimeoutMs: 4000 });
+    const held = `starve:${randomUUID()}`;
+    const locker = dataSource.createQueryRunner();
+    await locker.connect();
+    await locker.startTransaction();
+    try {
+      await locker.query(
+        `INSERT INTO "${schema}".idempotency_records (key, state, token, fingerprint, expires_at) VALUES ($1, 'processing', 'tx', '', now() + interval '1 minute')`,
+        [recordKey(held)],
+      );
+      const others = Array.from({ length: 30 }, (_, i) => `starve-other:${i}:${randomUUID()}`);
+      const started = Date.now();
+      const heldClaims = Array.from({ length: 30 }, (_, i) => bounded.claim({ key: held, token: `h${i}`, fingerprint: '', leaseMs: 60_000 }));
+      const otherClaims = others.map((key) => bounded.claim({ key, token: 'o', fingerprint: '', leaseMs: 60_000 }));
+      let mostWaiting = 0;
+      const watching = (async () => {
+        while (Date.now() - started < 1500) {
+          const [{ count }] = await rows(WAITING_CLAIMS, [`%"${schema}"%`]);
+          mostWaiting = Math.max(mostWaiting, count as number);
+          await sleep(20);
+        }
+      })();
+      const answered = await Promise.all(otherClaims);
+      const tookMs = Date.now() - started;
+      await watching;
+      expect(answered.map((claim) => claim.status)).toEqual(others.map(() => 'acquired'));
+      expect(tookMs).toBeLessThan(1500);
+      expect(mostWaiting).toBeLessThanOrEqual(2);
+      await locker.rollbackTransaction();
+      const heldAnswers = await Promise.all(heldClaims);
+      expect(heldAnswers.filter((claim) => claim.status === 'acquired')).toHaveLength(1);
+      expect(heldAnswers.filter((claim) => claim.status === 'in_progress')).toHaveLength(29);
+    } finally {
+      if (locker.isTransactionActive) await locker.rollbackTransaction();
+      await locker.release();
+      await small.destroy();
+    }
+  });
+
+  // helper-232: a statement carrying 100 duplicates of one key whose connection was lost failed
+  // them all, and a fail-open route ran the key up to 101 times (one a duplicate before batching).
+  it('sends again the later claims of a key a lost statement carried, failing only the first, which may have landed', async () => {
+    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
+    const url = new URL(DATABASE_URL);
+    url.port = String(proxy.port);
+    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 8 } });
+    await viaProxy.initialize();
+    const proxied = new PostgresIdempotencyStore(viaProxy);
+    /** The connections whose claim statement the proxy holds (its first three). */
+    const held: (() => void)[] = [];
+    proxy.swallowRequest = (chunk, cut) => {
+      if (held.length >= 3 || !chunk.includes('unnest(')) return false;
+      held.push(cut);
+      return true;
+    };
+    try {
+      const first: Promise<unknown>[] = [];
+      for (const i of [0, 1]) {
+        first.push(proxied.claim({ key: `lost:${i}:${randomUUID()}`, token: `l${i}`, fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e));
+        await until(async () => held.length === i + 1);
+      }
+      const key = `lost-dup:${randomUUID()}`;
+      const duplicates = Array.from({ length: 30 }, (_, i) => proxied.claim({ key, token: `d${i}`, fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e));
+      held[0]();
+      await until(async () => held.length === 3);
+      held[2]();
+      const answers = (await Promise.all(duplicates)).map((claim) => (claim instanceof IdempotencyStoreError ? 'failed' : (claim as { status: string }).status));
+      expect(answers.filter((answer) => answer === 'failed')).toHaveLength(1);
+      expect(answers.filter((answer) => answer === 'acquired')).toHaveLength(1);
+      expect(answers.filter((answer) => answer === 'in_progress')).toHaveLength(28);
+      held[1]();
+      await Promise.all(first);
+    } finally {
+      await proxy.stop();
+      await viaProxy.destroy();
+    }
+  });
+
+  // helper-232: with connections refused, the statement failed before going out failed no call,
+  // and the next went at once, for ever: a core spinning, no claim answered in 15 s.
+  it('fails the claims due when no connection can be had, at once', async () => {
+    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
+    const url = new URL(DATABASE_URL);
+    url.port = String(proxy.port);
+    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 4 } });
+    await viaProxy.initialize();
+    const proxied = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 1000 });
+    try {
+      expect(await proxied.get('warm')).toBeUndefined();
+      proxy.refusing = true;
+      proxy.cut();
+      await sleep(100);
+      const started = Date.now();
+      const claims = await Promise.all(
+        Array.from({ length: 10 }, (_, i) => proxied.claim({ key: `refused:${i}:${randomUUID()}`, token: 't', fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e)),
+      );
+      expect(claims.map((claim) => claim instanceof IdempotencyStoreError)).toEqual(claims.map(() => true));
+      expect(Date.now() - started).toBeLessThan(1000);
+    } finally {
+      await proxy.stop();
+      await viaProxy.destroy();
+    }
+  });
+
   it("waits for a row another transaction holds when its claim goes alone, not only for the statement of many's 200 ms", async () => {
     const key = `alone-held:${randomUUID()}`;
     const locker = dataSource.createQueryRunner();

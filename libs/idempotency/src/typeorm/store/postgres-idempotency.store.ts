@@ -156,6 +156,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     this.claimMany = batchedStatement({
       run: this.run,
       sql: claimManySql(table),
+      row: (call) => sentText(call.key),
       params: (calls) => [calls.map((call) => call.key), calls.map((call) => call.token), calls.map((call) => call.fingerprint), calls.map((call) => call.leaseMs)],
       answers: (result, calls) => {
         const rows = new Map((result.records as ManyClaimRow[]).map((row) => [Number(row.n), row]));
@@ -175,7 +176,8 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     this.completeMany = batchedStatement({
       run: this.runHeld,
       sql: completeManySql(table),
-      key: (save) => sentText(save[0] as string),
+      row: (save) => sentText(save[0] as string),
+      distinctRows: true,
       weight: (save) => ((save[4] as string | null)?.length ?? 0) + (save[3] as string).length,
       params: (saves) => saves[0]!.map((_, column) => saves.map((save) => save[column])),
       answers: (result, saves) => {
