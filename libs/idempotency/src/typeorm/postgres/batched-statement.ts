@@ -1,4 +1,4 @@
-import { isStatementError, type RunStatement, type StatementResult } from './statements.js';
+import { isStatementError, NoAnswerInTime, type RunStatement, type StatementResult } from './statements.js';
 
 /** How a batched runner makes its statement and reads it (`batchedStatement`). */
 export interface Batching<I, O> {
@@ -29,6 +29,15 @@ interface Due<I, O> {
   reject(error: unknown): void;
 }
 
+/**
+ * Whether a call failed because a bound ran out (no connection, or no answer, in time: ours, or
+ * pg-pool's `connectionTimeoutMillis`), not because one connection failed.
+ */
+function timedOut(error: unknown): boolean {
+  const cause = (error as Error | undefined)?.cause;
+  return cause instanceof NoAnswerInTime || (cause instanceof Error && cause.message.includes('timeout exceeded when trying to connect'));
+}
+
 /** How many statements of one batched runner run at once: the calls due meanwhile wait, and go together. */
 const STATEMENTS_AT_ONCE = 2;
 /** The most calls one statement carries. */
@@ -56,15 +65,17 @@ export const BATCH_LOCK_TIMEOUT = `set_config('lock_timeout', '200ms', true) IS 
  * PostgreSQL refused (a call's values, a lock wait past `BATCH_LOCK_TIMEOUT`) runs each call it
  * carried again alone, as before batching, so that one call's values or row fail or hold that
  * call only (and a lone call waits for its row as long as it would have). A statement that got
- * no connection (refused, or none within its bound) fails the calls due, as each would have
- * failed to get one: calls left due, a refused connection sent the next statement at once, for
- * ever, a core spinning and no call answered (an adversarial helper). A statement whose
- * connection was lost, or that had no answer within its bound, fails the first call of each row
- * it carried, which may have written it, as it would have failed that call alone, and sends the
- * others again, which wrote nothing (the later claims of a key, answered by the first): failing
- * the calls due behind it too, or every call it carried, one backend ended or one connection
- * hung on a healthy database failed a storm of duplicates, and a fail-open route ran one key up
- * to 200 times (adversarial helpers).
+ * no connection within its bound fails the calls due, which would each have waited as long;
+ * one refused a connection at once fails the oldest call due, as one call's own attempt would
+ * have failed, and the next statement tries again (failing none, a refused connection sent the
+ * next statement at once, for ever, a core spinning; failing every call due, one connection in
+ * two refused failed 260 of 300 calls and ran one key's fail-open duplicates 194 times:
+ * adversarial helpers). A statement whose connection was lost, or that had no answer within its
+ * bound, fails the first call of each row it carried, which may have written it, as it would
+ * have failed that call alone, and sends the others again, which wrote nothing (the later
+ * claims of a key, answered by the first): failing the calls due behind it too, or every call it
+ * carried, one backend ended or one connection hung on a healthy database failed a storm of
+ * duplicates, and a fail-open route ran one key up to 200 times (adversarial helpers).
  */
 export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, weight, params, answers, alone }: Batching<I, O>): (item: I) => Promise<O> {
   let due: Due<I, O>[] = [];
@@ -73,15 +84,16 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
   let out = 0;
   /** With `distinctRows`, the rows of the statements out. */
   const carrying = new Set<string>();
-  /** The calls running alone, by row (settled either way when the call is). */
-  const aloneRuns = new Map<string, Promise<void>>();
+  /** The calls running alone, by row: settled when the call is, with its error if it failed. */
+  const aloneRuns = new Map<string, Promise<unknown>>();
   const free = () => !waiting && out < STATEMENTS_AT_ONCE;
   /** Whether a call may go in the next statement. */
   const goes = (call: Due<I, O>) => !distinctRows || !carrying.has(call.row);
   /** A call goes in the next statement, after the call of its row running alone, if any. */
   const enqueue = (call: Due<I, O>): void => {
     const running = aloneRuns.get(call.row);
-    if (running) return void running.then(() => enqueue(call));
+    // Its wait for the row ran past its bound: so would this call's.
+    if (running) return void running.then((error) => (timedOut(error) ? call.reject(error) : enqueue(call)));
     due.push(call);
     if (free() && goes(call)) send();
   };
@@ -89,11 +101,19 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
    * A call of a refused statement runs alone, as before batching; another call of its row waits
    * for it (a row held by another transaction then holds one connection, not one a call: the
    * duplicates of a key a transaction held each waited for its lock on a connection of their
-   * own, and starved the pool of the other keys' claims, an adversarial helper).
+   * own, and starved the pool of the other keys' claims, an adversarial helper). When that call's
+   * wait ran past its bound, the calls that waited for it fail with it, as each would have: sent
+   * again instead, one a bound, 25 duplicates of a held key failed one by one over 18 s (another).
    */
   const runAlone = (call: Due<I, O>): void => {
     if (aloneRuns.has(call.row)) return enqueue(call);
-    const settled = alone(call.item).then(call.resolve, call.reject);
+    const settled = alone(call.item).then(
+      (answer) => call.resolve(answer),
+      (error: unknown) => {
+        call.reject(error);
+        return error;
+      },
+    );
     aloneRuns.set(call.row, settled);
     void settled.then(() => aloneRuns.delete(call.row));
   };
@@ -134,8 +154,10 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
       },
       (error: unknown) => {
         if (sent === undefined) {
-          // No connection (refused, or none within the bound): each call due would have failed to get one.
-          const failed = due.splice(0);
+          // No connection within the bound: nothing moves, and each call due would have waited as
+          // long. Refused at once: one connection's failure, as one call's own attempt would have
+          // met; the oldest call due fails, and the next statement tries another connection.
+          const failed = timedOut(error) ? due.splice(0) : due.splice(0, 1);
           end();
           for (const call of failed) call.reject(error);
           return;

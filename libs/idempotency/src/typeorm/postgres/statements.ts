@@ -324,7 +324,7 @@ async function onPooled<T>(
           return;
         }
         expired = true;
-        const error = new TypeORMError(`no answer within ${timeoutMs} ms`);
+        const error = new NoAnswerInTime(`no answer within ${timeoutMs} ms`);
         drop?.(error);
         if (pid !== undefined) abandoned?.(pid);
         reject(error);
@@ -351,6 +351,9 @@ async function onPooled<T>(
     );
   });
 }
+
+/** A pooled statement's bound ran out: no connection, or no answer, within `timeoutMs` (the `cause` of the runner's error). */
+export class NoAnswerInTime extends TypeORMError {}
 
 /** pg-pool's queue of calls waiting for a connection (its own field), when it has one. */
 function queueOf(pool: object): object[] | undefined {

@@ -392,6 +392,72 @@ describe('PostgresIdempotencyStore', () => {
     }
   });
 
+  // helper-233: the claims of a held key that waited for its lone claim went again when it failed
+  // at its bound, one a bound: 25 duplicates failed one by one over 18 s (before batching: ~0.5 s).
+  it("fails the claims that waited for a held key's lone claim with it, when its wait ran past its bound", async () => {
+    const bounded = new PostgresIdempotencyStore(dataSource, { statementTimeoutMs: 500 });
+    const key = `chain:${randomUUID()}`;
+    const locker = dataSource.createQueryRunner();
+    await locker.connect();
+    await locker.startTransaction();
+    try {
+      await locker.query(
+        `INSERT INTO "${schema}".idempotency_records (key, state, token, fingerprint, expires_at) VALUES ($1, 'processing', 'tx', '', now() + interval '1 minute')`,
+        [recordKey(key)],
+      );
+      const started = Date.now();
+      const took = await Promise.all(
+        Array.from({ length: 25 }, (_, i) =>
+          bounded.claim({ key, token: `c${i}`, fingerprint: '', leaseMs: 60_000 }).then(
+            () => 'answered',
+            (error: unknown) => (error instanceof IdempotencyStoreError ? Date.now() - started : String(error)),
+          ),
+        ),
+      );
+      expect(took.every((ms) => typeof ms === 'number')).toBe(true);
+      // A batch's 200 ms, the lone claim's 500 ms bound, and slack: not 25 of those in a row.
+      expect(Math.max(...(took as number[]))).toBeLessThan(2500);
+    } finally {
+      await locker.rollbackTransaction();
+      await locker.release();
+    }
+  });
+
+  // helper-233: with one new connection in two refused, failing every call due failed 260 of 300
+  // calls, and a fail-open route ran one key's duplicates 194 times (before batching: 11).
+  it('fails one call due when a connection is refused at once, and tries another connection for the rest', async () => {
+    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
+    const url = new URL(DATABASE_URL);
+    url.port = String(proxy.port);
+    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 8 } });
+    await viaProxy.initialize();
+    const proxied = new PostgresIdempotencyStore(viaProxy);
+    let held: (() => void) | undefined;
+    proxy.swallowRequest = (chunk, cut) => {
+      if (held || !chunk.includes('unnest(')) return false;
+      held = cut;
+      return true;
+    };
+    try {
+      // The warm connection carries a claim the proxy holds: the next statement needs a new one.
+      const first = proxied.claim({ key: `refuse-first:${randomUUID()}`, token: 'f', fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e);
+      await until(async () => held !== undefined);
+      let connections = 0;
+      Object.defineProperty(proxy, 'refusing', { get: () => ++connections % 2 === 1 });
+      const key = `refuse-dup:${randomUUID()}`;
+      const answers = (
+        await Promise.all(Array.from({ length: 30 }, (_, i) => proxied.claim({ key, token: `d${i}`, fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e)))
+      ).map((claim) => (claim instanceof IdempotencyStoreError ? 'failed' : (claim as { status: string }).status));
+      expect(answers.filter((answer) => answer === 'failed').length).toBeLessThanOrEqual(2);
+      expect(answers.filter((answer) => answer === 'acquired')).toHaveLength(1);
+      held!();
+      await first;
+    } finally {
+      await proxy.stop();
+      await viaProxy.destroy();
+    }
+  });
+
   it("waits for a row another transaction holds when its claim goes alone, not only for the statement of many's 200 ms", async () => {
     const key = `alone-held:${randomUUID()}`;
     const locker = dataSource.createQueryRunner();
