@@ -3,7 +3,7 @@ import { randomUUID } from 'node:crypto';
 import { connect, createServer, type AddressInfo, type Socket } from 'node:net';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import pg, { type Pool } from 'pg';
-import { DataSource, type Logger as TypeOrmLogger } from 'typeorm';
+import { DataSource, type Logger as TypeOrmLogger, type QueryRunner } from 'typeorm';
 import { DATABASE_URL } from '../../../../../test/support/services.js';
 import { TcpProxy } from '../../../../../test/support/tcp-proxy.js';
 import { IdempotencyStoreError } from '../../index.js';
@@ -39,6 +39,20 @@ class StatementLog implements TypeOrmLogger {
   logSchemaBuild() {}
   logMigration() {}
   log() {}
+}
+
+/**
+ * The proxy holds the first `count` statements of many it sees (their text, `unnest(`, goes out
+ * on a connection's first use of one): call one of those returned to cut its connection.
+ */
+function holdStatements(proxy: TcpProxy, count: number): (() => void)[] {
+  const held: (() => void)[] = [];
+  proxy.swallowRequest = (chunk, cut) => {
+    if (held.length >= count || !chunk.includes('unnest(')) return false;
+    held.push(cut);
+    return true;
+  };
+  return held;
 }
 
 // Sessions that default to a stricter isolation (`default_transaction_isolation` set for the
@@ -93,6 +107,29 @@ describe('PostgresIdempotencyStore', () => {
   let dataSource: DataSource;
   let store: PostgresIdempotencyStore;
   const rows = async (sql: string, params: unknown[] = []) => dataSource.query(sql, params);
+  /**
+   * Another transaction's uncommitted insert of `key`: a claim of it waits for that transaction,
+   * as for a transactional run. Roll the runner back (and release it) to free the key.
+   */
+  const holdRow = async (key: string): Promise<QueryRunner> => {
+    const locker = dataSource.createQueryRunner();
+    await locker.connect();
+    await locker.startTransaction();
+    await locker.query(
+      `INSERT INTO "${schema}".idempotency_records (key, state, token, fingerprint, expires_at) VALUES ($1, 'processing', 'tx', '', now() + interval '1 minute')`,
+      [recordKey(key)],
+    );
+    return locker;
+  };
+  /** A DataSource of `max` connections to this schema through a TCP proxy of its own. */
+  const proxiedDataSource = async (max: number) => {
+    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
+    const url = new URL(DATABASE_URL);
+    url.port = String(proxy.port);
+    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max } });
+    await viaProxy.initialize();
+    return { proxy, viaProxy };
+  };
 
   beforeAll(async () => {
     dataSource = await openSchemaDataSource(schema, {
@@ -217,15 +254,8 @@ describe('PostgresIdempotencyStore', () => {
 
   it("does not hold the claims a claim went out with while another transaction holds that one's row", async () => {
     const held = `held:${randomUUID()}`;
-    const locker = dataSource.createQueryRunner();
-    await locker.connect();
-    await locker.startTransaction();
+    const locker = await holdRow(held);
     try {
-      // Not committed: a claim of this key waits for the transaction, as it would for a transactional run.
-      await locker.query(
-        `INSERT INTO "${schema}".idempotency_records (key, state, token, fingerprint, expires_at) VALUES ($1, 'processing', 'tx', '', now() + interval '1 minute')`,
-        [recordKey(held)],
-      );
       let heldAnswered = false;
       const keys = Array.from({ length: 30 }, (_, i) => (i === 10 ? held : `free:${i}:${randomUUID()}`));
       const started = Date.now();
@@ -249,19 +279,9 @@ describe('PostgresIdempotencyStore', () => {
   // helper-231: failing the calls due behind a statement whose connection was lost, one backend
   // ended on a healthy database failed a whole storm, and a fail-open route ran one key up to 200 times.
   it('fails only the calls a statement carried when its connection is lost, not those due behind it', async () => {
-    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
-    const url = new URL(DATABASE_URL);
-    url.port = String(proxy.port);
-    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 8 } });
-    await viaProxy.initialize();
+    const { proxy, viaProxy } = await proxiedDataSource(8);
     const proxied = new PostgresIdempotencyStore(viaProxy);
-    /** The connections whose claim statement the proxy holds (its first two): cut one to lose it. */
-    const held: (() => void)[] = [];
-    proxy.swallowRequest = (chunk, cut) => {
-      if (held.length >= 2 || !chunk.includes('unnest(')) return false;
-      held.push(cut);
-      return true;
-    };
+    const held = holdStatements(proxy, 2);
     try {
       const first: Promise<unknown>[] = [];
       for (const i of [0, 1]) {
@@ -290,14 +310,8 @@ describe('PostgresIdempotencyStore', () => {
     await small.initialize();
     const bounded = new PostgresIdempotencyStore(small, { statementTimeoutMs: 4000 });
     const held = `starve:${randomUUID()}`;
-    const locker = dataSource.createQueryRunner();
-    await locker.connect();
-    await locker.startTransaction();
+    const locker = await holdRow(held);
     try {
-      await locker.query(
-        `INSERT INTO "${schema}".idempotency_records (key, state, token, fingerprint, expires_at) VALUES ($1, 'processing', 'tx', '', now() + interval '1 minute')`,
-        [recordKey(held)],
-      );
       const others = Array.from({ length: 30 }, (_, i) => `starve-other:${i}:${randomUUID()}`);
       const started = Date.now();
       const heldClaims = Array.from({ length: 30 }, (_, i) => bounded.claim({ key: held, token: `h${i}`, fingerprint: '', leaseMs: 60_000 }));
@@ -330,19 +344,9 @@ describe('PostgresIdempotencyStore', () => {
   // helper-232: a statement carrying 100 duplicates of one key whose connection was lost failed
   // them all, and a fail-open route ran the key up to 101 times (one a duplicate before batching).
   it('sends again the later claims of a key a lost statement carried, failing only the first, which may have landed', async () => {
-    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
-    const url = new URL(DATABASE_URL);
-    url.port = String(proxy.port);
-    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 8 } });
-    await viaProxy.initialize();
+    const { proxy, viaProxy } = await proxiedDataSource(8);
     const proxied = new PostgresIdempotencyStore(viaProxy);
-    /** The connections whose claim statement the proxy holds (its first three). */
-    const held: (() => void)[] = [];
-    proxy.swallowRequest = (chunk, cut) => {
-      if (held.length >= 3 || !chunk.includes('unnest(')) return false;
-      held.push(cut);
-      return true;
-    };
+    const held = holdStatements(proxy, 3);
     try {
       const first: Promise<unknown>[] = [];
       for (const i of [0, 1]) {
@@ -369,11 +373,7 @@ describe('PostgresIdempotencyStore', () => {
   // helper-232: with connections refused, the statement failed before going out failed no call,
   // and the next went at once, for ever: a core spinning, no claim answered in 15 s.
   it('fails the claims due when no connection can be had, at once', async () => {
-    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
-    const url = new URL(DATABASE_URL);
-    url.port = String(proxy.port);
-    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 4 } });
-    await viaProxy.initialize();
+    const { proxy, viaProxy } = await proxiedDataSource(4);
     const proxied = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 1000 });
     try {
       expect(await proxied.get('warm')).toBeUndefined();
@@ -397,14 +397,8 @@ describe('PostgresIdempotencyStore', () => {
   it("fails the claims that waited for a held key's lone claim with it, when its wait ran past its bound", async () => {
     const bounded = new PostgresIdempotencyStore(dataSource, { statementTimeoutMs: 500 });
     const key = `chain:${randomUUID()}`;
-    const locker = dataSource.createQueryRunner();
-    await locker.connect();
-    await locker.startTransaction();
+    const locker = await holdRow(key);
     try {
-      await locker.query(
-        `INSERT INTO "${schema}".idempotency_records (key, state, token, fingerprint, expires_at) VALUES ($1, 'processing', 'tx', '', now() + interval '1 minute')`,
-        [recordKey(key)],
-      );
       const started = Date.now();
       const took = await Promise.all(
         Array.from({ length: 25 }, (_, i) =>
@@ -426,22 +420,13 @@ describe('PostgresIdempotencyStore', () => {
   // helper-233: with one new connection in two refused, failing every call due failed 260 of 300
   // calls, and a fail-open route ran one key's duplicates 194 times (before batching: 11).
   it('fails one call due when a connection is refused at once, and tries another connection for the rest', async () => {
-    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
-    const url = new URL(DATABASE_URL);
-    url.port = String(proxy.port);
-    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 8 } });
-    await viaProxy.initialize();
+    const { proxy, viaProxy } = await proxiedDataSource(8);
     const proxied = new PostgresIdempotencyStore(viaProxy);
-    let held: (() => void) | undefined;
-    proxy.swallowRequest = (chunk, cut) => {
-      if (held || !chunk.includes('unnest(')) return false;
-      held = cut;
-      return true;
-    };
+    const held = holdStatements(proxy, 1);
     try {
       // The warm connection carries a claim the proxy holds: the next statement needs a new one.
       const first = proxied.claim({ key: `refuse-first:${randomUUID()}`, token: 'f', fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e);
-      await until(async () => held !== undefined);
+      await until(async () => held.length === 1);
       let connections = 0;
       Object.defineProperty(proxy, 'refusing', { get: () => ++connections % 2 === 1 });
       const key = `refuse-dup:${randomUUID()}`;
@@ -450,7 +435,7 @@ describe('PostgresIdempotencyStore', () => {
       ).map((claim) => (claim instanceof IdempotencyStoreError ? 'failed' : (claim as { status: string }).status));
       expect(answers.filter((answer) => answer === 'failed').length).toBeLessThanOrEqual(2);
       expect(answers.filter((answer) => answer === 'acquired')).toHaveLength(1);
-      held!();
+      held[0]();
       await first;
     } finally {
       await proxy.stop();
@@ -460,14 +445,8 @@ describe('PostgresIdempotencyStore', () => {
 
   it("waits for a row another transaction holds when its claim goes alone, not only for the statement of many's 200 ms", async () => {
     const key = `alone-held:${randomUUID()}`;
-    const locker = dataSource.createQueryRunner();
-    await locker.connect();
-    await locker.startTransaction();
+    const locker = await holdRow(key);
     try {
-      await locker.query(
-        `INSERT INTO "${schema}".idempotency_records (key, state, token, fingerprint, expires_at) VALUES ($1, 'processing', 'tx', '', now() + interval '1 minute')`,
-        [recordKey(key)],
-      );
       let answer: unknown = 'waiting';
       const claim = store.claim({ key, token: 'lone', fingerprint: '', leaseMs: 60_000 }).then(
         (result) => (answer = result),
@@ -844,11 +823,7 @@ describe('PostgresIdempotencyStore', () => {
   // whatever `failMode` said (left in session 14). Each statement on a pooled connection is now
   // bounded (`statementTimeoutMs`); the connection it waited on is dropped, not reused.
   it('fails a statement with no answer within statementTimeoutMs, drops its connection, and goes on when the database answers', async () => {
-    const proxy = await new TcpProxy({ host: new URL(DATABASE_URL).hostname, port: Number(new URL(DATABASE_URL).port || 5432) }).start();
-    const url = new URL(DATABASE_URL);
-    url.port = String(proxy.port);
-    const viaProxy = new DataSource({ type: 'postgres', url: url.toString(), schema, extra: { max: 4 } });
-    await viaProxy.initialize();
+    const { proxy, viaProxy } = await proxiedDataSource(4);
     const pool = (viaProxy.driver as unknown as { master: Pool }).master;
     const bounded = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 300 });
     try {
