@@ -17,12 +17,16 @@ export interface Batching<I, O> {
   answers(result: StatementResult, items: I[]): O[];
   /** One call in a statement of its own: after PostgreSQL refused a statement of many. */
   alone(item: I): Promise<O>;
+  /** How long a call may wait for a connection (the runner's bound, ms): one waiting longer fails with the next failure to get one. */
+  boundMs: number;
 }
 
 /** A call waiting to go out in the next statement of a batched runner. */
 interface Due<I, O> {
   item: I;
   weight: number;
+  /** When it was made (`Date.now()`). */
+  since: number;
   /** Its row (`Batching.row`). */
   row: string;
   resolve(answer: O | Promise<O>): void;
@@ -66,8 +70,9 @@ export const BATCH_LOCK_TIMEOUT = `set_config('lock_timeout', '200ms', true) IS 
  * carried again alone, as before batching, so that one call's values or row fail or hold that
  * call only (and a lone call waits for its row as long as it would have). A statement that got
  * no connection within its bound fails the calls due, which would each have waited as long;
- * one refused a connection at once fails the oldest call due, as one call's own attempt would
- * have failed, and the next statement tries again (failing none, a refused connection sent the
+ * one refused a connection fails the oldest call due, as one call's own attempt would have
+ * failed, and those due that waited their bound (`boundMs`: refusals one at a time, each 20 ms,
+ * kept the last of 300 calls 7 s), and the next statement tries again (failing none, a refused connection sent the
  * next statement at once, for ever, a core spinning; failing every call due, one connection in
  * two refused failed 260 of 300 calls and ran one key's fail-open duplicates 194 times:
  * adversarial helpers). A statement whose connection was lost, or that had no answer within its
@@ -77,7 +82,7 @@ export const BATCH_LOCK_TIMEOUT = `set_config('lock_timeout', '200ms', true) IS 
  * carried, one backend ended or one connection hung on a healthy database failed a storm of
  * duplicates, and a fail-open route ran one key up to 200 times (adversarial helpers).
  */
-export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, weight, params, answers, alone }: Batching<I, O>): (item: I) => Promise<O> {
+export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, weight, params, answers, alone, boundMs }: Batching<I, O>): (item: I) => Promise<O> {
   let due: Due<I, O>[] = [];
   /** A statement waits for a connection: the calls due when it gets one go in it. */
   let waiting = false;
@@ -87,13 +92,15 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
   /** The calls running alone, by row: settled when the call is, with its error if it failed. */
   const aloneRuns = new Map<string, Promise<unknown>>();
   const free = () => !waiting && out < STATEMENTS_AT_ONCE;
+  /** Whether a call has waited its bound. */
+  const waitedOut = (call: Due<I, O>) => Date.now() - call.since >= boundMs;
   /** Whether a call may go in the next statement. */
   const goes = (call: Due<I, O>) => !distinctRows || !carrying.has(call.row);
   /** A call goes in the next statement, after the call of its row running alone, if any. */
   const enqueue = (call: Due<I, O>): void => {
     const running = aloneRuns.get(call.row);
-    // Its wait for the row ran past its bound: so would this call's.
-    if (running) return void running.then((error) => (timedOut(error) ? call.reject(error) : enqueue(call)));
+    // Failed past its bound, or past this call's: so would this call have.
+    if (running) return void running.then((error) => (error !== undefined && (timedOut(error) || waitedOut(call)) ? call.reject(error) : enqueue(call)));
     due.push(call);
     if (free() && goes(call)) send();
   };
@@ -102,8 +109,9 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
    * for it (a row held by another transaction then holds one connection, not one a call: the
    * duplicates of a key a transaction held each waited for its lock on a connection of their
    * own, and starved the pool of the other keys' claims, an adversarial helper). When that call's
-   * wait ran past its bound, the calls that waited for it fail with it, as each would have: sent
-   * again instead, one a bound, 25 duplicates of a held key failed one by one over 18 s (another).
+   * wait ran past its bound, or the call has waited its own, the calls that waited for it fail with
+   * it, as each would have: sent again instead, 25 duplicates of a held key failed one by one
+   * over 18 s, one a bound, and over 3 s, one a killed lone claim (adversarial helpers).
    */
   const runAlone = (call: Due<I, O>): void => {
     if (aloneRuns.has(call.row)) return enqueue(call);
@@ -155,9 +163,14 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
       (error: unknown) => {
         if (sent === undefined) {
           // No connection within the bound: nothing moves, and each call due would have waited as
-          // long. Refused at once: one connection's failure, as one call's own attempt would have
-          // met; the oldest call due fails, and the next statement tries another connection.
-          const failed = timedOut(error) ? due.splice(0) : due.splice(0, 1);
+          // long. Refused: one connection's failure, as one call's own attempt would have met; the
+          // oldest call due fails, with those that waited their bound, and the next statement tries
+          // another connection.
+          const failed: Due<I, O>[] = [];
+          const left: Due<I, O>[] = [];
+          const all = timedOut(error);
+          due.forEach((call, i) => (all || i === 0 || waitedOut(call) ? failed : left).push(call));
+          due = left;
           end();
           for (const call of failed) call.reject(error);
           return;
@@ -179,5 +192,5 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
       },
     );
   };
-  return (item) => new Promise<O>((resolve, reject) => enqueue({ item, row: row(item), weight: weight?.(item) ?? 0, resolve, reject }));
+  return (item) => new Promise<O>((resolve, reject) => enqueue({ item, row: row(item), weight: weight?.(item) ?? 0, since: Date.now(), resolve, reject }));
 }

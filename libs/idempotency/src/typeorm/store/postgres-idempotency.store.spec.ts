@@ -443,6 +443,78 @@ describe('PostgresIdempotencyStore', () => {
     }
   });
 
+  // helper-234: refused one at a time (each after 20 ms), 300 queued calls waited up to 7 s on a 1 s bound.
+  it('fails the claims that waited their bound when connections are refused, not one a refusal', async () => {
+    const { proxy, viaProxy } = await proxiedDataSource(8);
+    const proxied = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 500 });
+    let warm: (() => void) | undefined;
+    proxy.swallowRequest = (chunk, cut) => {
+      // The warm connection's claim is held; every new connection's start-up is dropped after 20 ms.
+      if (!warm && chunk.includes('unnest(')) warm = cut;
+      else if (chunk.includes('client_encoding')) setTimeout(cut, 20);
+      else return false;
+      return true;
+    };
+    try {
+      const first = proxied.claim({ key: `slow-refuse-first:${randomUUID()}`, token: 'f', fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e);
+      await until(async () => warm !== undefined);
+      const started = Date.now();
+      const took = await Promise.all(
+        Array.from({ length: 150 }, (_, i) =>
+          proxied.claim({ key: `slow-refuse:${i}:${randomUUID()}`, token: 't', fingerprint: '', leaseMs: 60_000 }).then(
+            () => 'answered',
+            (error: unknown) => (error instanceof IdempotencyStoreError ? Date.now() - started : String(error)),
+          ),
+        ),
+      );
+      expect(took.every((ms) => typeof ms === 'number')).toBe(true);
+      // The bound, one more refusal, and slack; one a refusal, the last waited 150 × 20 ms.
+      expect(Math.max(...(took as number[]))).toBeLessThan(1500);
+      warm!();
+      await first;
+    } finally {
+      await proxy.stop();
+      await viaProxy.destroy();
+    }
+  });
+
+  // helper-234: a held key's lone claim ended again and again (its backend killed every 300 ms),
+  // its 24 waiting duplicates went again after each, one failing each time: up to 3.8 s on a 500 ms bound.
+  it("fails the claims that waited their bound for a held key's lone claim that keeps failing", async () => {
+    const bounded = new PostgresIdempotencyStore(dataSource, { statementTimeoutMs: 500 });
+    const key = `killed-lone:${randomUUID()}`;
+    const locker = await holdRow(key);
+    let killing = true;
+    const killer = (async () => {
+      while (killing) {
+        await rows(
+          `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+            WHERE wait_event_type = 'Lock' AND query LIKE '%claimed AS (%' AND query NOT LIKE '%unnest(%' AND query LIKE $1`,
+          [`%"${schema}"%`],
+        );
+        await sleep(150);
+      }
+    })();
+    try {
+      const started = Date.now();
+      const took = await Promise.all(
+        Array.from({ length: 25 }, (_, i) =>
+          bounded.claim({ key, token: `k${i}`, fingerprint: '', leaseMs: 60_000 }).then(
+            () => 'answered',
+            (error: unknown) => (error instanceof IdempotencyStoreError ? Date.now() - started : String(error)),
+          ),
+        ),
+      );
+      expect(took.every((ms) => typeof ms === 'number')).toBe(true);
+      expect(Math.max(...(took as number[]))).toBeLessThan(1500);
+    } finally {
+      killing = false;
+      await killer;
+      await locker.rollbackTransaction();
+      await locker.release();
+    }
+  });
+
   it("waits for a row another transaction holds when its claim goes alone, not only for the statement of many's 200 ms", async () => {
     const key = `alone-held:${randomUUID()}`;
     const locker = await holdRow(key);

@@ -168,6 +168,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
           return row;
         });
       },
+      boundMs: timeoutMs,
       alone: async ({ key, token, fingerprint, leaseMs }) => {
         const [row] = (await this.run(this.sql.claim, [key, token, fingerprint, leaseMs])).records as ClaimRow[];
         return row ?? NO_ANSWER;
@@ -184,6 +185,7 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
         const made = new Set((result.records as { n: string | number }[]).map((row) => Number(row.n)));
         return saves.map((_, i) => made.has(i + 1));
       },
+      boundMs: timeoutMs,
       alone: async (params) => (await this.runHeld(this.sql.complete, params)).affected === 1,
     });
     this.sql = {
