@@ -77,10 +77,12 @@ export const BATCH_LOCK_TIMEOUT = `set_config('lock_timeout', '200ms', true) IS 
  * two refused failed 260 of 300 calls and ran one key's fail-open duplicates 194 times:
  * adversarial helpers). A statement whose connection was lost, or that had no answer within its
  * bound, fails the first call of each row it carried, which may have written it, as it would
- * have failed that call alone, and sends the others again, which wrote nothing (the later
- * claims of a key, answered by the first): failing the calls due behind it too, or every call it
- * carried, one backend ended or one connection hung on a healthy database failed a storm of
- * duplicates, and a fail-open route ran one key up to 200 times (adversarial helpers).
+ * have failed that call alone, and those that waited their bound, and sends the others again,
+ * which wrote nothing (the later claims of a key, answered by the first): failing the calls due
+ * behind it too, or every call it carried, one backend ended or one connection hung on a healthy
+ * database failed a storm of duplicates, and a fail-open route ran one key up to 200 times;
+ * sending them all again, behind statements that hung 40 duplicates failed one a statement, the
+ * last after 21 s on a 500 ms bound (adversarial helpers).
  */
 export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, weight, params, answers, alone, boundMs }: Batching<I, O>): (item: I) => Promise<O> {
   let due: Due<I, O>[] = [];
@@ -99,8 +101,8 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
   /** A call goes in the next statement, after the call of its row running alone, if any. */
   const enqueue = (call: Due<I, O>): void => {
     const running = aloneRuns.get(call.row);
-    // Failed past its bound, or past this call's: so would this call have.
-    if (running) return void running.then((error) => (error !== undefined && (timedOut(error) || waitedOut(call)) ? call.reject(error) : enqueue(call)));
+    // Failed after this call waited its bound: so would this call have. Sooner, it goes again.
+    if (running) return void running.then((error) => (error !== undefined && waitedOut(call) ? call.reject(error) : enqueue(call)));
     due.push(call);
     if (free() && goes(call)) send();
   };
@@ -108,10 +110,12 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
    * A call of a refused statement runs alone, as before batching; another call of its row waits
    * for it (a row held by another transaction then holds one connection, not one a call: the
    * duplicates of a key a transaction held each waited for its lock on a connection of their
-   * own, and starved the pool of the other keys' claims, an adversarial helper). When that call's
-   * wait ran past its bound, or the call has waited its own, the calls that waited for it fail with
-   * it, as each would have: sent again instead, 25 duplicates of a held key failed one by one
-   * over 18 s, one a bound, and over 3 s, one a killed lone claim (adversarial helpers).
+   * own, and starved the pool of the other keys' claims, an adversarial helper). When that call
+   * fails, the calls that waited for it their bound fail with it, as each would have (sent again,
+   * 25 duplicates of a held key failed one by one over 18 s, one a bound, and over 3 s, one a
+   * killed lone claim); the others go again, and wait for the row within their own bound (failed
+   * with it because its wait ran past its bound, claims that had waited 38 ms failed where alone
+   * they would have been answered once the row was freed: adversarial helpers).
    */
   const runAlone = (call: Due<I, O>): void => {
     if (aloneRuns.has(call.row)) return enqueue(call);
@@ -180,10 +184,11 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
           for (const call of sent) runAlone(call);
           return;
         }
-        // Lost, or no answer in time: only a row's first call may have written it.
+        // Lost, or no answer in time: only a row's first call may have written it; the others go
+        // again, but for those that waited their bound, which fail as each alone would have.
         const firsts = new Set<string>();
         for (const call of sent) {
-          if (firsts.has(call.row)) enqueue(call);
+          if (firsts.has(call.row) && !waitedOut(call)) enqueue(call);
           else {
             firsts.add(call.row);
             call.reject(error);

@@ -370,6 +370,33 @@ describe('PostgresIdempotencyStore', () => {
     }
   });
 
+  // helper-235: the later claims of a key a lost or unanswered statement carried went again
+  // whatever they had waited, one failing a statement: behind statements that hung, 40
+  // duplicates failed one every ~540 ms, the last after 21 s on a 500 ms bound.
+  it('fails the claims of a key that waited their bound when the statements carrying them hang, not one a statement', async () => {
+    const { proxy, viaProxy } = await proxiedDataSource(8);
+    const proxied = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 500 });
+    holdStatements(proxy, Number.POSITIVE_INFINITY);
+    try {
+      const key = `hung-dup:${randomUUID()}`;
+      const started = Date.now();
+      const took = await Promise.all(
+        Array.from({ length: 20 }, (_, i) =>
+          proxied.claim({ key, token: `h${i}`, fingerprint: '', leaseMs: 60_000 }).then(
+            () => 'answered',
+            (error: unknown) => (error instanceof IdempotencyStoreError ? Date.now() - started : String(error)),
+          ),
+        ),
+      );
+      expect(took.every((ms) => typeof ms === 'number')).toBe(true);
+      // Their statement's bound, the next statement's, and slack: not one statement a duplicate.
+      expect(Math.max(...(took as number[]))).toBeLessThan(1500);
+    } finally {
+      await proxy.stop();
+      await viaProxy.destroy();
+    }
+  });
+
   // helper-232: with connections refused, the statement failed before going out failed no call,
   // and the next went at once, for ever: a core spinning, no claim answered in 15 s.
   it('fails the claims due when no connection can be had, at once', async () => {
@@ -413,6 +440,35 @@ describe('PostgresIdempotencyStore', () => {
       expect(Math.max(...(took as number[]))).toBeLessThan(2500);
     } finally {
       await locker.rollbackTransaction();
+      await locker.release();
+    }
+  });
+
+  // helper-235: when a held key's lone claim gave its wait up at its bound, every claim that
+  // waited for it failed with it, also those made just before: a transaction holding the row for
+  // 900 ms on a 500 ms bound failed claims that had waited 38 ms, which alone would have waited
+  // for the row and been answered.
+  it("answers the claims that waited for a held key's lone claim within their own bound when the row frees after the lone claim's", async () => {
+    const bounded = new PostgresIdempotencyStore(dataSource, { statementTimeoutMs: 1000 });
+    const key = `late-free:${randomUUID()}`;
+    const locker = await holdRow(key);
+    try {
+      const outcome = (claim: Promise<{ status: string }>) =>
+        claim.then(
+          (answer) => answer.status,
+          (error: unknown) => (error instanceof IdempotencyStoreError ? 'failed' : String(error)),
+        );
+      // Alone after the statement of many's 200 ms, it waits for the row until its bound (~1.2 s).
+      const first = outcome(bounded.claim({ key, token: 'first', fingerprint: '', leaseMs: 60_000 }));
+      await sleep(700);
+      const later = Array.from({ length: 5 }, (_, i) => outcome(bounded.claim({ key, token: `l${i}`, fingerprint: '', leaseMs: 60_000 })));
+      await sleep(800);
+      // At 1.5 s: past the lone claim's bound, within the later claims' (1.7 s).
+      await locker.rollbackTransaction();
+      expect(await first).toBe('failed');
+      expect((await Promise.all(later)).sort()).toEqual(['acquired', 'in_progress', 'in_progress', 'in_progress', 'in_progress']);
+    } finally {
+      if (locker.isTransactionActive) await locker.rollbackTransaction();
       await locker.release();
     }
   });
