@@ -55,6 +55,28 @@ function holdStatements(proxy: TcpProxy, count: number): (() => void)[] {
   return held;
 }
 
+/**
+ * Makes `count` claims of `store` at once (`keyOf(i)`) and gives, for each, the ms until it failed
+ * with IdempotencyStoreError, or what it did instead: the bound tests expect each to fail, soon.
+ */
+async function msUntilEachFails(store: PostgresIdempotencyStore, count: number, keyOf: (i: number) => string): Promise<(number | string)[]> {
+  const started = Date.now();
+  return Promise.all(
+    Array.from({ length: count }, (_, i) =>
+      store.claim({ key: keyOf(i), token: `t${i}`, fingerprint: '', leaseMs: 60_000 }).then(
+        () => 'answered',
+        (error: unknown) => (error instanceof IdempotencyStoreError ? Date.now() - started : String(error)),
+      ),
+    ),
+  );
+}
+
+/** That every claim failed (`msUntilEachFails`), the last within `ms`. */
+function expectEachFailedWithin(took: (number | string)[], ms: number): void {
+  expect(took.every((each) => typeof each === 'number')).toBe(true);
+  expect(Math.max(...(took as number[]))).toBeLessThan(ms);
+}
+
 // Sessions that default to a stricter isolation (`default_transaction_isolation` set for the
 // role, the database or the connection): concurrent claims of one key failed with 40001 on a
 // healthy database, as an outage (204 of 1,000 claims, an adversarial helper), and a fail-open
@@ -379,18 +401,9 @@ describe('PostgresIdempotencyStore', () => {
     holdStatements(proxy, Number.POSITIVE_INFINITY);
     try {
       const key = `hung-dup:${randomUUID()}`;
-      const started = Date.now();
-      const took = await Promise.all(
-        Array.from({ length: 20 }, (_, i) =>
-          proxied.claim({ key, token: `h${i}`, fingerprint: '', leaseMs: 60_000 }).then(
-            () => 'answered',
-            (error: unknown) => (error instanceof IdempotencyStoreError ? Date.now() - started : String(error)),
-          ),
-        ),
-      );
-      expect(took.every((ms) => typeof ms === 'number')).toBe(true);
+      const took = await msUntilEachFails(proxied, 20, () => key);
       // Their statement's bound, the next statement's, and slack: not one statement a duplicate.
-      expect(Math.max(...(took as number[]))).toBeLessThan(1500);
+      expectEachFailedWithin(took, 1500);
     } finally {
       await proxy.stop();
       await viaProxy.destroy();
@@ -426,18 +439,9 @@ describe('PostgresIdempotencyStore', () => {
     const key = `chain:${randomUUID()}`;
     const locker = await holdRow(key);
     try {
-      const started = Date.now();
-      const took = await Promise.all(
-        Array.from({ length: 25 }, (_, i) =>
-          bounded.claim({ key, token: `c${i}`, fingerprint: '', leaseMs: 60_000 }).then(
-            () => 'answered',
-            (error: unknown) => (error instanceof IdempotencyStoreError ? Date.now() - started : String(error)),
-          ),
-        ),
-      );
-      expect(took.every((ms) => typeof ms === 'number')).toBe(true);
+      const took = await msUntilEachFails(bounded, 25, () => key);
       // A batch's 200 ms, the lone claim's 500 ms bound, and slack: not 25 of those in a row.
-      expect(Math.max(...(took as number[]))).toBeLessThan(2500);
+      expectEachFailedWithin(took, 2500);
     } finally {
       await locker.rollbackTransaction();
       await locker.release();
@@ -514,18 +518,9 @@ describe('PostgresIdempotencyStore', () => {
     try {
       const first = proxied.claim({ key: `slow-refuse-first:${randomUUID()}`, token: 'f', fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e);
       await until(async () => warm !== undefined);
-      const started = Date.now();
-      const took = await Promise.all(
-        Array.from({ length: 150 }, (_, i) =>
-          proxied.claim({ key: `slow-refuse:${i}:${randomUUID()}`, token: 't', fingerprint: '', leaseMs: 60_000 }).then(
-            () => 'answered',
-            (error: unknown) => (error instanceof IdempotencyStoreError ? Date.now() - started : String(error)),
-          ),
-        ),
-      );
-      expect(took.every((ms) => typeof ms === 'number')).toBe(true);
+      const took = await msUntilEachFails(proxied, 150, (i) => `slow-refuse:${i}:${randomUUID()}`);
       // The bound, one more refusal, and slack; one a refusal, the last waited 150 × 20 ms.
-      expect(Math.max(...(took as number[]))).toBeLessThan(1500);
+      expectEachFailedWithin(took, 1500);
       warm!();
       await first;
     } finally {
@@ -552,17 +547,8 @@ describe('PostgresIdempotencyStore', () => {
       }
     })();
     try {
-      const started = Date.now();
-      const took = await Promise.all(
-        Array.from({ length: 25 }, (_, i) =>
-          bounded.claim({ key, token: `k${i}`, fingerprint: '', leaseMs: 60_000 }).then(
-            () => 'answered',
-            (error: unknown) => (error instanceof IdempotencyStoreError ? Date.now() - started : String(error)),
-          ),
-        ),
-      );
-      expect(took.every((ms) => typeof ms === 'number')).toBe(true);
-      expect(Math.max(...(took as number[]))).toBeLessThan(1500);
+      const took = await msUntilEachFails(bounded, 25, () => key);
+      expectEachFailedWithin(took, 1500);
     } finally {
       killing = false;
       await killer;
