@@ -77,12 +77,12 @@ export const BATCH_LOCK_TIMEOUT = `set_config('lock_timeout', '200ms', true) IS 
  * two refused failed 260 of 300 calls and ran one key's fail-open duplicates 194 times:
  * adversarial helpers). A statement whose connection was lost, or that had no answer within its
  * bound, fails the first call of each row it carried, which may have written it, as it would
- * have failed that call alone, and those that waited their bound, and sends the others again,
- * which wrote nothing (the later claims of a key, answered by the first): failing the calls due
- * behind it too, or every call it carried, one backend ended or one connection hung on a healthy
- * database failed a storm of duplicates, and a fail-open route ran one key up to 200 times;
- * sending them all again, behind statements that hung 40 duplicates failed one a statement, the
- * last after 21 s on a 500 ms bound (adversarial helpers).
+ * have failed that call alone, and sends the others again, which wrote nothing (the later claims
+ * of a key, answered by the first), but for those that waited twice their bound: failing the
+ * calls due behind it too, or every call it carried, one backend ended or one connection hung on
+ * a healthy database failed a storm of duplicates, and a fail-open route ran one key up to 200
+ * times; sending them all again, behind statements that hung 40 duplicates failed one a
+ * statement, the last after 21 s on a 500 ms bound (adversarial helpers).
  */
 export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, weight, params, answers, alone, boundMs }: Batching<I, O>): (item: I) => Promise<O> {
   let due: Due<I, O>[] = [];
@@ -96,6 +96,14 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
   const free = () => !waiting && out < STATEMENTS_AT_ONCE;
   /** Whether a call has waited its bound. */
   const waitedOut = (call: Due<I, O>) => Date.now() - call.since >= boundMs;
+  /**
+   * Whether a call the store failed to carry has waited as long as it may: twice its bound. Not
+   * merely its bound, which every call of a statement with no answer has waited: failing those,
+   * one connection hung on a healthy database failed 100 duplicates and ran a fail-open key 99
+   * times; sending them again whatever they had waited, behind statements that all hung 40
+   * duplicates failed one a statement, the last after 21 s on a 500 ms bound (adversarial helpers).
+   */
+  const waitedTwiceOut = (call: Due<I, O>) => Date.now() - call.since >= 2 * boundMs;
   /** Whether a call may go in the next statement. */
   const goes = (call: Due<I, O>) => !distinctRows || !carrying.has(call.row);
   /** A call goes in the next statement, after the call of its row running alone, if any. */
@@ -185,10 +193,10 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
           return;
         }
         // Lost, or no answer in time: only a row's first call may have written it; the others go
-        // again, but for those that waited their bound, which fail as each alone would have.
+        // again, but for those that waited twice their bound (`waitedTwiceOut`).
         const firsts = new Set<string>();
         for (const call of sent) {
-          if (firsts.has(call.row) && !waitedOut(call)) enqueue(call);
+          if (firsts.has(call.row) && !waitedTwiceOut(call)) enqueue(call);
           else {
             firsts.add(call.row);
             call.reject(error);

@@ -410,6 +410,64 @@ describe('PostgresIdempotencyStore', () => {
     }
   });
 
+  // helper-237: failing the later claims of a key that waited their bound when their statement
+  // had no answer failed them all, since each had waited the statement's bound: one connection
+  // hung on a healthy database failed 100 duplicates, and a fail-open route ran the key 99 times.
+  it('sends again the later claims of a key a statement with no answer carried while other statements are answered, failing only the first', async () => {
+    const { proxy, viaProxy } = await proxiedDataSource(8);
+    const proxied = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 500 });
+    const key = `one-hung:${randomUUID()}`;
+    let swallowed = false;
+    // The first statement that carries ten claims of the key (their values name it) gets no answer.
+    proxy.swallowRequest = (chunk) => {
+      if (swallowed || chunk.toString('latin1').split(key).length - 1 < 10) return false;
+      swallowed = true;
+      return true;
+    };
+    try {
+      const answers = (
+        await Promise.all(Array.from({ length: 30 }, (_, i) => proxied.claim({ key, token: `o${i}`, fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e)))
+      ).map((claim) => (claim instanceof IdempotencyStoreError ? 'failed' : (claim as { status: string }).status));
+      expect(swallowed).toBe(true);
+      expect(answers.filter((answer) => answer === 'failed')).toHaveLength(1);
+      expect(answers.filter((answer) => answer === 'acquired')).toHaveLength(1);
+      expect(answers.filter((answer) => answer === 'in_progress')).toHaveLength(28);
+    } finally {
+      await proxy.stop();
+      await viaProxy.destroy();
+    }
+  });
+
+  // helper-237: a process's saves of one key went one at a time, so on a fail-open route whose
+  // claims failed, each duplicate's save (its own token) waited for the one before to fail at its
+  // bound: 40 duplicates answered one every ~545 ms. Saves of one key by other owners never touch
+  // each other's row (the save matches its owner's token), so they need not wait.
+  it("does not hold a save behind another owner's save of the same key", async () => {
+    const { proxy, viaProxy } = await proxiedDataSource(8);
+    const proxied = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 2000 });
+    const key = `two-owners:${randomUUID()}`;
+    const saved = { statusCode: 201, headers: {}, body: '{}' };
+    try {
+      expect(await proxied.claim({ key, token: 'owner', fingerprint: '', leaseMs: 60_000 })).toEqual({ status: 'acquired', token: 'owner' });
+      let held = false;
+      // The owner's save gets no answer (its text goes out on the connection's first save).
+      proxy.swallowRequest = (chunk) => {
+        if (held || !chunk.includes("'completed'")) return false;
+        held = true;
+        return true;
+      };
+      const owners = proxied.complete(key, 'owner', saved, 60_000).catch((e: unknown) => e);
+      await until(async () => held);
+      const started = Date.now();
+      expect(await proxied.complete(key, 'other', saved, 60_000)).toBe(false);
+      expect(Date.now() - started).toBeLessThan(1000);
+      expect(await owners).toBeInstanceOf(IdempotencyStoreError);
+    } finally {
+      await proxy.stop();
+      await viaProxy.destroy();
+    }
+  });
+
   // helper-232: with connections refused, the statement failed before going out failed no call,
   // and the next went at once, for ever: a core spinning, no claim answered in 15 s.
   it('fails the claims due when no connection can be had, at once', async () => {

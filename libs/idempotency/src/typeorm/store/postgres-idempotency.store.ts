@@ -177,7 +177,9 @@ export class PostgresIdempotencyStore extends IdempotencyStore implements OnModu
     this.completeMany = batchedStatement({
       run: this.runHeld,
       sql: completeManySql(table),
-      row: (save) => sentText(save[0] as string),
+      // A save changes its owner's row only (it matches the token): saves of one key by other
+      // owners (a fail-open route's duplicates whose claims failed) need not wait for each other.
+      row: (save) => JSON.stringify([sentText(save[0] as string), sentText(save[1] as string)]),
       distinctRows: true,
       weight: (save) => ((save[4] as string | null)?.length ?? 0) + (save[3] as string).length,
       params: (saves) => saves[0]!.map((_, column) => saves.map((save) => save[column])),
