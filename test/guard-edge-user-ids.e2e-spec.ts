@@ -211,6 +211,10 @@ describe('userOfId', () => {
     [['t1', null], undefined],
     [['t1', ''], undefined],
     [['t1', Number.NaN], undefined],
+    // helper-238: users whose numeric ids past 2^53 JSON parsing rounded to one were one user.
+    [['t1', 1234567890123456037], undefined],
+    [1234567890123456037, undefined],
+    [['t1', 9007199254740991], { parts: ['t1', '9007199254740991'] }],
     [['t1', { id: 1 }], undefined],
     [['t1', ['u-1']], undefined],
     [['t1', 'undefined'], undefined],

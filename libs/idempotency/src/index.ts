@@ -75,7 +75,7 @@ export {
   type ErrorFormat,
   type ProblemDetails,
 } from './errors/problem-details.js';
-export { isBlankText, parseKeyHeader, readKeyHeader, type ParsedKeyHeader } from './keys/idempotency-key.js';
+export { isBlankText, isUnsafeInteger, parseKeyHeader, readKeyHeader, type ParsedKeyHeader } from './keys/idempotency-key.js';
 export type { RequestHeaders } from './keys/header-lines.js';
 /** The module's options with every default filled in (DI token), for a provider of the app's that needs them (the health indicator's probe key). */
 export { IDEMPOTENCY_RESOLVED_OPTIONS, type ResolvedIdempotencyOptions } from './idempotency.config.js';

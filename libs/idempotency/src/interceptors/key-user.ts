@@ -1,6 +1,7 @@
 import { isIP } from 'node:net';
 import type { AnonymousPolicy } from '../idempotency.options.js';
 import type { KeyUser } from '../keys/storage-key.js';
+import { isUnsafeInteger } from '../keys/idempotency-key.js';
 import type { HttpRequest } from './http-request.js';
 
 /**
@@ -264,10 +265,11 @@ export function partText(part: unknown): string | undefined {
   return typeof part === 'string' && isNothing(part) ? undefined : plainIdText(part);
 }
 
-/** A user id's text by its type alone: a non-empty string, a finite number or a bigint. */
+/** A user id's text by its type alone: a non-empty string, a finite number (an integer within ±2^53) or a bigint. */
 export function plainIdText(id: unknown): string | undefined {
   if (typeof id === 'string') return id === '' ? undefined : id;
-  if (typeof id === 'number') return Number.isFinite(id) ? String(id) : undefined;
+  // An integer past 2^53 is rounded by a JSON parse: users apart would be one (an adversarial helper).
+  if (typeof id === 'number') return Number.isFinite(id) && !isUnsafeInteger(id) ? String(id) : undefined;
   if (typeof id === 'bigint') return String(id);
   return undefined;
 }

@@ -16,6 +16,16 @@ const NOT_TEXT = /[\p{Cs}\uFFFD]/u;
  */
 const VISIBLE = /[^\s\p{Default_Ignorable_Code_Point}]/u;
 
+/**
+ * An integer past 2^53 (`Number.MAX_SAFE_INTEGER`): a double does not hold it exactly, and a JSON
+ * parse rounds it to the nearest one it holds, so ids sent as such numbers (a snowflake id from
+ * Java or Go) fall together: 1234567890123456037 is read as 1234567890123456000, as are the ids
+ * up to 128 on either side. As an id it names another's record.
+ */
+export function isUnsafeInteger(value: unknown): value is number {
+  return typeof value === 'number' && Number.isInteger(value) && !Number.isSafeInteger(value);
+}
+
 /** Text of white space and invisible characters only (see `VISIBLE`), or empty: what reads as nothing. */
 export function isBlankText(text: string): boolean {
   return !VISIBLE.test(text);

@@ -1,4 +1,5 @@
 import { IdempotencyConfigError, IdempotencyKeyError } from '../errors/idempotency.errors.js';
+import { isUnsafeInteger } from './idempotency-key.js';
 
 /** Where a key expression starts reading. `#req` is accepted as the legacy alias of `#body`. */
 export type KeyRoot = 'body' | 'headers' | 'query' | 'params' | 'user' | 'data';
@@ -182,7 +183,8 @@ export function evaluateKeyPath(path: KeyPath, sources: KeySources): string | un
 
 /**
  * A value a key expression or a key function found, as key text: a string as it is, a finite
- * number, a bigint or a boolean as its text; null or undefined is no key.
+ * number (an integer within ±2^53: past that a JSON parse rounded it, and keys apart fell
+ * together, an adversarial helper), a bigint or a boolean as its text; null or undefined is no key.
  *
  * @param where names the value in the client's words, for the refusal's message
  * @throws IdempotencyKeyError for anything else (an object, an array, NaN): it is never its
@@ -193,7 +195,7 @@ export function keyText(value: unknown, where: () => string): string | undefined
     case 'string':
       return value;
     case 'number':
-      if (Number.isFinite(value)) return String(value);
+      if (Number.isFinite(value) && !isUnsafeInteger(value)) return String(value);
       break;
     case 'bigint':
     case 'boolean':
@@ -209,6 +211,7 @@ export function keyText(value: unknown, where: () => string): string | undefined
 
 function kindOf(value: unknown): string {
   if (Array.isArray(value)) return 'a list (was it sent more than once?)';
+  if (isUnsafeInteger(value)) return `${String(value)}, an integer past 2^53 that a double does not hold exactly (send it as a string)`;
   if (typeof value === 'number') return String(value);
   return typeof value === 'object' ? 'an object' : typeof value === 'string' ? 'a text' : `a ${typeof value}`;
 }

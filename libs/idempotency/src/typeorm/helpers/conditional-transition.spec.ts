@@ -251,11 +251,13 @@ describe('transition (PostgreSQL)', () => {
   });
 
   // An adversarial helper: `where: { id: NaN }` (a parsed bad id) reached PostgreSQL (22P02, a 500).
-  it('refuses a where holding NaN or an infinity before any statement', async () => {
-    for (const where of [{ version: Number.NaN }, { version: Infinity }, [{ version: -Infinity }]]) {
+  // helper-238: an integer past 2^53 (a bigint business number sent as a JSON number) names the
+  // row of another number the parse rounded to: the payment of order ...037 paid order ...000.
+  it('refuses a where holding NaN, an infinity or an integer past 2^53 before any statement', async () => {
+    for (const where of [{ version: Number.NaN }, { version: Infinity }, [{ version: -Infinity }], { version: 1234567890123456037 }]) {
       const error = await transition(payments, { where: where as never, from: ['PENDING'], to: 'PAID' }).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(RangeError);
-      expect((error as Error).message).toMatch(/where.*NaN or an infinity/);
+      expect((error as Error).message).toMatch(/where.*NaN, an infinity or an integer past 2\^53/);
     }
   });
 

@@ -1,6 +1,7 @@
 import type { FindOptionsWhere, ObjectLiteral, QueryDeepPartialEntity, Repository } from 'typeorm';
 import type { ColumnMetadata } from 'typeorm/metadata/ColumnMetadata.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
+import { namesNumbers } from './exact-numbers.js';
 import { findOnPrimary } from './find-on-primary.js';
 import { inItsTurn } from './insert-once.js';
 import { inCallersTransaction } from './routed-repositories.js';
@@ -77,7 +78,9 @@ export async function transition<T extends ObjectLiteral>(
   // null as no version (`ifMatch ?? null` from JavaScript), as undefined.
   const expectedVersion = spec.expectedVersion ?? undefined;
   if (!namesNumbers(spec.where)) {
-    throw new RangeError(`transition: \`where\` holds a number that is not one (NaN or an infinity: ${shown(spec.where)}); the database refuses it`);
+    throw new RangeError(
+      `transition: \`where\` holds a number that names no one row (NaN, an infinity or an integer past 2^53, which a JSON parse rounds: ${shown(spec.where)}); send such ids as strings`,
+    );
   }
   if (expectedVersion !== undefined && versionProperty === false) {
     throw new RangeError('transition: `expectedVersion` needs a `versionProperty`');
@@ -176,18 +179,6 @@ function namesRow<T extends ObjectLiteral>(repo: Repository<T>, where: FindOptio
     (element) =>
       typeof element === 'object' && element !== null && Object.values(element).some((value) => value !== undefined) && probe(element) !== none,
   );
-}
-
-/**
- * Whether every number `where` holds (at any depth of its plain objects and arrays) is finite:
- * NaN (`Number(req.params.id)` of a bad id) reached PostgreSQL, which refused it (22P02: a 500,
- * and the caller's transaction aborted; an adversarial helper).
- */
-function namesNumbers(where: unknown, depth = 0): boolean {
-  if (typeof where === 'number') return Number.isFinite(where);
-  if (depth > 8 || typeof where !== 'object' || where === null) return true;
-  if (!Array.isArray(where) && Object.getPrototypeOf(where) !== Object.prototype) return true;
-  return Object.values(where).every((value) => namesNumbers(value, depth + 1));
 }
 
 /** A `where` as the error shows it (JSON, or its text where JSON cannot hold it: a BigInt, a cycle). */

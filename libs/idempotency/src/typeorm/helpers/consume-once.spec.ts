@@ -377,7 +377,9 @@ describe('consumeOnce (PostgreSQL)', () => {
   // NaN (a failed parse of the id) was logged as "NaN": every such message after the first was
   // dropped as its duplicate (an adversarial helper).
   it('refuses a message without an id, empty, missing or a number that is none, instead of taking every such message for the first', async () => {
-    for (const messageId of ['', undefined, NaN, Infinity, -Infinity, true, { a: 1 }, null]) {
+    // helper-238: an integer past 2^53 (a snowflake id sent as a JSON number) is rounded by the
+    // parse: 8 messages 37 apart ran 2 effects, the other 6 were acked as duplicates.
+    for (const messageId of ['', undefined, NaN, Infinity, -Infinity, 1234567890123456037, -(2 ** 60), true, { a: 1 }, null]) {
       let ran = false;
       const message = { consumer: 'billing', messageId: messageId as string };
       const error = await consumeOnce(dataSource, message, async () => {

@@ -229,6 +229,18 @@ describe('insertOnce (PostgreSQL)', () => {
     }
   });
 
+  // helper-238: a business number past 2^53 sent as a JSON number is rounded by the parse: the
+  // order ...037 was refused as the duplicate of ...000, and answered with ...000's row.
+  it('refuses to answer a row named by an integer past 2^53, which a JSON parse rounds to another', async () => {
+    const repo = dataSource.getRepository(Booking);
+    const first = 1234567890123456000;
+    await insertOnce(repo, { reference: String(first), guest: 'first' }, byReference(String(first)));
+    const rounded = 1234567890123456037; // read as 1234567890123456000
+    const error = await insertOnce(repo, { reference: String(rounded), guest: 'second' }, () => ({ reference: rounded as unknown as string })).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(RangeError);
+    expect((error as Error).message).toMatch(/findExisting.*integer past 2\^53/);
+  });
+
   it('keeps a surrounding transaction usable: it carries on and commits its other work', async () => {
     await insertOnce(dataSource.getRepository(Booking), { reference: 'R-tx', guest: 'first' }, byReference('R-tx'));
     const outcome = await dataSource.transaction(async (manager) => {

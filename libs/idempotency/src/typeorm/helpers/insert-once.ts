@@ -13,6 +13,7 @@ import { Logger } from '@nestjs/common';
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { IdempotencyConfigError, IdempotencyError } from '../../index.js';
 import { coverNewConnections } from '../postgres/new-connections.js';
+import { namesNumbers } from './exact-numbers.js';
 import { findOnPrimary } from './find-on-primary.js';
 import { inCallersTransaction } from './routed-repositories.js';
 import { stepsOf } from './sql-statements.js';
@@ -78,7 +79,16 @@ export async function insertOnce<T extends ObjectLiteral>(
     const violation = uniqueViolationOf(error);
     if (!violation) throw error;
     if (!isOwnInsert(repo, error)) throw error;
-    const existing = await existingRow(repo, findExisting(violation), violation);
+    const where = findExisting(violation);
+    // Named by a number a JSON parse rounded, the row found is another's (an adversarial helper:
+    // the order ...037 was answered with ...000's row).
+    if (!namesNumbers(where)) {
+      throw new RangeError(
+        `insertOnce: findExisting names the row by a number that names no one row (NaN, an infinity or an integer past 2^53, which a JSON parse rounds); send such ids as strings or bigints`,
+        { cause: error },
+      );
+    }
+    const existing = await existingRow(repo, where, violation);
     if (!existing) throw error;
     return { created: false, entity: existing, constraint: violation.constraint };
   }
