@@ -17,7 +17,7 @@ export interface Batching<I, O> {
   answers(result: StatementResult, items: I[]): O[];
   /** One call in a statement of its own: after PostgreSQL refused a statement of many. */
   alone(item: I): Promise<O>;
-  /** How long a call may wait for a connection (the runner's bound, ms): one waiting longer fails with the next failure to get one. */
+  /** The runner's bound, ms: a call that waited twice as long fails with the next statement that fails to carry it. */
   boundMs: number;
 }
 
@@ -71,8 +71,8 @@ export const BATCH_LOCK_TIMEOUT = `set_config('lock_timeout', '200ms', true) IS 
  * call only (and a lone call waits for its row as long as it would have). A statement that got
  * no connection within its bound fails the calls due, which would each have waited as long;
  * one refused a connection fails the oldest call due, as one call's own attempt would have
- * failed, and those due that waited their bound (`boundMs`: refusals one at a time, each 20 ms,
- * kept the last of 300 calls 7 s), and the next statement tries again (failing none, a refused connection sent the
+ * failed, and those due that waited twice their bound (`boundMs`: refusals one at a time, each
+ * 20 ms, kept the last of 300 calls 7 s), and the next statement tries again (failing none, a refused connection sent the
  * next statement at once, for ever, a core spinning; failing every call due, one connection in
  * two refused failed 260 of 300 calls and ran one key's fail-open duplicates 194 times:
  * adversarial helpers). A statement whose connection was lost, or that had no answer within its
@@ -176,12 +176,13 @@ export function batchedStatement<I, O>({ run, sql, row, distinctRows = false, we
         if (sent === undefined) {
           // No connection within the bound: nothing moves, and each call due would have waited as
           // long. Refused: one connection's failure, as one call's own attempt would have met; the
-          // oldest call due fails, with those that waited their bound, and the next statement tries
-          // another connection.
+          // oldest call due fails, with those that waited twice their bound, and the next statement
+          // tries another connection. (Not those that waited their bound: the later claims of a key
+          // sent again after a statement with no answer all have, and one refusal failed them all.)
           const failed: Due<I, O>[] = [];
           const left: Due<I, O>[] = [];
           const all = timedOut(error);
-          due.forEach((call, i) => (all || i === 0 || waitedOut(call) ? failed : left).push(call));
+          due.forEach((call, i) => (all || i === 0 || waitedTwiceOut(call) ? failed : left).push(call));
           due = left;
           end();
           for (const call of failed) call.reject(error);

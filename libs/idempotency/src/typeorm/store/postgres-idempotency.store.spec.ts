@@ -438,6 +438,37 @@ describe('PostgresIdempotencyStore', () => {
     }
   });
 
+  // helper-239: the later claims of a key sent again after a statement with no answer had all
+  // waited the bound, so the next refused connection failed them all with the oldest: one hung
+  // statement and two refused connections ran a fail-open key up to 250 times.
+  it('fails one call a refused connection, not every later claim a statement with no answer left', async () => {
+    const { proxy, viaProxy } = await proxiedDataSource(8);
+    const proxied = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 500 });
+    const key = `hung-refused:${randomUUID()}`;
+    let swallowed = false;
+    let refuseNext = 0;
+    proxy.swallowRequest = (chunk) => {
+      if (swallowed || chunk.toString('latin1').split(key).length - 1 < 10) return false;
+      swallowed = true;
+      // Before the statement's bound: the next two new connections are refused.
+      setTimeout(() => (refuseNext = 2), 400);
+      return true;
+    };
+    Object.defineProperty(proxy, 'refusing', { get: () => refuseNext > 0 && refuseNext-- > 0 });
+    try {
+      const answers = (
+        await Promise.all(Array.from({ length: 30 }, (_, i) => proxied.claim({ key, token: `r${i}`, fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e)))
+      ).map((claim) => (claim instanceof IdempotencyStoreError ? 'failed' : (claim as { status: string }).status));
+      expect(swallowed).toBe(true);
+      // The hung statement's first claim, and one a refusal at most.
+      expect(answers.filter((answer) => answer === 'failed').length).toBeLessThanOrEqual(3);
+      expect(answers.filter((answer) => answer === 'acquired')).toHaveLength(1);
+    } finally {
+      await proxy.stop();
+      await viaProxy.destroy();
+    }
+  });
+
   // helper-237: a process's saves of one key went one at a time, so on a fail-open route whose
   // claims failed, each duplicate's save (its own token) waited for the one before to fail at its
   // bound: 40 duplicates answered one every ~545 ms. Saves of one key by other owners never touch
@@ -562,7 +593,7 @@ describe('PostgresIdempotencyStore', () => {
   });
 
   // helper-234: refused one at a time (each after 20 ms), 300 queued calls waited up to 7 s on a 1 s bound.
-  it('fails the claims that waited their bound when connections are refused, not one a refusal', async () => {
+  it('fails the claims that waited twice their bound when connections are refused, not one a refusal', async () => {
     const { proxy, viaProxy } = await proxiedDataSource(8);
     const proxied = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 500 });
     let warm: (() => void) | undefined;
@@ -577,7 +608,7 @@ describe('PostgresIdempotencyStore', () => {
       const first = proxied.claim({ key: `slow-refuse-first:${randomUUID()}`, token: 'f', fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e);
       await until(async () => warm !== undefined);
       const took = await msUntilEachFails(proxied, 150, (i) => `slow-refuse:${i}:${randomUUID()}`);
-      // The bound, one more refusal, and slack; one a refusal, the last waited 150 × 20 ms.
+      // Twice the bound, one more refusal, and slack; one a refusal, the last waited 150 × 20 ms.
       expectEachFailedWithin(took, 1500);
       warm!();
       await first;
