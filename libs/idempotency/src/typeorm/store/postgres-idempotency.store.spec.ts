@@ -56,6 +56,36 @@ function holdStatements(proxy: TcpProxy, count: number): (() => void)[] {
 }
 
 /**
+ * Makes `count` claims of `key` at once (they start before it returns) and gives what each got,
+ * once all settled: its status, or `failed` (IdempotencyStoreError).
+ */
+function duplicateClaims(store: PostgresIdempotencyStore, key: string, count: number): Promise<string[]> {
+  return Promise.all(
+    Array.from({ length: count }, (_, i) =>
+      store.claim({ key, token: `d${i}`, fingerprint: '', leaseMs: 60_000 }).then(
+        (claim) => claim.status,
+        (error: unknown) => (error instanceof IdempotencyStoreError ? 'failed' : String(error)),
+      ),
+    ),
+  );
+}
+
+/**
+ * The proxy swallows the first statement that carries ten claims of `key` (their values name it):
+ * it gets no answer. `then` runs when it does; the function returned tells whether it did.
+ */
+function swallowStatementOf(proxy: TcpProxy, key: string, then?: () => void): () => boolean {
+  let swallowed = false;
+  proxy.swallowRequest = (chunk) => {
+    if (swallowed || chunk.toString('latin1').split(key).length - 1 < 10) return false;
+    swallowed = true;
+    then?.();
+    return true;
+  };
+  return () => swallowed;
+}
+
+/**
  * Makes `count` claims of `store` at once (`keyOf(i)`) and gives, for each, the ms until it failed
  * with IdempotencyStoreError, or what it did instead: the bound tests expect each to fail, soon.
  */
@@ -376,11 +406,11 @@ describe('PostgresIdempotencyStore', () => {
         await until(async () => held.length === i + 1);
       }
       const key = `lost-dup:${randomUUID()}`;
-      const duplicates = Array.from({ length: 30 }, (_, i) => proxied.claim({ key, token: `d${i}`, fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e));
+      const duplicates = duplicateClaims(proxied, key, 30);
       held[0]();
       await until(async () => held.length === 3);
       held[2]();
-      const answers = (await Promise.all(duplicates)).map((claim) => (claim instanceof IdempotencyStoreError ? 'failed' : (claim as { status: string }).status));
+      const answers = await duplicates;
       expect(answers.filter((answer) => answer === 'failed')).toHaveLength(1);
       expect(answers.filter((answer) => answer === 'acquired')).toHaveLength(1);
       expect(answers.filter((answer) => answer === 'in_progress')).toHaveLength(28);
@@ -417,18 +447,10 @@ describe('PostgresIdempotencyStore', () => {
     const { proxy, viaProxy } = await proxiedDataSource(8);
     const proxied = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 500 });
     const key = `one-hung:${randomUUID()}`;
-    let swallowed = false;
-    // The first statement that carries ten claims of the key (their values name it) gets no answer.
-    proxy.swallowRequest = (chunk) => {
-      if (swallowed || chunk.toString('latin1').split(key).length - 1 < 10) return false;
-      swallowed = true;
-      return true;
-    };
+    const swallowed = swallowStatementOf(proxy, key);
     try {
-      const answers = (
-        await Promise.all(Array.from({ length: 30 }, (_, i) => proxied.claim({ key, token: `o${i}`, fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e)))
-      ).map((claim) => (claim instanceof IdempotencyStoreError ? 'failed' : (claim as { status: string }).status));
-      expect(swallowed).toBe(true);
+      const answers = await duplicateClaims(proxied, key, 30);
+      expect(swallowed()).toBe(true);
       expect(answers.filter((answer) => answer === 'failed')).toHaveLength(1);
       expect(answers.filter((answer) => answer === 'acquired')).toHaveLength(1);
       expect(answers.filter((answer) => answer === 'in_progress')).toHaveLength(28);
@@ -445,21 +467,13 @@ describe('PostgresIdempotencyStore', () => {
     const { proxy, viaProxy } = await proxiedDataSource(8);
     const proxied = new PostgresIdempotencyStore(viaProxy, { statementTimeoutMs: 500 });
     const key = `hung-refused:${randomUUID()}`;
-    let swallowed = false;
     let refuseNext = 0;
-    proxy.swallowRequest = (chunk) => {
-      if (swallowed || chunk.toString('latin1').split(key).length - 1 < 10) return false;
-      swallowed = true;
-      // Before the statement's bound: the next two new connections are refused.
-      setTimeout(() => (refuseNext = 2), 400);
-      return true;
-    };
+    // Before the statement's bound: the next two new connections are refused.
+    const swallowed = swallowStatementOf(proxy, key, () => setTimeout(() => (refuseNext = 2), 400));
     Object.defineProperty(proxy, 'refusing', { get: () => refuseNext > 0 && refuseNext-- > 0 });
     try {
-      const answers = (
-        await Promise.all(Array.from({ length: 30 }, (_, i) => proxied.claim({ key, token: `r${i}`, fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e)))
-      ).map((claim) => (claim instanceof IdempotencyStoreError ? 'failed' : (claim as { status: string }).status));
-      expect(swallowed).toBe(true);
+      const answers = await duplicateClaims(proxied, key, 30);
+      expect(swallowed()).toBe(true);
       // The hung statement's first claim, and one a refusal at most.
       expect(answers.filter((answer) => answer === 'failed').length).toBeLessThanOrEqual(3);
       expect(answers.filter((answer) => answer === 'acquired')).toHaveLength(1);
@@ -579,9 +593,7 @@ describe('PostgresIdempotencyStore', () => {
       let connections = 0;
       Object.defineProperty(proxy, 'refusing', { get: () => ++connections % 2 === 1 });
       const key = `refuse-dup:${randomUUID()}`;
-      const answers = (
-        await Promise.all(Array.from({ length: 30 }, (_, i) => proxied.claim({ key, token: `d${i}`, fingerprint: '', leaseMs: 60_000 }).catch((e: unknown) => e)))
-      ).map((claim) => (claim instanceof IdempotencyStoreError ? 'failed' : (claim as { status: string }).status));
+      const answers = await duplicateClaims(proxied, key, 30);
       expect(answers.filter((answer) => answer === 'failed').length).toBeLessThanOrEqual(2);
       expect(answers.filter((answer) => answer === 'acquired')).toHaveLength(1);
       held[0]();
